@@ -1,0 +1,79 @@
+// MoeConfig: everything moekit needs to know about one model's MoE blocks, read from a
+// Hugging Face config.json. Families are rows of a table (src/io/hf_config.cpp), not branches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moekit/routing.hpp"
+
+namespace moekit {
+
+/// The expert body (SEMANTICS.md §2, "body").
+enum class BodyKind : std::uint8_t {
+  swiglu,         ///< down(silu(gate x) * up x)
+  swiglu_clamped, ///< GPT-OSS: g = min(gate, L), u = clamp(up, -L, L), down(g * sigmoid(alpha g) * (u + 1))
+  geglu,          ///< down(gelu(gate x) * up x)
+  mlp_relu,       ///< down(relu(up x))
+  mlp_relu2,      ///< down(relu(up x)^2)
+  mlp_silu,       ///< down(silu(up x))
+};
+
+/// Where the weights of one MoE block live in a checkpoint (SEMANTICS.md §3). `{L}` stands for
+/// the layer index.
+struct WeightNames {
+  std::string block;              ///< e.g. "model.layers.{L}.mlp"
+  std::string router = "gate";    ///< router linear, relative to block ("gate", "router")
+  std::string experts = "experts";
+  std::string gate_proj = "gate_proj", up_proj = "up_proj", down_proj = "down_proj";  ///< per-expert names
+  std::string selection_bias = "gate.e_score_correction_bias";  ///< relative to block
+  std::string shared = "shared_experts";  ///< shared expert module, relative to block
+  std::string shared_gate;                ///< e.g. "shared_expert_gate" (Qwen2-MoE); empty if none
+};
+
+struct MoeConfig {
+  std::string model_type;       ///< as in config.json ("deepseek_v3", "mixtral", ...)
+  std::int64_t hidden_size = 0;  ///< D
+  std::int64_t expert_width = 0; ///< F of one routed expert
+  RouterConfig router;
+
+  BodyKind body = BodyKind::swiglu;
+  bool expert_bias = false;     ///< per-expert biases on gate/up/down (GPT-OSS)
+  float swiglu_limit = 7.0f;    ///< L of swiglu_clamped
+  float swiglu_alpha = 1.702f;  ///< alpha of swiglu_clamped
+
+  std::int64_t shared_width = 0;  ///< total width of the shared expert(s); 0 = none
+  bool shared_gated = false;      ///< y += sigmoid(x · w_sg) * shared(x)
+
+  // Layer schedule (which decoder layers have an MoE block).
+  std::int64_t num_layers = 0;
+  std::int64_t first_k_dense_replace = 0;  ///< DeepSeek: layers below are dense
+  std::int64_t moe_layer_freq = 1;         ///< DeepSeek: MoE iff layer % freq == 0
+  std::int64_t decoder_sparse_step = 1;    ///< Qwen: MoE iff (layer + 1) % step == 0
+  std::vector<std::int64_t> mlp_only_layers;  ///< Qwen: always dense
+  std::int64_t interleave_moe_layer_step = 1; ///< Llama-4: MoE iff (layer + 1) % step == 0
+  std::vector<std::int64_t> moe_layers;       ///< explicit list (Llama-4 `moe_layers`); wins if set
+
+  WeightNames names;
+
+  /// True if decoder layer `layer` has an MoE block. Throws std::out_of_range if layer is not in
+  /// [0, num_layers).
+  bool is_moe_layer(std::int64_t layer) const;
+};
+
+/// The model_type values parse_hf_config accepts, comma separated (for messages and --help).
+std::string supported_model_types();
+
+/// Parses a Hugging Face config.json text. Reads every field the family defines; nested
+/// `text_config` (Llama-4) is followed. Throws std::invalid_argument on bad JSON, an unknown
+/// model_type or an unsupported topk_method / scoring_func (listing what is supported), a missing
+/// or ill-typed required field (naming it), or a RouterConfig that fails validate().
+MoeConfig parse_hf_config(std::string_view json_text);
+
+/// Reads and parses `path` (a config.json file or a folder holding one). Throws
+/// std::runtime_error if it cannot be read, else as parse_hf_config (message names the file).
+MoeConfig load_hf_config(const std::string& path);
+
+}  // namespace moekit

@@ -1,0 +1,350 @@
+// config.json -> MoeConfig. One row of kFamilies per model family: which fields it reads and
+// how they map onto RouterConfig knobs (SEMANTICS.md §2). Generic code below never tests a
+// model_type.
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "moekit/config.hpp"
+#include "util/error.hpp"
+
+namespace moekit {
+
+namespace {
+
+using nlohmann::json;
+
+// Typed field access with messages that name the field.
+struct Fields {
+  const json& j;
+  std::string model_type;
+
+  bool has(const char* key) const { return j.contains(key) && !j.at(key).is_null(); }
+
+  [[noreturn]] void bad(const char* key, const char* want) const {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type << ": field '" << key
+                                                                        << "' must be " << want << ", got "
+                                                                        << (has(key) ? j.at(key).dump() : "nothing")));
+  }
+  std::int64_t integer(const char* key) const {
+    if (!has(key)) bad(key, "an integer (required)");
+    const json& v = j.at(key);
+    if (!v.is_number_integer()) bad(key, "an integer");
+    return v.get<std::int64_t>();
+  }
+  std::int64_t integer(const char* key, std::int64_t dflt) const { return has(key) ? integer(key) : dflt; }
+  // The first present key of several aliases.
+  std::int64_t integer_any(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys)
+      if (has(k)) return integer(k);
+    std::string names;
+    for (const char* k : keys) names += (names.empty() ? "" : " | ") + std::string(k);
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type << ": missing required field "
+                                                                        << names));
+  }
+  double number(const char* key, double dflt) const {
+    if (!has(key)) return dflt;
+    if (!j.at(key).is_number()) bad(key, "a number");
+    return j.at(key).get<double>();
+  }
+  bool boolean(const char* key, bool dflt) const {
+    if (!has(key)) return dflt;
+    if (!j.at(key).is_boolean()) bad(key, "true or false");
+    return j.at(key).get<bool>();
+  }
+  std::string string(const char* key, const std::string& dflt) const {
+    if (!has(key)) return dflt;
+    if (!j.at(key).is_string()) bad(key, "a string");
+    return j.at(key).get<std::string>();
+  }
+  std::vector<std::int64_t> int_list(const char* key) const {
+    std::vector<std::int64_t> out;
+    if (!has(key)) return out;
+    if (!j.at(key).is_array()) bad(key, "a list of integers");
+    for (const json& v : j.at(key)) {
+      if (!v.is_number_integer()) bad(key, "a list of integers");
+      out.push_back(v.get<std::int64_t>());
+    }
+    return out;
+  }
+};
+
+[[noreturn]] void unsupported(const std::string& model_type, const char* field, const std::string& value,
+                              const char* supported) {
+  throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type << ": unsupported " << field
+                                                                      << " '" << value << "' (supported: " << supported
+                                                                      << ")"));
+}
+
+BodyKind body_from_act(const Fields& f, bool gated) {
+  const std::string act = f.string("hidden_act", "silu");
+  if (gated) {
+    if (act == "silu" || act == "swish") return BodyKind::swiglu;
+    if (act == "gelu" || act == "gelu_pytorch_tanh" || act == "gelu_new") return BodyKind::geglu;
+    unsupported(f.model_type, "hidden_act", act, "silu, swish, gelu, gelu_pytorch_tanh, gelu_new");
+  }
+  if (act == "relu") return BodyKind::mlp_relu;
+  if (act == "relu2") return BodyKind::mlp_relu2;
+  if (act == "silu") return BodyKind::mlp_silu;
+  unsupported(f.model_type, "hidden_act", act, "relu, relu2, silu");
+}
+
+// --- the families -------------------------------------------------------------------------
+
+void deepseek_v2(const Fields& f, MoeConfig& c) {
+  c.router.num_experts = f.integer("n_routed_experts");
+  c.expert_width = f.integer("moe_intermediate_size");
+  const std::string scoring = f.string("scoring_func", "softmax");
+  if (scoring != "softmax") unsupported(f.model_type, "scoring_func", scoring, "softmax");
+  c.router.score_func = ScoreFunc::softmax;
+  const std::string method = f.string("topk_method", "greedy");
+  if (method == "group_limited_greedy") {
+    c.router.group_mode = GroupMode::max;
+    c.router.n_group = f.integer("n_group");
+    c.router.topk_group = f.integer("topk_group");
+  } else if (method != "greedy") {
+    unsupported(f.model_type, "topk_method", method, "greedy, group_limited_greedy");
+  }
+  // DeepSeek's own modeling code: renormalise only when norm_topk_prob and K > 1, and then do
+  // not scale (HF and mlx-lm always scale; identical for every shipped checkpoint, which has
+  // norm_topk_prob = false).
+  if (f.boolean("norm_topk_prob", false)) {
+    c.router.renorm = Renorm::sum_eps;
+    c.router.renorm_only_if_k_gt_1 = true;
+    c.router.scale_only_without_renorm = true;
+  }
+  c.router.routed_scaling_factor = static_cast<float>(f.number("routed_scaling_factor", 1.0));
+  c.shared_width = f.integer("n_shared_experts", 0) * c.expert_width;
+  c.first_k_dense_replace = f.integer("first_k_dense_replace", 0);
+  c.moe_layer_freq = f.integer("moe_layer_freq", 1);
+  c.names.block = "model.layers.{L}.mlp";
+}
+
+void deepseek_v3(const Fields& f, MoeConfig& c) {
+  c.router.num_experts = f.integer("n_routed_experts");
+  c.expert_width = f.integer("moe_intermediate_size");
+  const std::string scoring = f.string("scoring_func", "sigmoid");
+  if (scoring == "sigmoid") {
+    c.router.score_func = ScoreFunc::sigmoid;
+  } else if (scoring == "sqrtsoftplus") {
+    c.router.score_func = ScoreFunc::sqrt_softplus;
+  } else {
+    unsupported(f.model_type, "scoring_func", scoring, "sigmoid, sqrtsoftplus");
+  }
+  const std::string method = f.string("topk_method", "noaux_tc");
+  if (method != "noaux_tc") unsupported(f.model_type, "topk_method", method, "noaux_tc");
+  c.router.has_selection_bias = true;
+  c.router.group_mode = GroupMode::top2_sum;
+  c.router.n_group = f.integer("n_group", 1);
+  c.router.topk_group = f.integer("topk_group", 1);
+  // DeepSeek-V3's reference and HF renormalise with +1e-20 also when K = 1 (mlx-lm: K > 1 only).
+  if (f.boolean("norm_topk_prob", true)) c.router.renorm = Renorm::sum_eps;
+  c.router.routed_scaling_factor = static_cast<float>(f.number("routed_scaling_factor", 1.0));
+  c.shared_width = f.integer("n_shared_experts", 0) * c.expert_width;
+  c.first_k_dense_replace = f.integer("first_k_dense_replace", 0);
+  c.moe_layer_freq = f.integer("moe_layer_freq", 1);
+  c.names.block = "model.layers.{L}.mlp";
+}
+
+void mixtral(const Fields& f, MoeConfig& c) {
+  c.router.num_experts = f.integer("num_local_experts");
+  c.expert_width = f.integer("intermediate_size");
+  c.router.score_func = ScoreFunc::softmax;
+  c.router.renorm = Renorm::sum;  // softmax over all, then / sum of the K == softmax of the K logits
+  c.names.block = "model.layers.{L}.block_sparse_moe";
+  c.names.gate_proj = "w1";
+  c.names.up_proj = "w3";
+  c.names.down_proj = "w2";
+}
+
+void qwen_like(const Fields& f, MoeConfig& c, const char* width_key) {
+  c.router.num_experts = f.integer("num_experts");
+  c.expert_width = f.integer(width_key);
+  c.router.score_func = ScoreFunc::softmax;
+  // Read the field; HF's class default is false (Qwen3 checkpoints set true).
+  if (f.boolean("norm_topk_prob", false)) c.router.renorm = Renorm::sum;
+  c.decoder_sparse_step = f.integer("decoder_sparse_step", 1);
+  c.mlp_only_layers = f.int_list("mlp_only_layers");
+  c.names.block = "model.layers.{L}.mlp";
+}
+
+void qwen2_moe(const Fields& f, MoeConfig& c) {
+  qwen_like(f, c, "moe_intermediate_size");
+  c.shared_width = f.integer("shared_expert_intermediate_size", 0);
+  c.shared_gated = c.shared_width > 0;
+  c.names.shared = "shared_expert";
+  c.names.shared_gate = "shared_expert_gate";
+}
+
+void qwen3_moe(const Fields& f, MoeConfig& c) { qwen_like(f, c, "moe_intermediate_size"); }
+
+void olmoe(const Fields& f, MoeConfig& c) {
+  qwen_like(f, c, "intermediate_size");
+  c.decoder_sparse_step = 1;
+  c.mlp_only_layers.clear();
+}
+
+void gpt_oss(const Fields& f, MoeConfig& c) {
+  c.router.num_experts = f.integer_any({"num_local_experts", "num_experts"});
+  c.router.top_k = f.integer_any({"num_experts_per_tok", "experts_per_token"});
+  c.expert_width = f.integer("intermediate_size");
+  c.router.score_func = ScoreFunc::softmax_selected;
+  c.router.has_router_bias = true;
+  c.body = BodyKind::swiglu_clamped;
+  c.expert_bias = true;
+  c.swiglu_limit = static_cast<float>(f.number("swiglu_limit", 7.0));
+  c.names.block = "model.layers.{L}.mlp";
+  c.names.router = "router";
+}
+
+void llama4(const Fields& f, MoeConfig& c) {
+  c.router.num_experts = f.integer("num_local_experts");
+  c.expert_width = f.integer("intermediate_size");
+  c.router.score_func = ScoreFunc::sigmoid_selected;
+  c.router.weight_on_input = true;
+  c.shared_width = c.expert_width;  // one always-on shared expert of the same width
+  c.interleave_moe_layer_step = f.integer("interleave_moe_layer_step", 1);
+  c.moe_layers = f.int_list("moe_layers");
+  c.names.block = "model.layers.{L}.feed_forward";
+  c.names.router = "router";
+  c.names.shared = "shared_expert";
+}
+
+void minimax_m2(const Fields& f, MoeConfig& c) {
+  c.router.num_experts = f.integer("num_local_experts");
+  c.expert_width = f.integer("intermediate_size");
+  const std::string scoring = f.string("scoring_func", "sigmoid");
+  if (scoring != "sigmoid") unsupported(f.model_type, "scoring_func", scoring, "sigmoid");
+  c.router.score_func = ScoreFunc::sigmoid;
+  c.router.has_selection_bias = f.boolean("use_routing_bias", true);
+  c.router.renorm = Renorm::sum_eps;
+  c.names.block = "model.layers.{L}.block_sparse_moe";
+  c.names.selection_bias = "e_score_correction_bias";
+  c.names.gate_proj = "w1";
+  c.names.up_proj = "w3";
+  c.names.down_proj = "w2";
+}
+
+struct Family {
+  std::vector<const char*> model_types;
+  std::function<void(const Fields&, MoeConfig&)> read;
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> kFamilies = {
+      {{"deepseek_v2"}, deepseek_v2},
+      {{"deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe"}, deepseek_v3},
+      {{"mixtral"}, mixtral},
+      {{"qwen2_moe"}, qwen2_moe},
+      {{"qwen3_moe"}, qwen3_moe},
+      {{"olmoe"}, olmoe},
+      {{"gpt_oss"}, gpt_oss},
+      {{"llama4", "llama4_text"}, llama4},
+      {{"minimax_m2", "minimax"}, minimax_m2},
+  };
+  return kFamilies;
+}
+
+}  // namespace
+
+std::string supported_model_types() {
+  std::string out;
+  for (const Family& fam : families())
+    for (const char* t : fam.model_types) out += (out.empty() ? "" : ", ") + std::string(t);
+  return out;
+}
+
+MoeConfig parse_hf_config(std::string_view json_text) {
+  json root;
+  try {
+    root = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] invalid JSON: " << e.what()));
+  }
+  if (!root.is_object()) throw std::invalid_argument("[moekit::parse_hf_config] config.json must be a JSON object");
+  // Multimodal wrappers (Llama-4) keep the language model's fields in text_config.
+  const json* cfg = &root;
+  if (root.contains("text_config") && root.at("text_config").is_object()) cfg = &root.at("text_config");
+  std::string model_type;
+  for (const json* j : std::initializer_list<const json*>{cfg, &root}) {
+    if (j->contains("model_type") && j->at("model_type").is_string()) {
+      model_type = j->at("model_type").get<std::string>();
+      break;
+    }
+  }
+  if (model_type.empty())
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] missing 'model_type' (supported: "
+                                           << supported_model_types() << ")"));
+  const Family* family = nullptr;
+  for (const Family& fam : families())
+    for (const char* t : fam.model_types)
+      if (model_type == t) family = &fam;
+  if (family == nullptr)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] unknown model_type '"
+                                           << model_type << "' (supported: " << supported_model_types() << ")"));
+
+  const Fields f{*cfg, model_type};
+  MoeConfig c;
+  c.model_type = model_type;
+  c.hidden_size = f.integer("hidden_size");
+  c.num_layers = f.integer("num_hidden_layers");
+  c.router.top_k = f.integer_any({"num_experts_per_tok", "experts_per_token"});
+  c.body = body_from_act(f, true);
+  family->read(f, c);
+
+  const auto positive = [&](const char* what, std::int64_t v) {
+    if (v < 1)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type << ": " << what << " (" << v
+                                                                          << ") must be >= 1"));
+  };
+  positive("hidden_size", c.hidden_size);
+  positive("expert width", c.expert_width);
+  positive("num_hidden_layers", c.num_layers);
+  positive("moe_layer_freq", c.moe_layer_freq);
+  positive("decoder_sparse_step", c.decoder_sparse_step);
+  positive("interleave_moe_layer_step", c.interleave_moe_layer_step);
+  if (c.shared_width < 0)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type << ": shared expert width ("
+                                                                        << c.shared_width << ") must be >= 0"));
+  try {
+    validate(c.router);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type << ": " << e.what()));
+  }
+  return c;
+}
+
+MoeConfig load_hf_config(const std::string& path) {
+  std::string file = path;
+  {
+    std::ifstream probe(file + "/config.json");
+    if (probe.good()) file += "/config.json";
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw std::runtime_error(MOEKIT_MSG("[moekit::load_hf_config] cannot open " << file));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  try {
+    return parse_hf_config(ss.str());
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(MOEKIT_MSG(e.what() << " (in " << file << ")"));
+  }
+}
+
+bool MoeConfig::is_moe_layer(std::int64_t layer) const {
+  if (layer < 0 || layer >= num_layers)
+    throw std::out_of_range(MOEKIT_MSG("[moekit::MoeConfig::is_moe_layer] layer " << layer << " outside [0, "
+                                                                                 << num_layers << ")"));
+  if (!moe_layers.empty()) return std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
+  if (layer < first_k_dense_replace) return false;
+  if (layer % moe_layer_freq != 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  if ((layer + 1) % decoder_sparse_step != 0) return false;
+  if ((layer + 1) % interleave_moe_layer_step != 0) return false;
+  return true;
+}
+
+}  // namespace moekit

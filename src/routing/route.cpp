@@ -1,0 +1,301 @@
+// route(): logits -> (ids, weights), SEMANTICS.md §1 steps 2–8, one token at a time.
+// Each token's result depends only on its own row, so splitting tokens over threads cannot
+// change a bit.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/gemm.hpp"
+#include "moekit/routing.hpp"
+#include "util/error.hpp"
+#include "util/thread_pool.hpp"
+
+namespace moekit {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// softmax over n values with max subtraction; sum in index order.
+void softmax_inplace(float* v, std::int64_t n) {
+  float mx = v[0];
+  for (std::int64_t i = 1; i < n; ++i) mx = std::max(mx, v[i]);
+  float sum = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    v[i] = std::exp(v[i] - mx);
+    sum += v[i];
+  }
+  const float inv = 1.0f / sum;
+  for (std::int64_t i = 0; i < n; ++i) v[i] *= inv;
+}
+
+inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+
+// softplus(z) = log(1 + e^z), computed without overflow.
+inline float softplus(float z) { return std::max(z, 0.0f) + std::log1p(std::exp(-std::fabs(z))); }
+
+// Descending by value, ties to the lower index: the one ordering used for groups and experts.
+struct ByScore {
+  const float* v;
+  bool operator()(std::int32_t a, std::int32_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+};
+
+// Working buffers for one token, reused across the tokens of a chunk.
+struct Scratch {
+  std::vector<float> scores, sel, group_score;
+  std::vector<std::int32_t> order, group_order;
+  std::vector<char> group_kept;
+};
+
+void route_token(const RouterConfig& cfg, const float* z, const float* bias, Scratch& s, std::int32_t* ids,
+                 float* w) {
+  const std::int64_t E = cfg.num_experts;
+  const std::int64_t K = cfg.top_k;
+  s.scores.assign(z, z + E);
+  switch (cfg.score_func) {
+    case ScoreFunc::softmax:
+      softmax_inplace(s.scores.data(), E);
+      break;
+    case ScoreFunc::sigmoid:
+      for (auto& v : s.scores) v = sigmoid(v);
+      break;
+    case ScoreFunc::sqrt_softplus:
+      for (auto& v : s.scores) v = std::sqrt(softplus(v));
+      break;
+    case ScoreFunc::softmax_selected:
+    case ScoreFunc::sigmoid_selected:
+      break;  // select on raw logits
+  }
+  s.sel = s.scores;
+  if (bias != nullptr) {
+    for (std::int64_t e = 0; e < E; ++e) s.sel[e] += bias[e];
+  }
+
+  s.order.resize(static_cast<std::size_t>(E));
+  std::iota(s.order.begin(), s.order.end(), 0);
+  std::int64_t candidates = E;
+
+  if (cfg.group_mode != GroupMode::none && cfg.topk_group < cfg.n_group) {
+    const std::int64_t G = cfg.n_group;
+    const std::int64_t per = E / G;
+    s.group_score.resize(static_cast<std::size_t>(G));
+    for (std::int64_t g = 0; g < G; ++g) {
+      const float* v = s.sel.data() + g * per;
+      if (cfg.group_mode == GroupMode::max) {
+        s.group_score[g] = *std::max_element(v, v + per);
+      } else {  // sum of the two largest
+        float a = kNegInf, b = kNegInf;
+        for (std::int64_t i = 0; i < per; ++i) {
+          if (v[i] > a) {
+            b = a;
+            a = v[i];
+          } else if (v[i] > b) {
+            b = v[i];
+          }
+        }
+        s.group_score[g] = a + b;
+      }
+    }
+    s.group_order.resize(static_cast<std::size_t>(G));
+    std::iota(s.group_order.begin(), s.group_order.end(), 0);
+    std::partial_sort(s.group_order.begin(), s.group_order.begin() + cfg.topk_group, s.group_order.end(),
+                      ByScore{s.group_score.data()});
+    s.group_kept.assign(static_cast<std::size_t>(G), 0);
+    for (std::int64_t i = 0; i < cfg.topk_group; ++i) s.group_kept[s.group_order[i]] = 1;
+    if (cfg.mask_fill == MaskFill::legacy_zero) {
+      for (std::int64_t e = 0; e < E; ++e)
+        if (!s.group_kept[e / per]) s.sel[e] = 0.0f;
+    } else {
+      // -inf: dropped experts are simply not candidates.
+      candidates = 0;
+      for (std::int64_t e = 0; e < E; ++e)
+        if (s.group_kept[e / per]) s.order[candidates++] = static_cast<std::int32_t>(e);
+    }
+  }
+
+  std::partial_sort(s.order.begin(), s.order.begin() + K, s.order.begin() + candidates, ByScore{s.sel.data()});
+  for (std::int64_t k = 0; k < K; ++k) ids[k] = s.order[k];
+
+  switch (cfg.score_func) {
+    case ScoreFunc::softmax_selected:
+      for (std::int64_t k = 0; k < K; ++k) w[k] = z[ids[k]];
+      softmax_inplace(w, K);
+      break;
+    case ScoreFunc::sigmoid_selected:
+      for (std::int64_t k = 0; k < K; ++k) w[k] = sigmoid(z[ids[k]]);
+      break;
+    default: {
+      const std::vector<float>& src = cfg.weights_from == WeightsFrom::scores ? s.scores : s.sel;
+      for (std::int64_t k = 0; k < K; ++k) w[k] = src[ids[k]];
+    }
+  }
+
+  bool renormed = false;
+  if (cfg.renorm != Renorm::none && !(cfg.renorm_only_if_k_gt_1 && K == 1)) {
+    float sum = 0.0f;
+    for (std::int64_t k = 0; k < K; ++k) sum += w[k];
+    const float denom = cfg.renorm == Renorm::sum_eps ? sum + static_cast<float>(cfg.renorm_eps) : sum;
+    if (!cfg.guard_zero_sum || (denom != 0.0f && std::isfinite(denom))) {
+      for (std::int64_t k = 0; k < K; ++k) w[k] /= denom;
+      renormed = true;
+    }
+  }
+  if (!(cfg.scale_only_without_renorm && renormed) && cfg.routed_scaling_factor != 1.0f) {
+    for (std::int64_t k = 0; k < K; ++k) w[k] *= cfg.routed_scaling_factor;
+  }
+}
+
+void check_inputs(const RouterConfig& cfg, const TensorView& logits, const TensorView& bias) {
+  validate(cfg);
+  if (!logits.defined() || logits.rank() < 1)
+    throw std::invalid_argument("[moekit::route] logits must be a tensor of rank >= 1 ([..., E])");
+  if (logits.dtype() != DType::f32)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::route] logits must be f32, got " << dtype_name(logits.dtype())));
+  if (logits.dim(-1) != cfg.num_experts)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::route] logits last dimension (" << logits.dim(-1)
+                                                                                    << ") != num_experts ("
+                                                                                    << cfg.num_experts << "), shape "
+                                                                                    << shape_str(logits.shape())));
+  if (cfg.has_selection_bias) {
+    if (!bias.defined())
+      throw std::invalid_argument("[moekit::route] config has_selection_bias but no selection_bias was given");
+    if (bias.rank() != 1 || bias.dim(0) != cfg.num_experts)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::route] selection_bias must be [" << cfg.num_experts
+                                                                                       << "], got shape "
+                                                                                       << shape_str(bias.shape())));
+    if (bias.dtype() != DType::f32)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::route] selection_bias must be f32 (a bf16 bias collapses "
+                                             "selections), got "
+                                             << dtype_name(bias.dtype())));
+    const float* b = bias.data_as<const float>();
+    for (std::int64_t e = 0; e < cfg.num_experts; ++e)
+      if (!std::isfinite(b[e]))
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::route] selection_bias[" << e << "] is " << b[e]));
+  } else if (bias.defined()) {
+    throw std::invalid_argument("[moekit::route] selection_bias given but config.has_selection_bias is false");
+  }
+  const float* z = logits.data_as<const float>();
+  const std::int64_t n = logits.numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(z[i])) {
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::route] non-finite logit " << z[i] << " at token "
+                                                                                 << i / cfg.num_experts << ", expert "
+                                                                                 << i % cfg.num_experts));
+    }
+  }
+}
+
+Shape routed_shape(const TensorView& logits, std::int64_t K) {
+  Shape s = logits.shape();
+  s.back() = K;
+  return s;
+}
+
+void route_checked(const RouterConfig& cfg, const TensorView& logits, const TensorView& bias, std::int32_t* ids,
+                   float* w) {
+  const std::int64_t T = logits.rows();
+  const std::int64_t E = cfg.num_experts;
+  const std::int64_t K = cfg.top_k;
+  const float* z = logits.data_as<const float>();
+  const float* b = cfg.has_selection_bias ? bias.data_as<const float>() : nullptr;
+  detail::parallel_for(T, 16, [&](std::int64_t t0, std::int64_t t1) {
+    Scratch s;
+    for (std::int64_t t = t0; t < t1; ++t) route_token(cfg, z + t * E, b, s, ids + t * K, w + t * K);
+  });
+}
+
+}  // namespace
+
+void route_into(const RouterConfig& cfg, const TensorView& logits, const TensorView& selection_bias,
+                const TensorView& ids, const TensorView& weights) {
+  check_inputs(cfg, logits, selection_bias);
+  const Shape expect = routed_shape(logits, cfg.top_k);
+  if (!ids.defined() || ids.dtype() != DType::i32 || ids.shape() != expect)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::route_into] ids must be i32 " << shape_str(expect) << ", got "
+                                                                                   << dtype_name(ids.dtype()) << " "
+                                                                                   << shape_str(ids.shape())));
+  if (!weights.defined() || weights.dtype() != DType::f32 || weights.shape() != expect)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::route_into] weights must be f32 "
+                                           << shape_str(expect) << ", got " << dtype_name(weights.dtype()) << " "
+                                           << shape_str(weights.shape())));
+  route_checked(cfg, logits, selection_bias, ids.data_as<std::int32_t>(), weights.data_as<float>());
+}
+
+Routing route(const RouterConfig& cfg, const TensorView& logits, const TensorView& selection_bias) {
+  check_inputs(cfg, logits, selection_bias);
+  const Shape shape = routed_shape(logits, cfg.top_k);
+  Routing r{Tensor(shape, DType::i32), Tensor(shape, DType::f32)};
+  route_checked(cfg, logits, selection_bias, r.ids.data_as<std::int32_t>(), r.weights.data_as<float>());
+  return r;
+}
+
+Tensor router_logits(const TensorView& x, const TensorView& w_router, const TensorView& bias) {
+  const auto is_float = [](DType d) { return d == DType::f32 || d == DType::bf16; };
+  if (!x.defined() || x.rank() < 1 || !is_float(x.dtype()))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_logits] x must be f32 or bf16 [..., D], got "
+                                           << dtype_name(x.dtype()) << " " << shape_str(x.shape())));
+  if (!w_router.defined() || w_router.rank() != 2 || !is_float(w_router.dtype()))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_logits] w_router must be f32 or bf16 [E, D], got "
+                                           << dtype_name(w_router.dtype()) << " " << shape_str(w_router.shape())));
+  const std::int64_t D = x.dim(-1);
+  const std::int64_t E = w_router.dim(0);
+  if (w_router.dim(1) != D)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_logits] x has D = " << D << " but w_router is "
+                                                                               << shape_str(w_router.shape())));
+  if (bias.defined() && (bias.rank() != 1 || bias.dim(0) != E || bias.dtype() != DType::f32))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_logits] bias must be f32 [" << E << "], got "
+                                                                                       << dtype_name(bias.dtype()) << " "
+                                                                                       << shape_str(bias.shape())));
+  Shape out_shape = x.shape();
+  out_shape.back() = E;
+  Tensor out(out_shape, DType::f32);
+  const std::int64_t T = x.rows();
+  Tensor x32;
+  const float* a = x.data_as<const float>();
+  if (x.dtype() != DType::f32) {
+    x32 = to_dtype(x, DType::f32);
+    a = x32.data_as<const float>();
+  }
+  kernels::gemm_nt(a, D, w_router.data(), w_router.dtype(), D, out.data_as<float>(), E, T, E, D, false);
+  if (bias.defined()) {
+    const float* b = bias.data_as<const float>();
+    float* o = out.data_as<float>();
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t e = 0; e < E; ++e) o[t * E + e] += b[e];
+  }
+  return out;
+}
+
+std::vector<std::int64_t> expert_counts(const TensorView& ids, std::int64_t num_experts) {
+  if (ids.dtype() != DType::i32)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::expert_counts] ids must be i32, got " << dtype_name(ids.dtype())));
+  if (num_experts < 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::expert_counts] num_experts (" << num_experts << ") must be >= 1"));
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(num_experts), 0);
+  const std::int32_t* p = ids.data_as<const std::int32_t>();
+  for (std::int64_t i = 0; i < ids.numel(); ++i) {
+    if (p[i] < 0 || p[i] >= num_experts)
+      throw std::out_of_range(MOEKIT_MSG("[moekit::expert_counts] id " << p[i] << " at position " << i
+                                                                     << " outside [0, " << num_experts << ")"));
+    ++counts[static_cast<std::size_t>(p[i])];
+  }
+  return counts;
+}
+
+double max_violation(const std::vector<std::int64_t>& counts) {
+  if (counts.empty()) return 0.0;
+  std::int64_t total = 0, mx = 0;
+  for (auto c : counts) {
+    total += c;
+    mx = std::max(mx, c);
+  }
+  if (total == 0) return 0.0;
+  const double mean = static_cast<double>(total) / static_cast<double>(counts.size());
+  return (static_cast<double>(mx) - mean) / mean;
+}
+
+}  // namespace moekit
