@@ -1,0 +1,102 @@
+// safetensors checkpoints: one file or a sharded folder, memory-mapped, strictly validated.
+// Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON
+// {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ..., "__metadata__": {str: str}},
+// then the data buffer; offsets are relative to the buffer start.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moekit/tensor.hpp"
+
+namespace moekit {
+
+/// One tensor's entry in a safetensors header.
+struct TensorInfo {
+  std::string name;
+  std::string dtype_name;         ///< as in the file: "F32", "BF16", "F8_E4M3", ...
+  std::optional<DType> dtype;     ///< set for the dtypes moekit computes on or carries (F32, BF16, F16, I32, U8)
+  std::size_t element_size = 0;   ///< bytes per element of dtype_name (sub-byte types: see below)
+  Shape shape;
+  std::size_t begin = 0, end = 0;  ///< byte range inside the data buffer
+  std::string file;                ///< the file that holds it
+};
+
+/// Every dtype name the format defines: BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, U16, F16,
+/// BF16, I32, U32, F32, F64, I64, U64, F4 (F4 packs two per byte; others are whole bytes).
+const std::vector<std::string>& safetensors_dtype_names();
+
+/// A memory-mapped safetensors file. The header is validated completely when opened: header
+/// length within the file and below 100 MB, valid JSON object, every entry with a known dtype,
+/// non-negative shape, 2 offsets with begin <= end <= buffer size, end - begin == element count x
+/// dtype size, entries not overlapping; __metadata__ a map of strings.
+/// Every failure throws std::runtime_error naming the file (and the tensor, where there is one).
+class SafetensorsFile {
+ public:
+  static std::shared_ptr<const SafetensorsFile> open(const std::string& path);
+  /// Validates an in-memory image (no mapping); for tests and fuzzing.
+  static std::shared_ptr<const SafetensorsFile> from_bytes(std::vector<std::uint8_t> bytes, const std::string& name);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const noexcept { return path_; }
+  const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  /// Tensor names in header order.
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const noexcept;
+  /// Throws std::out_of_range naming the tensor and file if absent.
+  const TensorInfo& info(const std::string& name) const;
+  /// A view of the mapped bytes (no copy). Throws std::out_of_range if absent, and
+  /// std::runtime_error naming the tensor and its dtype if moekit cannot compute on that dtype.
+  /// The view is valid as long as this object lives; its data may be unaligned for its dtype
+  /// (check before using it as typed memory).
+  TensorView view(const std::string& name) const;
+  /// The raw bytes of a tensor (any dtype).
+  const std::uint8_t* bytes(const std::string& name) const;
+  /// Bytes of the whole file.
+  std::size_t file_size() const noexcept { return size_; }
+
+ private:
+  SafetensorsFile() = default;
+  void parse(const std::string& name);
+  std::string path_;
+  const std::uint8_t* base_ = nullptr;  // whole file
+  std::size_t size_ = 0;
+  std::size_t data_start_ = 0;  // 8 + header length
+  bool mapped_ = false;
+  std::vector<std::uint8_t> owned_;  // from_bytes
+  std::map<std::string, std::string> metadata_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::size_t> index_;
+};
+
+/// A checkpoint folder: `model.safetensors.index.json` (its "weight_map" names the shard of each
+/// tensor) or, without an index, every `*.safetensors` file in the folder; or a single file.
+/// All shards are opened and validated up front.
+/// Throws std::runtime_error naming the file for a missing folder, bad index JSON, a shard
+/// listed in the index that does not exist, a tensor the index places in a shard that lacks it,
+/// or the same tensor name in two shards.
+class Checkpoint {
+ public:
+  static std::shared_ptr<const Checkpoint> open(const std::string& path);
+
+  const std::string& path() const noexcept { return path_; }
+  bool contains(const std::string& name) const noexcept;
+  const TensorInfo& info(const std::string& name) const;  ///< std::out_of_range if absent
+  TensorView view(const std::string& name) const;         ///< as SafetensorsFile::view
+  std::vector<std::string> names() const;                 ///< sorted
+  const std::vector<std::shared_ptr<const SafetensorsFile>>& files() const noexcept { return files_; }
+
+ private:
+  std::string path_;
+  std::vector<std::shared_ptr<const SafetensorsFile>> files_;
+  std::map<std::string, std::size_t> where_;  // tensor -> index into files_
+};
+
+}  // namespace moekit
