@@ -15,7 +15,8 @@ namespace moekit {
 enum class BodyKind : std::uint8_t {
   swiglu,         ///< down(silu(gate x) * up x)
   swiglu_clamped, ///< GPT-OSS: g = min(gate, L), u = clamp(up, -L, L), down(g * sigmoid(alpha g) * (u + 1))
-  geglu,          ///< down(gelu(gate x) * up x)
+  geglu,          ///< down(gelu(gate x) * up x), exact (erf) gelu
+  geglu_tanh,     ///< down(gelu_tanh(gate x) * up x), the tanh approximation
   mlp_relu,       ///< down(relu(up x))
   mlp_relu2,      ///< down(relu(up x)^2)
   mlp_silu,       ///< down(silu(up x))

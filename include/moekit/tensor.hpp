@@ -72,7 +72,8 @@ class TensorView {
   bool defined_ = false;
 };
 
-/// An owning, 64-byte aligned, zero-initialised contiguous array.
+/// An owning, 64-byte aligned, zero-initialised contiguous array. Copies share the storage
+/// (like a shared_ptr); clone() makes a deep copy.
 class Tensor {
  public:
   Tensor() = default;
@@ -100,10 +101,7 @@ class Tensor {
   void reshape(Shape shape);
 
  private:
-  struct Free {
-    void operator()(void* p) const noexcept;
-  };
-  std::unique_ptr<void, Free> storage_;
+  std::shared_ptr<void> storage_;
   TensorView view_;
 };
 

@@ -83,7 +83,8 @@ BodyKind body_from_act(const Fields& f, bool gated) {
   const std::string act = f.string("hidden_act", "silu");
   if (gated) {
     if (act == "silu" || act == "swish") return BodyKind::swiglu;
-    if (act == "gelu" || act == "gelu_pytorch_tanh" || act == "gelu_new") return BodyKind::geglu;
+    if (act == "gelu") return BodyKind::geglu;
+    if (act == "gelu_pytorch_tanh" || act == "gelu_new") return BodyKind::geglu_tanh;
     unsupported(f.model_type, "hidden_act", act, "silu, swish, gelu, gelu_pytorch_tanh, gelu_new");
   }
   if (act == "relu") return BodyKind::mlp_relu;

@@ -174,8 +174,6 @@ TensorView TensorView::slice_rows(std::int64_t begin, std::int64_t end) const {
                     std::move(s), dtype_);
 }
 
-void Tensor::Free::operator()(void* p) const noexcept { std::free(p); }
-
 Tensor::Tensor(Shape shape, DType dtype) {
   const std::int64_t n = shape_numel(shape);
   const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
@@ -183,7 +181,7 @@ Tensor::Tensor(Shape shape, DType dtype) {
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, rounded == 0 ? 64 : rounded);
-  storage_.reset(p);
+  storage_.reset(p, [](void* q) { std::free(q); });
   view_ = TensorView(p, std::move(shape), dtype);
 }
 

@@ -1,0 +1,90 @@
+// Routed experts: weights, the dispatch plan and grouped (sparse, dropless) execution.
+//
+// Data flow (DESIGN.md): ids [T, K] -> plan_dispatch -> per expert e: gather its rows of x,
+// run the body as GEMMs over all its rows at once, scale by the slot weight -> combine in slot
+// order with fp32 accumulation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "moekit/config.hpp"
+#include "moekit/tensor.hpp"
+
+namespace moekit {
+
+/// One projection of every expert: E matrices of shape [rows, cols] = [out, in], each stored
+/// row-major with `row_stride` elements between rows, at arbitrary per-expert addresses. This
+/// describes every non-transposed checkpoint layout without a copy: stacked [E, out, in],
+/// per-expert tensors, the gate or up half of a fused gate‖up tensor, interleaved gate/up rows.
+struct ExpertMatrix {
+  DType dtype = DType::f32;  ///< f32, bf16 or f16; accumulation is always fp32
+  std::int64_t rows = 0;     ///< out
+  std::int64_t cols = 0;     ///< in
+  std::int64_t row_stride = 0;            ///< elements between consecutive rows (>= cols)
+  std::vector<const void*> experts;      ///< E pointers to row 0 of each expert
+
+  std::int64_t num_experts() const noexcept { return static_cast<std::int64_t>(experts.size()); }
+  bool defined() const noexcept { return !experts.empty(); }
+  /// A stacked, contiguous [E, rows, cols] tensor viewed as an ExpertMatrix.
+  static ExpertMatrix stacked(const TensorView& t);
+};
+
+/// The weights of E experts (E = 1 for a shared expert). gate is undefined for plain-MLP
+/// bodies. Biases are f32 [E, F] / [E, D], undefined when the body has none.
+struct ExpertWeights {
+  ExpertMatrix gate;  ///< [E] x [F, D]
+  ExpertMatrix up;    ///< [E] x [F, D]
+  ExpertMatrix down;  ///< [E] x [D, F]
+  Tensor gate_bias, up_bias, down_bias;
+  /// Whatever owns the memory the matrices point into (owned tensors, mapped checkpoints).
+  std::vector<std::shared_ptr<const void>> keep_alive;
+
+  std::int64_t num_experts() const noexcept { return down.num_experts(); }
+  std::int64_t hidden_size() const noexcept { return down.rows; }  ///< D
+  std::int64_t width() const noexcept { return down.cols; }        ///< F
+  /// Bytes of the expert matrices (what a forward may read).
+  std::size_t nbytes() const noexcept;
+};
+
+/// The expert body, with its constants.
+struct ExpertBody {
+  BodyKind kind = BodyKind::swiglu;
+  float swiglu_limit = 7.0f;
+  float swiglu_alpha = 1.702f;
+};
+
+/// Checks that `w` is consistent for `body` with hidden size D: all E pointers set, shapes
+/// [F, D] / [D, F], strides >= cols, dtypes f32/bf16/f16, biases f32 of the right shape, gate
+/// present iff the body is gated. Throws std::invalid_argument naming `what` and the matrix.
+void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what);
+
+/// Rows of a routing grouped by expert: a stable counting sort of the (token, slot) pairs.
+struct DispatchPlan {
+  std::int64_t num_tokens = 0, top_k = 0, num_experts = 0;
+  std::vector<std::int64_t> counts;   ///< [E] pairs per expert
+  std::vector<std::int64_t> offsets;  ///< [E + 1] prefix sums of counts
+  /// [T * K] pair index p = t * K + k, ordered by expert, then by p (stable).
+  std::vector<std::int64_t> sorted_pairs;
+  /// [T * K] inverse: position of pair p in sorted_pairs.
+  std::vector<std::int64_t> inverse;
+};
+
+/// Builds the plan from ids [..., K] i32. Throws std::invalid_argument for a wrong dtype and
+/// std::out_of_range naming the token and slot of an id outside [0, num_experts).
+DispatchPlan plan_dispatch(const TensorView& ids, std::int64_t num_experts);
+
+/// Grouped expert execution. x [T, D] f32; ids/weights [T, K] (i32 / f32); writes
+/// y [T, D] f32 = Σ_k w[t,k] · expert_{ids[t,k]}(x[t]) summed in slot order in fp32 (or, with
+/// weight_on_input, Σ_k expert(w · x)). y is overwritten (accumulate = false) or added to.
+/// Deterministic and independent of the thread count. Experts with no rows cost nothing.
+/// Preconditions are validated (shapes, dtypes, plan matching ids): std::invalid_argument.
+void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
+                 const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate = false);
+
+/// A dense FFN on every token (the shared expert: E = 1), y (+)= body(x). x, y [T, D] f32.
+void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& y,
+                   bool accumulate);
+
+}  // namespace moekit

@@ -1,0 +1,53 @@
+// MoeLayer: router + routed experts + shared experts (+ gate), the whole MoE block.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "moekit/config.hpp"
+#include "moekit/experts.hpp"
+#include "moekit/routing.hpp"
+#include "moekit/tensor.hpp"
+
+namespace moekit {
+
+/// Everything one MoE block reads. Matrices may point into mapped checkpoint memory; whatever
+/// owns it is held in keep_alive (of the ExpertWeights) or router_keep_alive.
+struct MoeWeights {
+  TensorView router;       ///< [E, D] f32 or bf16
+  Tensor router_bias;      ///< [E] f32 when config.router.has_router_bias
+  Tensor selection_bias;   ///< [E] f32 when config.router.has_selection_bias
+  ExpertWeights experts;   ///< E routed experts
+  ExpertWeights shared;    ///< E = 1 holding all shared experts side by side (width = shared_width); or empty
+  TensorView shared_gate;  ///< [1, D] when config.shared_gated
+  std::vector<std::shared_ptr<const void>> keep_alive;
+};
+
+/// What a forward can hand back besides y (a backward will need these).
+struct ForwardInfo {
+  Tensor logits;  ///< [..., E] f32 router logits
+  Routing routing;
+};
+
+class MoeLayer {
+ public:
+  /// Validates `weights` against `config` (shapes, dtypes, presence of biases and shared
+  /// parts) and throws std::invalid_argument naming the part and the expected shape.
+  MoeLayer(MoeConfig config, MoeWeights weights);
+
+  /// y = MoE(x). x [..., D] f32 or bf16; y has x's shape and dtype. `info`, when given,
+  /// receives the logits and routing used. Const and safe to call from several threads at once.
+  /// Throws std::invalid_argument for a wrong shape/dtype or non-finite logits.
+  Tensor forward(const TensorView& x, ForwardInfo* info = nullptr) const;
+
+  const MoeConfig& config() const noexcept { return config_; }
+  const MoeWeights& weights() const noexcept { return weights_; }
+  ExpertBody body() const noexcept;
+
+ private:
+  MoeConfig config_;
+  MoeWeights weights_;
+};
+
+}  // namespace moekit

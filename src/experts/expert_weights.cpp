@@ -1,0 +1,89 @@
+#include <cmath>
+#include <stdexcept>
+
+#include "moekit/experts.hpp"
+#include "util/error.hpp"
+
+namespace moekit {
+
+ExpertMatrix ExpertMatrix::stacked(const TensorView& t) {
+  if (!t.defined() || t.rank() != 3)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::ExpertMatrix::stacked] expected [E, out, in], got "
+                                           << shape_str(t.shape())));
+  ExpertMatrix m;
+  m.dtype = t.dtype();
+  m.rows = t.dim(1);
+  m.cols = t.dim(2);
+  m.row_stride = m.cols;
+  const auto* base = static_cast<const char*>(t.data());
+  const std::size_t step = static_cast<std::size_t>(m.rows * m.cols) * dtype_size(t.dtype());
+  for (std::int64_t e = 0; e < t.dim(0); ++e) m.experts.push_back(base + static_cast<std::size_t>(e) * step);
+  return m;
+}
+
+std::size_t ExpertWeights::nbytes() const noexcept {
+  std::size_t n = 0;
+  for (const ExpertMatrix* m : {&gate, &up, &down})
+    n += static_cast<std::size_t>(m->num_experts() * m->rows * m->cols) * dtype_size(m->dtype);
+  return n;
+}
+
+namespace {
+
+bool is_gated(BodyKind k) {
+  return k == BodyKind::swiglu || k == BodyKind::swiglu_clamped || k == BodyKind::geglu ||
+         k == BodyKind::geglu_tanh;
+}
+
+void check_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, std::int64_t cols, const char* what,
+                  const char* name) {
+  const auto fail = [&](const std::string& msg) {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what << "." << name << ": " << msg));
+  };
+  if (m.num_experts() != E) fail(MOEKIT_MSG("has " << m.num_experts() << " experts, expected " << E));
+  if (m.rows != rows || m.cols != cols)
+    fail(MOEKIT_MSG("is [" << m.rows << ", " << m.cols << "] per expert, expected [" << rows << ", " << cols << "]"));
+  if (m.row_stride < m.cols) fail(MOEKIT_MSG("row_stride " << m.row_stride << " < cols " << m.cols));
+  if (m.dtype != DType::f32 && m.dtype != DType::bf16 && m.dtype != DType::f16)
+    fail(MOEKIT_MSG("dtype " << dtype_name(m.dtype) << " is not f32, bf16 or f16"));
+  const std::size_t align = dtype_size(m.dtype);
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (m.experts[e] == nullptr) fail(MOEKIT_MSG("expert " << e << " has no data"));
+    if (reinterpret_cast<std::uintptr_t>(m.experts[e]) % align != 0)
+      fail(MOEKIT_MSG("expert " << e << " is not " << align << "-byte aligned"));
+  }
+}
+
+void check_bias(const Tensor& b, std::int64_t E, std::int64_t n, const char* what, const char* name) {
+  if (b.rank() != 2 || b.dim(0) != E || b.dim(1) != n || b.dtype() != DType::f32)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what << "." << name << " must be f32 ["
+                                                                       << E << ", " << n << "], got "
+                                                                       << dtype_name(b.dtype()) << " "
+                                                                       << shape_str(b.shape())));
+}
+
+}  // namespace
+
+void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what) {
+  const std::int64_t E = w.down.num_experts();
+  if (E < 1) throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what << " has no experts"));
+  const std::int64_t F = w.down.cols;
+  check_matrix(w.down, E, D, F, what, "down");
+  check_matrix(w.up, E, F, D, what, "up");
+  if (is_gated(body.kind)) {
+    check_matrix(w.gate, E, F, D, what, "gate");
+  } else if (w.gate.defined()) {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what
+                                                                        << ".gate given for an ungated MLP body"));
+  }
+  if (w.gate_bias.numel() || w.gate_bias.rank()) check_bias(w.gate_bias, E, F, what, "gate_bias");
+  if (w.up_bias.numel() || w.up_bias.rank()) check_bias(w.up_bias, E, F, what, "up_bias");
+  if (w.down_bias.numel() || w.down_bias.rank()) check_bias(w.down_bias, E, D, what, "down_bias");
+  if (!std::isfinite(body.swiglu_limit) || body.swiglu_limit <= 0.0f || !std::isfinite(body.swiglu_alpha))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] swiglu_limit (" << body.swiglu_limit
+                                                                                     << ") and swiglu_alpha ("
+                                                                                     << body.swiglu_alpha
+                                                                                     << ") must be finite, limit > 0"));
+}
+
+}  // namespace moekit

@@ -1,0 +1,183 @@
+// Grouped expert execution over a DispatchPlan.
+//
+// Work is cut into tasks of (expert, up to kRowChunk of its rows). A task gathers its rows,
+// runs gate/up GEMMs over all of them at once, the activation, the down GEMM, scales each row
+// by its slot weight and writes it to its sorted position of a [T*K, D] buffer. Every output
+// element is a fixed-order dot product, so neither the chunking nor the thread that ran it can
+// change a bit. The combine then sums each token's K rows in slot order.
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/activation.hpp"
+#include "kernels/gemm.hpp"
+#include "moekit/experts.hpp"
+#include "util/error.hpp"
+#include "util/thread_pool.hpp"
+
+namespace moekit {
+
+namespace {
+
+constexpr std::int64_t kRowChunk = 64;
+
+bool has(const Tensor& t) { return t.numel() > 0; }
+
+// Scratch for one task, reused by the thread across tasks and calls.
+struct Scratch {
+  std::vector<float> x, gate, up, out;
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// rows [r, D] of xin -> out [r, D] = body(xin) for expert e (no weight applied).
+void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const float* xin, std::int64_t r,
+                 float* out, Scratch& s) {
+  const std::int64_t D = w.hidden_size(), F = w.width();
+  s.up.resize(static_cast<std::size_t>(r * F));
+  kernels::gemm_nt_serial(xin, D, w.up.experts[e], w.up.dtype, w.up.row_stride, s.up.data(), F, r, F, D, false);
+  if (has(w.up_bias)) {
+    const float* b = w.up_bias.data_as<const float>() + e * F;
+    for (std::int64_t i = 0; i < r; ++i)
+      for (std::int64_t f = 0; f < F; ++f) s.up[i * F + f] += b[f];
+  }
+  const float* g = nullptr;
+  if (w.gate.defined()) {
+    s.gate.resize(static_cast<std::size_t>(r * F));
+    kernels::gemm_nt_serial(xin, D, w.gate.experts[e], w.gate.dtype, w.gate.row_stride, s.gate.data(), F, r, F, D,
+                            false);
+    if (has(w.gate_bias)) {
+      const float* b = w.gate_bias.data_as<const float>() + e * F;
+      for (std::int64_t i = 0; i < r; ++i)
+        for (std::int64_t f = 0; f < F; ++f) s.gate[i * F + f] += b[f];
+    }
+    g = s.gate.data();
+  }
+  kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, g, s.up.data(), s.up.data(), r * F);
+  kernels::gemm_nt_serial(s.up.data(), F, w.down.experts[e], w.down.dtype, w.down.row_stride, out, D, r, D, F, false);
+  if (has(w.down_bias)) {
+    const float* b = w.down_bias.data_as<const float>() + e * D;
+    for (std::int64_t i = 0; i < r; ++i)
+      for (std::int64_t d = 0; d < D; ++d) out[i * D + d] += b[d];
+  }
+}
+
+void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int64_t D) {
+  if (!x.defined() || x.rank() != 2 || x.dtype() != DType::f32 || x.dim(1) != D)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] x must be f32 [T, " << D << "], got "
+                                                       << dtype_name(x.dtype()) << " " << shape_str(x.shape())));
+  if (!y.defined() || y.dtype() != DType::f32 || y.shape() != x.shape())
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] y must be f32 " << shape_str(x.shape())
+                                                       << ", got " << dtype_name(y.dtype()) << " "
+                                                       << shape_str(y.shape())));
+}
+
+}  // namespace
+
+void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
+                 const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate) {
+  const std::int64_t D = w.hidden_size();
+  const std::int64_t E = w.num_experts();
+  validate_experts(w, body, D, "experts");
+  check_xy("run_experts", x, y, D);
+  const std::int64_t T = x.dim(0);
+  if (!ids.defined() || ids.rank() != 2 || ids.dim(0) != T || ids.dtype() != DType::i32)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::run_experts] ids must be i32 [" << T << ", K], got "
+                                                                                   << dtype_name(ids.dtype()) << " "
+                                                                                   << shape_str(ids.shape())));
+  if (!weights.defined() || weights.shape() != ids.shape() || weights.dtype() != DType::f32)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::run_experts] weights must be f32 " << shape_str(ids.shape())
+                                                                                       << ", got "
+                                                                                       << dtype_name(weights.dtype())
+                                                                                       << " "
+                                                                                       << shape_str(weights.shape())));
+  const DispatchPlan plan = plan_dispatch(ids, E);
+  const std::int64_t K = plan.top_k;
+  const float* xs = x.data_as<const float>();
+  const float* ws = weights.data_as<const float>();
+  float* ys = y.data_as<float>();
+
+  // (expert, first row, row count) tasks, in expert order.
+  struct Task {
+    std::int64_t expert, begin, count;
+  };
+  std::vector<Task> tasks;
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t r = plan.offsets[e]; r < plan.offsets[e + 1]; r += kRowChunk)
+      tasks.push_back({e, r, std::min(kRowChunk, plan.offsets[e + 1] - r)});
+
+  std::vector<float> pair_out(static_cast<std::size_t>(T * K * D));
+  detail::parallel_tasks(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t ti) {
+    const Task& task = tasks[static_cast<std::size_t>(ti)];
+    Scratch& s = scratch();
+    s.x.resize(static_cast<std::size_t>(task.count * D));
+    for (std::int64_t i = 0; i < task.count; ++i) {
+      const std::int64_t pair = plan.sorted_pairs[task.begin + i];
+      const float* src = xs + (pair / K) * D;
+      float* dst = s.x.data() + i * D;
+      if (weight_on_input) {
+        const float wv = ws[pair];
+        for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d] * wv;
+      } else {
+        std::memcpy(dst, src, static_cast<std::size_t>(D) * sizeof(float));
+      }
+    }
+    float* out = pair_out.data() + task.begin * D;
+    expert_rows(w, body, task.expert, s.x.data(), task.count, out, s);
+    if (!weight_on_input) {
+      for (std::int64_t i = 0; i < task.count; ++i) {
+        const float wv = ws[plan.sorted_pairs[task.begin + i]];
+        for (std::int64_t d = 0; d < D; ++d) out[i * D + d] *= wv;
+      }
+    }
+  });
+
+  detail::parallel_for(T, 8, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      float* yt = ys + t * D;
+      if (!accumulate) std::fill(yt, yt + D, 0.0f);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const float* o = pair_out.data() + plan.inverse[t * K + k] * D;
+        for (std::int64_t d = 0; d < D; ++d) yt[d] += o[d];
+      }
+    }
+  });
+}
+
+void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& y,
+                   bool accumulate) {
+  const std::int64_t D = w.hidden_size();
+  validate_experts(w, body, D, "shared");
+  if (w.num_experts() != 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::run_dense_ffn] expected 1 expert, got " << w.num_experts()));
+  check_xy("run_dense_ffn", x, y, D);
+  const std::int64_t T = x.dim(0), F = w.width();
+  if (T == 0) return;
+  // Whole-batch GEMMs parallelised inside gemm_nt; each element is still one fixed-order dot.
+  const float* xs = x.data_as<const float>();
+  std::vector<float> up(static_cast<std::size_t>(T * F)), gate;
+  kernels::gemm_nt(xs, D, w.up.experts[0], w.up.dtype, w.up.row_stride, up.data(), F, T, F, D, false);
+  if (has(w.up_bias))
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t f = 0; f < F; ++f) up[t * F + f] += w.up_bias.data_as<const float>()[f];
+  if (w.gate.defined()) {
+    gate.resize(up.size());
+    kernels::gemm_nt(xs, D, w.gate.experts[0], w.gate.dtype, w.gate.row_stride, gate.data(), F, T, F, D, false);
+    if (has(w.gate_bias))
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t f = 0; f < F; ++f) gate[t * F + f] += w.gate_bias.data_as<const float>()[f];
+  }
+  kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, gate.empty() ? nullptr : gate.data(), up.data(),
+                      up.data(), T * F);
+  float* ys = y.data_as<float>();
+  kernels::gemm_nt(up.data(), F, w.down.experts[0], w.down.dtype, w.down.row_stride, ys, D, T, D, F, accumulate);
+  if (has(w.down_bias))
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t d = 0; d < D; ++d) ys[t * D + d] += w.down_bias.data_as<const float>()[d];
+}
+
+}  // namespace moekit

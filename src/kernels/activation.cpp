@@ -1,0 +1,53 @@
+#include "kernels/activation.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moekit::kernels {
+
+namespace {
+inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+inline float silu(float v) { return v * sigmoid(v); }
+inline float gelu_erf(float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); }
+inline float gelu_tanh(float v) {
+  constexpr float kSqrt2OverPi = 0.79788456080286536f;
+  return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+}
+}  // namespace
+
+void apply_body(BodyKind kind, float limit, float alpha, const float* gate, const float* up, float* h,
+                std::int64_t n) {
+  switch (kind) {
+    case BodyKind::swiglu:
+      for (std::int64_t i = 0; i < n; ++i) h[i] = silu(gate[i]) * up[i];
+      break;
+    case BodyKind::swiglu_clamped:
+      // GPT-OSS: the gate is clamped from above only, the up projection on both sides.
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float g = std::min(gate[i], limit);
+        const float u = std::clamp(up[i], -limit, limit);
+        h[i] = g * sigmoid(alpha * g) * (u + 1.0f);
+      }
+      break;
+    case BodyKind::geglu:
+      for (std::int64_t i = 0; i < n; ++i) h[i] = gelu_erf(gate[i]) * up[i];
+      break;
+    case BodyKind::geglu_tanh:
+      for (std::int64_t i = 0; i < n; ++i) h[i] = gelu_tanh(gate[i]) * up[i];
+      break;
+    case BodyKind::mlp_relu:
+      for (std::int64_t i = 0; i < n; ++i) h[i] = std::max(up[i], 0.0f);
+      break;
+    case BodyKind::mlp_relu2:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float r = std::max(up[i], 0.0f);
+        h[i] = r * r;
+      }
+      break;
+    case BodyKind::mlp_silu:
+      for (std::int64_t i = 0; i < n; ++i) h[i] = silu(up[i]);
+      break;
+  }
+}
+
+}  // namespace moekit::kernels

@@ -1,0 +1,134 @@
+// MoeLayer: the one place that knows the whole block (SEMANTICS.md §1).
+#include <cmath>
+#include <stdexcept>
+
+#include "moekit/layer.hpp"
+#include "util/error.hpp"
+#include "util/thread_pool.hpp"
+
+namespace moekit {
+
+namespace {
+
+void check_vector(const Tensor& t, bool wanted, std::int64_t E, const char* name) {
+  const bool present = t.numel() > 0;
+  if (wanted && (!present || t.rank() != 1 || t.dim(0) != E || t.dtype() != DType::f32))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] " << name << " must be f32 [" << E << "], got "
+                                                                 << dtype_name(t.dtype()) << " "
+                                                                 << shape_str(t.shape())));
+  if (!wanted && present)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] " << name << " given but the config has none"));
+}
+
+}  // namespace
+
+ExpertBody MoeLayer::body() const noexcept {
+  return ExpertBody{config_.body, config_.swiglu_limit, config_.swiglu_alpha};
+}
+
+MoeLayer::MoeLayer(MoeConfig config, MoeWeights weights) : config_(std::move(config)), weights_(std::move(weights)) {
+  validate(config_.router);
+  const std::int64_t D = config_.hidden_size, E = config_.router.num_experts, F = config_.expert_width;
+  const MoeWeights& w = weights_;
+  if (!w.router.defined() || w.router.rank() != 2 || w.router.dim(0) != E || w.router.dim(1) != D ||
+      (w.router.dtype() != DType::f32 && w.router.dtype() != DType::bf16))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] router must be f32/bf16 [" << E << ", " << D
+                                                                                         << "], got "
+                                                                                         << dtype_name(w.router.dtype())
+                                                                                         << " "
+                                                                                         << shape_str(w.router.shape())));
+  check_vector(w.router_bias, config_.router.has_router_bias, E, "router_bias");
+  check_vector(w.selection_bias, config_.router.has_selection_bias, E, "selection_bias");
+  if (w.selection_bias.numel() > 0) {
+    const float* b = w.selection_bias.data_as<const float>();
+    for (std::int64_t e = 0; e < E; ++e)
+      if (!std::isfinite(b[e]))
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] selection_bias[" << e << "] is " << b[e]));
+  }
+  if (w.experts.num_experts() != E || w.experts.width() != F)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] experts: expected " << E << " experts of width " << F
+                                                                                  << ", got " << w.experts.num_experts()
+                                                                                  << " of width "
+                                                                                  << w.experts.width()));
+  validate_experts(w.experts, body(), D, "experts");
+  const bool want_expert_bias = config_.expert_bias;
+  for (const Tensor* b : {&w.experts.up_bias, &w.experts.down_bias})
+    if ((b->numel() > 0) != want_expert_bias)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] expert biases "
+                                             << (want_expert_bias ? "missing" : "given but the config has none")));
+  if (config_.shared_width > 0) {
+    if (w.shared.num_experts() != 1 || w.shared.width() != config_.shared_width)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] shared: expected one expert of width "
+                                             << config_.shared_width << ", got " << w.shared.num_experts()
+                                             << " of width " << w.shared.width()));
+    validate_experts(w.shared, ExpertBody{config_.body == BodyKind::swiglu_clamped ? BodyKind::swiglu : config_.body},
+                     D, "shared");
+  } else if (w.shared.num_experts() != 0) {
+    throw std::invalid_argument("[moekit::MoeLayer] shared expert given but config.shared_width is 0");
+  }
+  if (config_.shared_gated) {
+    if (!w.shared_gate.defined() || w.shared_gate.shape() != Shape{1, D} ||
+        (w.shared_gate.dtype() != DType::f32 && w.shared_gate.dtype() != DType::bf16))
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] shared_gate must be f32/bf16 [1, " << D << "], got "
+                                                                                                  << shape_str(
+                                                                                                         w.shared_gate
+                                                                                                             .shape())));
+  }
+}
+
+Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
+  const std::int64_t D = config_.hidden_size;
+  if (!x.defined() || x.rank() < 1 || (x.dtype() != DType::f32 && x.dtype() != DType::bf16) || x.dim(-1) != D)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer::forward] x must be f32 or bf16 [..., " << D
+                                                                                                    << "], got "
+                                                                                                    << dtype_name(x.dtype())
+                                                                                                    << " "
+                                                                                                    << shape_str(x.shape())));
+  const std::int64_t T = x.rows();
+  Tensor x32 = to_dtype(x, DType::f32);
+  x32.reshape({T, D});
+  const MoeWeights& w = weights_;
+
+  Tensor logits = router_logits(x32, w.router, w.router_bias.view());
+  Routing routing = route(config_.router, logits, w.selection_bias.view());
+
+  Tensor y({T, D}, DType::f32);
+  run_experts(w.experts, body(), x32, routing.ids, routing.weights, config_.router.weight_on_input, y, false);
+
+  if (config_.shared_width > 0) {
+    const ExpertBody shared_body{config_.body == BodyKind::swiglu_clamped ? BodyKind::swiglu : config_.body};
+    if (!config_.shared_gated) {
+      run_dense_ffn(w.shared, shared_body, x32, y, true);
+    } else {
+      Tensor s({T, D}, DType::f32);
+      run_dense_ffn(w.shared, shared_body, x32, s, false);
+      const Tensor g = router_logits(x32, w.shared_gate);  // [T, 1] fp32
+      float* ys = y.data_as<float>();
+      const float* ss = s.data_as<const float>();
+      const float* gs = g.data_as<const float>();
+      detail::parallel_for(T, 16, [&](std::int64_t t0, std::int64_t t1) {
+        for (std::int64_t t = t0; t < t1; ++t) {
+          const float gate = 1.0f / (1.0f + std::exp(-gs[t]));
+          for (std::int64_t d = 0; d < D; ++d) ys[t * D + d] += gate * ss[t * D + d];
+        }
+      });
+    }
+  }
+
+  y.reshape(x.shape());
+  if (info != nullptr) {
+    Shape ls = x.shape();
+    ls.back() = config_.router.num_experts;
+    logits.reshape(ls);
+    Shape rs = x.shape();
+    rs.back() = config_.router.top_k;
+    routing.ids.reshape(rs);
+    routing.weights.reshape(rs);
+    info->logits = std::move(logits);
+    info->routing = std::move(routing);
+  }
+  if (x.dtype() == DType::f32) return y;
+  return to_dtype(y, x.dtype());
+}
+
+}  // namespace moekit
