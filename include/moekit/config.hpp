@@ -32,6 +32,11 @@ struct WeightNames {
   std::string selection_bias = "gate.e_score_correction_bias";  ///< relative to block
   std::string shared = "shared_experts";  ///< shared expert module, relative to block
   std::string shared_gate;                ///< e.g. "shared_expert_gate" (Qwen2-MoE); empty if none
+  /// Fused `experts.gate_up_proj` is stored [E, D, 2F] (Llama-4, GPT-OSS) instead of [E, 2F, D].
+  bool fused_transposed = false;
+  /// In the fused tensor gate and up alternate (GPT-OSS: gate = 0, 2, 4, ...) instead of gate
+  /// being the first half.
+  bool fused_interleaved = false;
 };
 
 struct MoeConfig {

@@ -22,6 +22,10 @@ struct MoeWeights {
   ExpertWeights shared;    ///< E = 1 holding all shared experts side by side (width = shared_width); or empty
   TensorView shared_gate;  ///< [1, D] when config.shared_gated
   std::vector<std::shared_ptr<const void>> keep_alive;
+  /// Where the routed experts came from (e.g. "per_expert", "fused_gate_up", "switch_mlp"),
+  /// and whether they are used in place from the mapped file ("mapped") or were copied.
+  std::string layout;
+  bool mapped = false;
 };
 
 /// What a forward can hand back besides y (a backward will need these).

@@ -199,6 +199,8 @@ void gpt_oss(const Fields& f, MoeConfig& c) {
   c.swiglu_limit = static_cast<float>(f.number("swiglu_limit", 7.0));
   c.names.block = "model.layers.{L}.mlp";
   c.names.router = "router";
+  c.names.fused_transposed = true;
+  c.names.fused_interleaved = true;
 }
 
 void llama4(const Fields& f, MoeConfig& c) {
@@ -212,6 +214,7 @@ void llama4(const Fields& f, MoeConfig& c) {
   c.names.block = "model.layers.{L}.feed_forward";
   c.names.router = "router";
   c.names.shared = "shared_expert";
+  c.names.fused_transposed = true;
 }
 
 void minimax_m2(const Fields& f, MoeConfig& c) {

@@ -1,0 +1,305 @@
+// load_moe_layer: one MoE block of a checkpoint folder -> MoeLayer. The family's names come
+// from MoeConfig::names (data); the expert layout is detected from which tensors exist.
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "moekit/model.hpp"
+#include "moekit/safetensors.hpp"
+#include "util/error.hpp"
+
+namespace moekit {
+
+namespace {
+
+std::string replace_layer(std::string pattern, std::int64_t layer) {
+  const std::string key = "{L}";
+  const auto pos = pattern.find(key);
+  if (pos != std::string::npos) pattern.replace(pos, key.size(), std::to_string(layer));
+  return pattern;
+}
+
+std::string moe_layer_list(const MoeConfig& c) {
+  std::ostringstream os;
+  std::int64_t start = -1;
+  bool first = true;
+  for (std::int64_t l = 0; l <= c.num_layers; ++l) {
+    const bool moe = l < c.num_layers && c.is_moe_layer(l);
+    if (moe && start < 0) start = l;
+    if (!moe && start >= 0) {
+      os << (first ? "" : ", ") << start;
+      if (l - 1 > start) os << "-" << l - 1;
+      first = false;
+      start = -1;
+    }
+  }
+  return first ? std::string("none") : os.str();
+}
+
+bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+// Reads tensors of one block, with messages that name the file, the tensor and the expectation.
+class BlockReader {
+ public:
+  BlockReader(std::shared_ptr<const Checkpoint> ckpt, std::string prefix)
+      : ckpt_(std::move(ckpt)), prefix_(std::move(prefix)) {}
+
+  std::string full(const std::string& rel) const { return prefix_ + "." + rel; }
+  bool has(const std::string& rel) const { return ckpt_->contains(full(rel)); }
+
+  // A float view of `rel`, checked against `shape`.
+  TensorView get(const std::string& rel, const Shape& shape) const {
+    const std::string name = full(rel);
+    if (!ckpt_->contains(name))
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << ckpt_->path() << ": missing tensor '" << name
+                                                                      << "', expected shape " << shape_str(shape)));
+    const TensorInfo& info = ckpt_->info(name);
+    if (info.shape != shape)
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << info.file << ": tensor '" << name
+                                                                      << "' has shape " << shape_str(info.shape)
+                                                                      << ", expected " << shape_str(shape)));
+    TensorView v = ckpt_->view(name);  // throws for dtypes moekit cannot compute on
+    if (!is_float(v.dtype()))
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << info.file << ": tensor '" << name
+                                                                      << "' has dtype " << info.dtype_name
+                                                                      << ", expected F32, BF16 or F16"));
+    return v;
+  }
+
+  // `get` converted to an owned f32 tensor (biases, small vectors).
+  Tensor get_f32(const std::string& rel, const Shape& shape) const { return to_dtype(get(rel, shape), DType::f32); }
+
+  // `get` usable in place when aligned; otherwise an owned aligned copy (recorded in `copied`).
+  TensorView get_aligned(const std::string& rel, const Shape& shape, std::vector<std::shared_ptr<const void>>& keep,
+                         bool& copied) const {
+    TensorView v = get(rel, shape);
+    if (reinterpret_cast<std::uintptr_t>(v.data()) % dtype_size(v.dtype()) == 0) return v;
+    auto t = std::make_shared<Tensor>(v.shape(), v.dtype());
+    std::memcpy(t->data(), v.data(), v.nbytes());
+    keep.push_back(t);
+    copied = true;
+    return t->view();
+  }
+
+  const std::shared_ptr<const Checkpoint>& checkpoint() const { return ckpt_; }
+
+ private:
+  std::shared_ptr<const Checkpoint> ckpt_;
+  std::string prefix_;
+};
+
+// Gathers src[e][i][j] (row-major, element size es) into dst[e][out][in] with out/in chosen by
+// `pick`: dst(e, o, i) = src element at offset pick(e, o, i).
+template <typename Pick>
+Tensor gather_copy(const TensorView& src, std::int64_t E, std::int64_t rows, std::int64_t cols, Pick pick) {
+  Tensor dst({E, rows, cols}, src.dtype());
+  const std::size_t es = dtype_size(src.dtype());
+  const auto* s = static_cast<const unsigned char*>(src.data());
+  auto* d = static_cast<unsigned char*>(dst.data());
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t o = 0; o < rows; ++o)
+      for (std::int64_t i = 0; i < cols; ++i)
+        std::memcpy(d + static_cast<std::size_t>((e * rows + o) * cols + i) * es,
+                    s + static_cast<std::size_t>(pick(e, o, i)) * es, es);
+  return dst;
+}
+
+ExpertMatrix matrix_from_views(const std::vector<TensorView>& per_expert, std::int64_t rows, std::int64_t cols) {
+  ExpertMatrix m;
+  m.dtype = per_expert.front().dtype();
+  m.rows = rows;
+  m.cols = cols;
+  m.row_stride = cols;
+  for (const TensorView& v : per_expert) m.experts.push_back(v.data());
+  return m;
+}
+
+void check_same_dtype(const std::vector<TensorView>& views, const std::string& what, const std::string& file) {
+  for (const TensorView& v : views)
+    if (v.dtype() != views.front().dtype())
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": " << what
+                                                                      << " mixes dtypes across experts ("
+                                                                      << dtype_name(views.front().dtype()) << " and "
+                                                                      << dtype_name(v.dtype()) << ")"));
+}
+
+void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
+  const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width;
+  const WeightNames& n = c.names;
+  ExpertWeights& ex = w.experts;
+  ex.keep_alive.push_back(r.checkpoint());
+  bool copied = false;
+  const bool gated = c.body != BodyKind::mlp_relu && c.body != BodyKind::mlp_relu2 && c.body != BodyKind::mlp_silu;
+
+  for (const char* suffix : {".scales", ".biases"}) {
+    const std::string q = "switch_mlp.up_proj" + std::string(suffix);
+    if (r.has(q))
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path() << ": '" << r.full(q)
+                                                                      << "' marks an mlx-quantized checkpoint, which "
+                                                                         "this version cannot load (F32/BF16/F16 only)"));
+  }
+
+  if (r.has("switch_mlp.up_proj.weight")) {
+    w.layout = "switch_mlp";
+    if (gated) ex.gate = ExpertMatrix::stacked(r.get_aligned("switch_mlp.gate_proj.weight", {E, F, D}, ex.keep_alive, copied));
+    ex.up = ExpertMatrix::stacked(r.get_aligned("switch_mlp.up_proj.weight", {E, F, D}, ex.keep_alive, copied));
+    ex.down = ExpertMatrix::stacked(r.get_aligned("switch_mlp.down_proj.weight", {E, D, F}, ex.keep_alive, copied));
+  } else if (r.has(n.experts + ".gate_up_proj")) {
+    const std::string gu_name = n.experts + ".gate_up_proj", dn_name = n.experts + ".down_proj";
+    if (!n.fused_transposed) {
+      // [E, 2F, D], gate rows first: both halves used in place with per-expert pointers.
+      w.layout = "fused_gate_up";
+      const TensorView gu = r.get_aligned(gu_name, {E, 2 * F, D}, ex.keep_alive, copied);
+      const std::size_t es = dtype_size(gu.dtype());
+      ex.gate.dtype = ex.up.dtype = gu.dtype();
+      ex.gate.rows = ex.up.rows = F;
+      ex.gate.cols = ex.up.cols = D;
+      ex.gate.row_stride = ex.up.row_stride = D;
+      for (std::int64_t e = 0; e < E; ++e) {
+        const auto* base = static_cast<const unsigned char*>(gu.data()) + static_cast<std::size_t>(e * 2 * F * D) * es;
+        ex.gate.experts.push_back(base);
+        ex.up.experts.push_back(base + static_cast<std::size_t>(F * D) * es);
+      }
+      ex.down = ExpertMatrix::stacked(r.get_aligned(dn_name, {E, D, F}, ex.keep_alive, copied));
+    } else {
+      // [E, D, 2F] (+ [E, F, D] down): transposed, copied once into [E, out, in] in the stored dtype.
+      w.layout = n.fused_interleaved ? "fused_gate_up_transposed_interleaved" : "fused_gate_up_transposed";
+      copied = true;
+      const TensorView gu = r.get(gu_name, {E, D, 2 * F});
+      const bool il = n.fused_interleaved;
+      auto gate = std::make_shared<Tensor>(gather_copy(gu, E, F, D, [&](std::int64_t e, std::int64_t f, std::int64_t d) {
+        return (e * D + d) * 2 * F + (il ? 2 * f : f);
+      }));
+      auto up = std::make_shared<Tensor>(gather_copy(gu, E, F, D, [&](std::int64_t e, std::int64_t f, std::int64_t d) {
+        return (e * D + d) * 2 * F + (il ? 2 * f + 1 : F + f);
+      }));
+      const TensorView dn = r.get(dn_name, {E, F, D});
+      auto down = std::make_shared<Tensor>(gather_copy(dn, E, D, F, [&](std::int64_t e, std::int64_t d, std::int64_t f) {
+        return (e * F + f) * D + d;
+      }));
+      ex.gate = ExpertMatrix::stacked(*gate);
+      ex.up = ExpertMatrix::stacked(*up);
+      ex.down = ExpertMatrix::stacked(*down);
+      ex.keep_alive.insert(ex.keep_alive.end(), {gate, up, down});
+    }
+    if (c.expert_bias) {
+      const Tensor gub = r.get_f32(gu_name + "_bias", {E, 2 * F});
+      ex.gate_bias = Tensor({E, F}, DType::f32);
+      ex.up_bias = Tensor({E, F}, DType::f32);
+      const float* b = gub.data_as<const float>();
+      for (std::int64_t e = 0; e < E; ++e)
+        for (std::int64_t f = 0; f < F; ++f) {
+          const bool il = n.fused_interleaved;
+          ex.gate_bias.data_as<float>()[e * F + f] = b[e * 2 * F + (il ? 2 * f : f)];
+          ex.up_bias.data_as<float>()[e * F + f] = b[e * 2 * F + (il ? 2 * f + 1 : F + f)];
+        }
+      ex.down_bias = r.get_f32(dn_name + "_bias", {E, D});
+    }
+  } else {
+    w.layout = "per_expert";
+    std::vector<TensorView> gate, up, down;
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::string p = n.experts + "." + std::to_string(e) + ".";
+      if (gated) gate.push_back(r.get_aligned(p + n.gate_proj + ".weight", {F, D}, ex.keep_alive, copied));
+      up.push_back(r.get_aligned(p + n.up_proj + ".weight", {F, D}, ex.keep_alive, copied));
+      down.push_back(r.get_aligned(p + n.down_proj + ".weight", {D, F}, ex.keep_alive, copied));
+    }
+    const std::string& file = r.checkpoint()->path();
+    check_same_dtype(up, "up", file);
+    check_same_dtype(down, "down", file);
+    if (gated) {
+      check_same_dtype(gate, "gate", file);
+      ex.gate = matrix_from_views(gate, F, D);
+    }
+    ex.up = matrix_from_views(up, F, D);
+    ex.down = matrix_from_views(down, D, F);
+    if (c.expert_bias) {
+      ex.up_bias = Tensor({E, F}, DType::f32);
+      ex.down_bias = Tensor({E, D}, DType::f32);
+      if (gated) ex.gate_bias = Tensor({E, F}, DType::f32);
+      for (std::int64_t e = 0; e < E; ++e) {
+        const std::string p = n.experts + "." + std::to_string(e) + ".";
+        const auto copy_row = [&](const std::string& rel, std::int64_t len, Tensor& dst) {
+          const Tensor b = r.get_f32(rel, {len});
+          std::memcpy(dst.data_as<float>() + e * len, b.data(), static_cast<std::size_t>(len) * 4);
+        };
+        copy_row(p + n.up_proj + ".bias", F, ex.up_bias);
+        copy_row(p + n.down_proj + ".bias", D, ex.down_bias);
+        if (gated) copy_row(p + n.gate_proj + ".bias", F, ex.gate_bias);
+      }
+    }
+  }
+  w.mapped = !copied;
+}
+
+}  // namespace
+
+MoeLayer load_moe_layer(const std::string& path, std::int64_t layer) {
+  return load_moe_layer(path, load_hf_config(path), layer);
+}
+
+MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::int64_t layer) {
+  if (layer < 0 || layer >= config.num_layers)
+    throw std::out_of_range(MOEKIT_MSG("[moekit::load_moe_layer] layer " << layer << " outside [0, "
+                                                                         << config.num_layers << ")"));
+  if (!config.is_moe_layer(layer))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::load_moe_layer] layer "
+                                           << layer << " is dense, not MoE (" << config.model_type
+                                           << "; MoE layers: " << moe_layer_list(config) << ")"));
+  const auto ckpt = Checkpoint::open(path);
+  const std::int64_t E = config.router.num_experts, D = config.hidden_size;
+  const WeightNames& n = config.names;
+
+  // Multimodal wrappers (Llama-4) prefix the language model's names.
+  std::string block;
+  for (const char* wrapper : {"", "language_model."}) {
+    const std::string candidate = wrapper + replace_layer(n.block, layer);
+    if (ckpt->contains(candidate + "." + n.router + ".weight")) {
+      block = candidate;
+      break;
+    }
+  }
+  if (block.empty())
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << path << ": missing tensor '"
+                                                                    << replace_layer(n.block, layer) << "." << n.router
+                                                                    << ".weight' (the router of layer " << layer
+                                                                    << "), expected shape " << shape_str({E, D})));
+  const BlockReader r(ckpt, block);
+  MoeWeights w;
+  w.keep_alive.push_back(ckpt);
+  bool copied = false;
+  w.router = r.get_aligned(n.router + ".weight", {E, D}, w.keep_alive, copied);
+  if (w.router.dtype() == DType::f16) {
+    auto t = std::make_shared<Tensor>(to_dtype(w.router, DType::f32));
+    w.keep_alive.push_back(t);
+    w.router = t->view();
+  }
+  if (config.router.has_router_bias) w.router_bias = r.get_f32(n.router + ".bias", {E});
+  if (config.router.has_selection_bias) w.selection_bias = r.get_f32(n.selection_bias, {E});
+  load_experts(r, config, w);
+
+  if (config.shared_width > 0) {
+    const std::int64_t S = config.shared_width;
+    ExpertWeights& sh = w.shared;
+    sh.keep_alive.push_back(ckpt);
+    bool shared_copied = false;
+    const auto one = [&](const std::string& rel, const Shape& s) {
+      TensorView v = r.get_aligned(n.shared + "." + rel, s, sh.keep_alive, shared_copied);
+      return matrix_from_views({v}, s[0], s[1]);
+    };
+    sh.gate = one("gate_proj.weight", {S, D});
+    sh.up = one("up_proj.weight", {S, D});
+    sh.down = one("down_proj.weight", {D, S});
+    if (config.shared_gated) {
+      w.shared_gate = r.get_aligned(n.shared_gate + ".weight", {1, D}, w.keep_alive, copied);
+      if (w.shared_gate.dtype() == DType::f16) {
+        auto t = std::make_shared<Tensor>(to_dtype(w.shared_gate, DType::f32));
+        w.keep_alive.push_back(t);
+        w.shared_gate = t->view();
+      }
+    }
+  }
+  return MoeLayer(config, std::move(w));
+}
+
+}  // namespace moekit
