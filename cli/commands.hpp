@@ -1,5 +1,5 @@
 // Subcommand registration. Each register_* adds a subcommand whose callback does the work;
-// exceptions propagate to main(), which prints them.
+// exceptions propagate to main(), which prints them as one line and exits with 1.
 #pragma once
 
 namespace CLI {
@@ -8,6 +8,12 @@ class App;
 
 namespace moekit::cli {
 
+/// `moekit demo`: one DeepSeek-V3-shaped MoE layer on random weights, timed (or, with
+/// --routing-only, the routing of every family preset).
 void register_demo(CLI::App& app);
+/// `moekit forward`: runs one MoE layer of a checkpoint on an .npy input.
+void register_forward(CLI::App& app);
+/// `moekit inspect`: what moekit reads from a checkpoint folder.
+void register_inspect(CLI::App& app);
 
 }  // namespace moekit::cli

@@ -1,12 +1,21 @@
-// `moekit demo`: routes a batch of random tokens under every family preset and prints the load
-// per expert and MaxVio. Everything is embedded: no download.
+// `moekit demo`: moekit's main job on an embedded default, no download. One DeepSeek-V3-shaped
+// MoE layer (scaled down so it runs in seconds on two cores) with random weights built in
+// memory runs a batch of random tokens a few times; it prints the routing load per expert,
+// MaxVio, an output checksum and tokens/s. `--routing-only` instead routes a batch under every
+// family preset.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "commands.hpp"
+#include "format.hpp"
 #include "moekit/moekit.hpp"
 
 namespace moekit::cli {
@@ -82,28 +91,186 @@ void run_routing_demo(std::int64_t tokens, unsigned seed) {
     const auto t0 = std::chrono::steady_clock::now();
     const Tensor logits = router_logits(x, w, router_bias.view());
     const Routing r = route(cfg.router, logits, sel_bias.view());
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const auto counts = expert_counts(r.ids, E);
     std::printf("%-12s %s\n", p.name, describe(cfg.router).c_str());
     std::printf("  load per expert:");
-    for (std::int64_t e = 0; e < E; ++e) std::printf("%s%lld", e % 32 == 0 ? "\n    " : " ", static_cast<long long>(counts[e]));
+    for (std::int64_t e = 0; e < E; ++e)
+      std::printf("%s%lld", e % 32 == 0 ? "\n    " : " ", static_cast<long long>(counts[e]));
     std::printf("\n  MaxVio %.3f   router GEMM + route %.2f ms\n\n", max_violation(counts), ms);
   }
+}
+
+// DeepSeek-V3's MoE block with its routing knobs as shipped (sigmoid scores, selection bias,
+// noaux_tc groups, renormalised, rsf 2.5, one shared expert) and its dimensions scaled down:
+// D 7168 -> 512, E 256 -> 64, K 8 -> 6, F 2048 -> 256, groups 8 / 4 kept.
+constexpr const char* kDemoConfig =
+    R"({"model_type":"deepseek_v3","hidden_size":512,"num_hidden_layers":4,"n_routed_experts":64,
+        "num_experts_per_tok":6,"moe_intermediate_size":256,"n_group":8,"topk_group":4,"topk_method":"noaux_tc",
+        "scoring_func":"sigmoid","norm_topk_prob":true,"routed_scaling_factor":2.5,"n_shared_experts":1,
+        "first_k_dense_replace":1})";
+
+// splitmix64: the same numbers on every platform and standard library (std::normal_distribution
+// is implementation-defined), so the printed checksum is comparable across machines.
+class DemoRng {
+ public:
+  explicit DemoRng(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  /// Uniform on [-a, a) with a = sqrt(3) * stddev: mean 0, standard deviation `stddev`.
+  void fill(const Tensor& t, float stddev) {
+    const float a = std::sqrt(3.0f) * stddev;
+    float* p = t.data_as<float>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      const float u = static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+      p[i] = (2.0f * u - 1.0f) * a;
+    }
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Random owned weights for an MoE block: gate/up ~ 1/sqrt(D), down ~ 1/sqrt(F), so that the
+// activations keep unit scale.
+ExpertWeights random_experts(DemoRng& rng, std::int64_t E, std::int64_t F, std::int64_t D) {
+  ExpertWeights w;
+  auto gate = std::make_shared<Tensor>(Shape{E, F, D}, DType::f32);
+  auto up = std::make_shared<Tensor>(Shape{E, F, D}, DType::f32);
+  auto down = std::make_shared<Tensor>(Shape{E, D, F}, DType::f32);
+  rng.fill(*gate, 1.0f / std::sqrt(static_cast<float>(D)));
+  rng.fill(*up, 1.0f / std::sqrt(static_cast<float>(D)));
+  rng.fill(*down, 1.0f / std::sqrt(static_cast<float>(F)));
+  w.gate = ExpertMatrix::stacked(*gate);
+  w.up = ExpertMatrix::stacked(*up);
+  w.down = ExpertMatrix::stacked(*down);
+  w.keep_alive = {gate, up, down};
+  return w;
+}
+
+MoeLayer build_demo_layer(std::uint64_t seed) {
+  MoeConfig cfg = parse_hf_config(kDemoConfig);
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts;
+  DemoRng rng(seed * 2 + 1);
+  MoeWeights w;
+  auto router = std::make_shared<Tensor>(Shape{E, D}, DType::f32);
+  rng.fill(*router, 1.0f / std::sqrt(static_cast<float>(D)));
+  w.router = router->view();
+  w.keep_alive.push_back(router);
+  // Non-zero, as in a trained checkpoint: it moves selection but never the weights.
+  w.selection_bias = Tensor({E}, DType::f32);
+  rng.fill(w.selection_bias, 0.05f);
+  w.experts = random_experts(rng, E, cfg.expert_width, D);
+  if (cfg.shared_width > 0) w.shared = random_experts(rng, 1, cfg.shared_width, D);
+  w.layout = "stacked (random, in memory)";
+  return MoeLayer(std::move(cfg), std::move(w));
+}
+
+void run_layer_demo(std::int64_t tokens, int runs, std::uint64_t seed) {
+  const MoeLayer layer = build_demo_layer(seed);
+  const MoeConfig& cfg = layer.config();
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k,
+                     F = cfg.expert_width;
+  Tensor x({tokens, D}, DType::f32);
+  DemoRng(seed * 2 + 2).fill(x, 1.0f);
+
+  std::printf(
+      "moekit demo: one DeepSeek-V3-shaped MoE layer (scaled down), random weights, seed %llu\n",
+      static_cast<unsigned long long>(seed));
+  std::printf("  family %s  D=%lld E=%lld K=%lld F=%lld  shared experts: width %lld\n",
+              cfg.model_type.c_str(), static_cast<long long>(D), static_cast<long long>(E),
+              static_cast<long long>(K), static_cast<long long>(F),
+              static_cast<long long>(cfg.shared_width));
+  std::printf("  routing: %s\n", describe(cfg.router).c_str());
+  std::printf(
+      "  expert weights: %s f32 (routed + shared)\n",
+      format_bytes(layer.weights().experts.nbytes() + layer.weights().shared.nbytes()).c_str());
+  std::printf("  tokens %lld, runs %d, threads %d\n\n", static_cast<long long>(tokens), runs,
+              num_threads());
+  std::fflush(stdout);
+
+  std::vector<double> seconds;
+  Tensor y, first_y;
+  ForwardInfo info;
+  bool identical = true;
+  for (int r = 0; r < runs; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    y = layer.forward(x, &info);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (r == 0)
+      first_y = y;
+    else
+      identical = identical && std::memcmp(y.data(), first_y.data(), y.nbytes()) == 0;
+  }
+
+  const std::vector<std::int64_t> counts = expert_counts(info.routing.ids, E);
+  std::printf("routing load per expert (%lld assignments = T*K, mean %.2f):\n",
+              static_cast<long long>(tokens * K),
+              static_cast<double>(tokens * K) / static_cast<double>(E));
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (e % 16 == 0) std::printf("%s  e%-3lld", e ? "\n" : "", static_cast<long long>(e));
+    std::printf(" %5lld", static_cast<long long>(counts[static_cast<std::size_t>(e)]));
+  }
+  std::printf("\nMaxVio %.4f\n", max_violation(counts));
+
+  double sum = 0.0, sum_abs = 0.0;
+  const float* py = y.data_as<const float>();
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    sum += py[i];
+    sum_abs += std::fabs(static_cast<double>(py[i]));
+  }
+  std::printf("checksum: sum(y) = %.9g  sum(|y|) = %.9g  (%s across runs)\n", sum, sum_abs,
+              identical ? "bit-identical" : "DIFFERENT");
+
+  std::vector<double> sorted = seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.size() % 2
+                            ? sorted[sorted.size() / 2]
+                            : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  // FLOPs of what the layer computes: router GEMM, K routed and the shared expert(s), 3 GEMMs each.
+  const double flops =
+      2.0 * static_cast<double>(tokens) *
+      (static_cast<double>(E) * D + 3.0 * D * (static_cast<double>(K) * F + cfg.shared_width));
+  std::printf(
+      "forward: median %.3f ms, min %.3f ms over %d runs -> %.0f tokens/s, %.1f GFLOP/s (%d "
+      "threads)\n",
+      median * 1e3, sorted.front() * 1e3, runs, static_cast<double>(tokens) / median,
+      flops / median * 1e-9, num_threads());
 }
 
 }  // namespace
 
 void register_demo(CLI::App& app) {
-  auto* cmd = app.add_subcommand("demo", "Run moekit's main job on an embedded default (no download)");
-  static std::int64_t tokens = 512;
-  static unsigned seed = 0;
-  static int threads = 0;
-  cmd->add_option("--tokens", tokens, "Tokens in the batch")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--seed", seed, "Random seed");
-  cmd->add_option("--threads", threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, 4096));
-  cmd->callback([] {
-    set_num_threads(threads);
-    run_routing_demo(tokens, seed);
+  struct Options {
+    std::int64_t tokens = 512;
+    int runs = 5;
+    unsigned seed = 0;
+    bool routing_only = false;
+    int threads = 0;
+    CLI::Option* threads_option = nullptr;
+  };
+  auto opt = std::make_shared<Options>();
+  auto* cmd =
+      app.add_subcommand("demo", "Run moekit's main job on an embedded default (no download)");
+  cmd->add_option("--tokens", opt->tokens, "Tokens in the batch (default 512)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--runs", opt->runs, "Timed forward runs (default 5)")
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--seed", opt->seed, "Random seed (default 0)");
+  cmd->add_flag("--routing-only", opt->routing_only,
+                "Only route a batch under every family preset");
+  opt->threads_option = add_threads_option(*cmd, opt->threads);
+  cmd->callback([opt] {
+    apply_threads_option(opt->threads_option, opt->threads);
+    if (opt->routing_only)
+      run_routing_demo(opt->tokens, opt->seed);
+    else
+      run_layer_demo(opt->tokens, opt->runs, opt->seed);
   });
 }
 

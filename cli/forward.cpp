@@ -1,0 +1,177 @@
+// `moekit forward`: y = MoE_L(x) for one MoE layer of a checkpoint folder, .npy in and out.
+//
+// All-or-nothing outputs: the layer is loaded, the input read and checked and the forward run
+// before any output is touched; each output is then written beside its destination under a
+// staging name (write_npy is itself atomic) and renamed into place only once all were written.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "format.hpp"
+#include "moekit/moekit.hpp"
+
+namespace moekit::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ForwardOptions {
+  std::string model;
+  std::int64_t layer = -1;
+  std::string input, output, ids_out, weights_out;
+  int threads = 0;
+  CLI::Option* threads_option = nullptr;
+};
+
+std::string fail_prefix() { return "[moekit forward] "; }
+
+// "[3, 17]": the multi-index of flat element `flat` in `shape`.
+std::string index_str(const Shape& shape, std::int64_t flat) {
+  std::vector<std::int64_t> idx(shape.size());
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    idx[i] = shape[i] > 0 ? flat % shape[i] : 0;
+    flat = shape[i] > 0 ? flat / shape[i] : 0;
+  }
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < idx.size(); ++i) os << (i ? ", " : "") << idx[i];
+  os << "]";
+  return os.str();
+}
+
+// Reads X and returns it as f32 [..., D]; f16 is widened exactly. Rejects other dtypes, rank 0,
+// a last dimension other than D and non-finite values (naming the first one).
+Tensor read_input(const std::string& path, std::int64_t D, const std::string& model,
+                  std::int64_t layer) {
+  Tensor x = read_npy(path);
+  if (x.dtype() != DType::f32 && x.dtype() != DType::f16) {
+    std::ostringstream os;
+    os << fail_prefix() << "input '" << path << "' has dtype " << dtype_name(x.dtype())
+       << "; expected f32 ('<f4'; f16 '<f2' is converted to f32)";
+    throw std::invalid_argument(os.str());
+  }
+  if (x.rank() < 1 || x.dim(-1) != D) {
+    std::ostringstream os;
+    os << fail_prefix() << "input '" << path << "' has shape " << shape_str(x.shape())
+       << " (D = " << (x.rank() < 1 ? std::string("none, rank 0") : std::to_string(x.dim(-1)))
+       << ") but layer " << layer << " of '" << model << "' has hidden_size D = " << D
+       << "; expected [..., " << D << "]";
+    throw std::invalid_argument(os.str());
+  }
+  if (x.dtype() != DType::f32) x = to_dtype(x, DType::f32);
+  const float* p = x.data_as<const float>();
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    if (!std::isfinite(p[i])) {
+      std::ostringstream os;
+      os << fail_prefix() << "input '" << path << "' has a non-finite value (" << p[i] << ") at "
+         << index_str(x.shape(), i) << " (the first one)";
+      throw std::invalid_argument(os.str());
+    }
+  }
+  return x;
+}
+
+// An output path must name a file in an existing directory. Checked before any work so that a
+// typo costs nothing; write_npy would also fail, later.
+void check_output_path(const std::string& path, const char* option) {
+  const fs::path p(path);
+  if (p.filename().empty())
+    throw std::invalid_argument(fail_prefix() + option + " '" + path +
+                                "' names a directory, not a file");
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw std::runtime_error(fail_prefix() + option + " '" + path + "': directory '" +
+                             dir.string() + "' does not exist");
+  if (fs::is_directory(p, ec))
+    throw std::invalid_argument(fail_prefix() + option + " '" + path + "' is a directory");
+}
+
+struct Output {
+  std::string path;
+  TensorView tensor;
+  std::string staged;
+};
+
+// Writes every output under a staging name, then renames them all into place. On a failure the
+// staged files are removed and no destination is touched (a rename failing halfway, which needs
+// the directory to change under us, is the one case that can leave earlier outputs in place).
+void write_all(std::vector<Output>& outputs) {
+  const std::string suffix = ".moekit-staged-" + std::to_string(::getpid());
+  auto discard = [&] {
+    std::error_code ec;
+    for (const Output& o : outputs)
+      if (!o.staged.empty()) fs::remove(o.staged, ec);
+  };
+  try {
+    for (Output& o : outputs) {
+      o.staged = o.path + suffix;
+      write_npy(o.staged, o.tensor);
+    }
+    for (Output& o : outputs) {
+      std::error_code ec;
+      fs::rename(o.staged, o.path, ec);
+      if (ec)
+        throw std::runtime_error(fail_prefix() + "cannot move output into place at '" + o.path +
+                                 "': " + ec.message());
+      o.staged.clear();
+    }
+  } catch (...) {
+    discard();
+    throw;
+  }
+}
+
+void run_forward(const ForwardOptions& opt) {
+  std::vector<std::pair<std::string, const char*>> outs = {{opt.output, "--output"}};
+  if (!opt.ids_out.empty()) outs.emplace_back(opt.ids_out, "--ids-out");
+  if (!opt.weights_out.empty()) outs.emplace_back(opt.weights_out, "--weights-out");
+  std::set<std::string> seen;
+  for (const auto& [path, option] : outs) {
+    check_output_path(path, option);
+    if (!seen.insert(fs::absolute(path).lexically_normal().string()).second)
+      throw std::invalid_argument(fail_prefix() + option + " '" + path +
+                                  "' is also another output");
+  }
+  apply_threads_option(opt.threads_option, opt.threads);
+
+  const MoeLayer layer = load_moe_layer(opt.model, opt.layer);
+  const Tensor x = read_input(opt.input, layer.config().hidden_size, opt.model, opt.layer);
+  ForwardInfo info;
+  const Tensor y = layer.forward(x, &info);
+
+  std::vector<Output> outputs = {{opt.output, y.view(), {}}};
+  if (!opt.ids_out.empty()) outputs.push_back({opt.ids_out, info.routing.ids.view(), {}});
+  if (!opt.weights_out.empty())
+    outputs.push_back({opt.weights_out, info.routing.weights.view(), {}});
+  write_all(outputs);
+}
+
+}  // namespace
+
+void register_forward(CLI::App& app) {
+  auto opt = std::make_shared<ForwardOptions>();
+  auto* cmd = app.add_subcommand("forward", "Run one MoE layer of a checkpoint on an .npy input");
+  cmd->add_option("--model", opt->model, "Checkpoint folder (config.json + *.safetensors)")
+      ->required();
+  cmd->add_option("--layer", opt->layer, "Decoder layer index (must be an MoE layer)")->required();
+  cmd->add_option("--input", opt->input, "X: .npy, f32 (or f16) [..., D]")->required();
+  cmd->add_option("--output", opt->output, "Y: .npy, f32, X's shape")->required();
+  cmd->add_option("--ids-out", opt->ids_out, "Expert ids: .npy, int32 [..., K]");
+  cmd->add_option("--weights-out", opt->weights_out, "Routing weights: .npy, f32 [..., K]");
+  opt->threads_option = add_threads_option(*cmd, opt->threads);
+  cmd->callback([opt] { run_forward(*opt); });
+}
+
+}  // namespace moekit::cli
