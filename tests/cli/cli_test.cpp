@@ -142,7 +142,12 @@ class Cli : public ::testing::Test {
   }
   static void TearDownTestSuite() { model_.reset(); }
 
-  void SetUp() override { scratch_ = std::make_unique<TempDir>("cli_run"); }
+  void SetUp() override {
+    // tests/CMakeLists.txt does not make moekit_tests depend on moekit_cli.
+    ASSERT_TRUE(fs::exists(MOEKIT_CLI_PATH))
+        << MOEKIT_CLI_PATH << " not built: build the moekit_cli target (or everything)";
+    scratch_ = std::make_unique<TempDir>("cli_run");
+  }
 
   std::string model() const { return model_->path().string(); }
   std::string file(const std::string& name) const { return scratch_->file(name); }
