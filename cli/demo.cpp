@@ -112,7 +112,7 @@ constexpr const char* kDemoConfig =
         "first_k_dense_replace":1})";
 
 // splitmix64: the same numbers on every platform and standard library (std::normal_distribution
-// is implementation-defined), so the printed checksum is comparable across machines.
+// is implementation-defined): the same weights and tokens, hence routing, on every machine.
 class DemoRng {
  public:
   explicit DemoRng(std::uint64_t seed) : state_(seed) {}
