@@ -1,69 +1,150 @@
-// Portable GEMM driver. The inner product runs over 8 independent fp32 lanes (a fixed
-// pattern: lane j sums k ≡ j mod 8, then the lanes are added pairwise), which compilers
-// vectorise and which gives the same bits on every thread count.
+// GEMM driver and SIMD kernel (Highway, dynamic dispatch per CPU target).
+//
+// C[M, N] (+)= A[M, K] · B[N, K]ᵀ with B the weights as stored, [out, in]. The kernel computes
+// register tiles of up to 3 rows × 4 columns as dot products: each C element owns one vector
+// accumulator whose lane j sums k ≡ j (mod lanes) sequentially with FMA, then the lanes are
+// reduced in a fixed order. That order depends only on K and the CPU target, never on the tile
+// an element landed in, M, N or the thread count, so results are bit-identical however the
+// work is split. B is streamed in its stored dtype (f32, bf16 or f16) and widened in registers:
+// a bf16 or f16 model is never expanded in memory.
 #include "kernels/gemm.hpp"
 
 #include <algorithm>
-#include <vector>
+#include <cstring>
 
 #include "util/thread_pool.hpp"
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/gemm.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+// Loads lanes(df) elements of B starting at p, widened to f32.
+template <typename TB>
+HWY_INLINE hn::Vec<DF> LoadB(DF df, const TB* p) {
+  if constexpr (std::is_same_v<TB, float>) {
+    return hn::LoadU(df, p);
+  } else if constexpr (std::is_same_v<TB, hwy::bfloat16_t>) {
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<uint32_t, DF> du32;
+    const auto bits = hn::PromoteTo(du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
+    return hn::BitCast(df, hn::ShiftLeft<16>(bits));
+  } else {
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    return hn::PromoteTo(df, hn::LoadU(df16, p));
+  }
+}
+
+// One MR x NR tile over the full K. Tail lanes (K % lanes) come from zero-padded copies, so
+// they add exact zeros and never read past the rows.
+template <int MR, int NR, typename TB>
+HWY_INLINE void Tile(const float* HWY_RESTRICT A, int64_t lda, const TB* HWY_RESTRICT B, int64_t ldb,
+                     float* HWY_RESTRICT C, int64_t ldc, int64_t K, bool accumulate) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = hn::Zero(df);
+  int64_t k = 0;
+  for (; k + L <= K; k += L) {
+    hn::Vec<DF> a[MR];
+    for (int i = 0; i < MR; ++i) a[i] = hn::LoadU(df, A + i * lda + k);
+    for (int j = 0; j < NR; ++j) {
+      const auto b = LoadB(df, B + j * ldb + k);
+      for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], b, acc[i][j]);
+    }
+  }
+  if (k < K) {
+    const int64_t r = K - k;
+    HWY_ALIGN float abuf[MR][HWY_MAX_BYTES / sizeof(float)] = {};
+    HWY_ALIGN TB bbuf[HWY_MAX_BYTES / sizeof(float)];
+    hn::Vec<DF> a[MR];
+    for (int i = 0; i < MR; ++i) {
+      std::memcpy(abuf[i], A + i * lda + k, static_cast<size_t>(r) * sizeof(float));
+      a[i] = hn::Load(df, abuf[i]);
+    }
+    for (int j = 0; j < NR; ++j) {
+      std::memset(bbuf, 0, sizeof(bbuf));
+      std::memcpy(bbuf, B + j * ldb + k, static_cast<size_t>(r) * sizeof(TB));
+      const auto b = LoadB(df, bbuf);
+      for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], b, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      const float v = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
+      C[i * ldc + j] = accumulate ? C[i * ldc + j] + v : v;
+    }
+}
+
+template <int MR, typename TB>
+HWY_INLINE void RowStrip(const float* A, int64_t lda, const TB* B, int64_t ldb, float* C, int64_t ldc, int64_t n0,
+                         int64_t n1, int64_t K, bool accumulate) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) Tile<MR, 4>(A, lda, B + n * ldb, ldb, C + n, ldc, K, accumulate);
+  switch (n1 - n) {
+    case 3:
+      Tile<MR, 3>(A, lda, B + n * ldb, ldb, C + n, ldc, K, accumulate);
+      break;
+    case 2:
+      Tile<MR, 2>(A, lda, B + n * ldb, ldb, C + n, ldc, K, accumulate);
+      break;
+    case 1:
+      Tile<MR, 1>(A, lda, B + n * ldb, ldb, C + n, ldc, K, accumulate);
+      break;
+    default:
+      break;
+  }
+}
+
+template <typename TB>
+void GemmTyped(const float* A, int64_t lda, const TB* B, int64_t ldb, float* C, int64_t ldc, int64_t M, int64_t N,
+               int64_t K, bool accumulate) {
+  // A block of B rows is reused by every row strip of A while it sits in L2 (≈ 256 KB).
+  const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(TB)));
+  const int64_t block_n = std::max<int64_t>(4, (256 * 1024 / row_bytes) / 4 * 4);
+  for (int64_t n0 = 0; n0 < N; n0 += block_n) {
+    const int64_t n1 = std::min(N, n0 + block_n);
+    int64_t m = 0;
+    for (; m + 3 <= M; m += 3) RowStrip<3>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, n0, n1, K, accumulate);
+    if (M - m == 2) RowStrip<2>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, n0, n1, K, accumulate);
+    if (M - m == 1) RowStrip<1>(A + m * lda, lda, B, ldb, C + m * ldc, ldc, n0, n1, K, accumulate);
+  }
+}
+
+void GemmNt(const float* A, int64_t lda, const void* B, int b_dtype, int64_t ldb, float* C, int64_t ldc, int64_t M,
+            int64_t N, int64_t K, bool accumulate) {
+  switch (static_cast<DType>(b_dtype)) {
+    case DType::bf16:
+      GemmTyped(A, lda, static_cast<const hwy::bfloat16_t*>(B), ldb, C, ldc, M, N, K, accumulate);
+      break;
+    case DType::f16:
+      GemmTyped(A, lda, static_cast<const hwy::float16_t*>(B), ldb, C, ldc, M, N, K, accumulate);
+      break;
+    default:
+      GemmTyped(A, lda, static_cast<const float*>(B), ldb, C, ldc, M, N, K, accumulate);
+      break;
+  }
+}
+
+}  // namespace moekit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace moekit::kernels {
 
-namespace {
-
-constexpr int kLanes = 8;
-
-inline float reduce_lanes(const float* acc) {
-  const float a = (acc[0] + acc[4]) + (acc[2] + acc[6]);
-  const float b = (acc[1] + acc[5]) + (acc[3] + acc[7]);
-  return a + b;
-}
-
-inline float dot_f32(const float* a, const float* b, std::int64_t K) {
-  float acc[kLanes] = {};
-  std::int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[k + j] * b[k + j];
-  }
-  for (int j = 0; k + j < K; ++j) acc[j] += a[k + j] * b[k + j];
-  return reduce_lanes(acc);
-}
-
-inline float dot_half(const float* a, const std::uint16_t* b, std::int64_t K, bool bf16) {
-  float acc[kLanes] = {};
-  float tmp[kLanes];
-  std::int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
-    for (int j = 0; j < kLanes; ++j) tmp[j] = bf16 ? bf16_to_f32(b[k + j]) : f16_to_f32(b[k + j]);
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[k + j] * tmp[j];
-  }
-  for (int j = 0; k + j < K; ++j) acc[j] += a[k + j] * (bf16 ? bf16_to_f32(b[k + j]) : f16_to_f32(b[k + j]));
-  return reduce_lanes(acc);
-}
-
-}  // namespace
+HWY_EXPORT(GemmNt);
 
 void gemm_nt_serial(const float* A, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb, float* C,
                     std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate) {
-  // Blocking over n keeps a panel of B in cache while all rows of A stream past it.
-  constexpr std::int64_t kBlockN = 64;
-  for (std::int64_t n0 = 0; n0 < N; n0 += kBlockN) {
-    const std::int64_t n1 = std::min(N, n0 + kBlockN);
-    for (std::int64_t m = 0; m < M; ++m) {
-      const float* a = A + m * lda;
-      float* c = C + m * ldc;
-      for (std::int64_t n = n0; n < n1; ++n) {
-        float v;
-        if (b_dtype == DType::f32) {
-          v = dot_f32(a, static_cast<const float*>(B) + n * ldb, K);
-        } else {
-          v = dot_half(a, static_cast<const std::uint16_t*>(B) + n * ldb, K, b_dtype == DType::bf16);
-        }
-        c[n] = accumulate ? c[n] + v : v;
-      }
-    }
-  }
+  if (M <= 0 || N <= 0) return;
+  HWY_DYNAMIC_DISPATCH(GemmNt)(A, lda, B, static_cast<int>(b_dtype), ldb, C, ldc, M, N, K, accumulate);
 }
 
 void gemm_nt(const float* A, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb, float* C,
@@ -71,7 +152,7 @@ void gemm_nt(const float* A, std::int64_t lda, const void* B, DType b_dtype, std
   if (M <= 0 || N <= 0) return;
   // Split over whichever of M and N is larger; each element is still one fixed-order dot.
   if (M >= N) {
-    detail::parallel_for(M, 4, [&](std::int64_t m0, std::int64_t m1) {
+    detail::parallel_for(M, 12, [&](std::int64_t m0, std::int64_t m1) {
       gemm_nt_serial(A + m0 * lda, lda, B, b_dtype, ldb, C + m0 * ldc, ldc, m1 - m0, N, K, accumulate);
     });
   } else {
@@ -84,3 +165,4 @@ void gemm_nt(const float* A, std::int64_t lda, const void* B, DType b_dtype, std
 }
 
 }  // namespace moekit::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,147 @@
+// Benchmarks of the MoE layer at PERF.md's reference shapes, with the machine's limits measured
+// in the same run (OpenBLAS sgemm peak, DRAM read bandwidth). Never asserts; never a test.
+//
+//   cmake --preset default -DMOEKIT_BUILD_BENCH=ON && cmake --build --preset default
+//   build/bin/moekit_bench --benchmark_min_time=1 [--benchmark_filter=...]
+//
+// Routing is random and fresh per call: each iteration uses the next of 16 pre-drawn inputs
+// (a fixed routing would keep a few experts' weights in cache and flatter the result).
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <map>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "moekit/moekit.hpp"
+
+namespace {
+
+using namespace moekit;
+
+struct Shape3 {
+  const char* name;
+  std::int64_t D, F, E, K, shared;
+};
+constexpr Shape3 kQwen3{"qwen3_30b_a3b", 2048, 768, 128, 8, 0};
+constexpr Shape3 kDeepSeek{"deepseek_style", 2048, 1408, 64, 6, 2};
+
+Tensor randn(Shape s, std::mt19937& rng, float scale) {
+  Tensor t(std::move(s), DType::f32);
+  std::normal_distribution<float> d(0.0f, scale);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
+  return t;
+}
+
+std::shared_ptr<MoeLayer> make_layer(const Shape3& s, DType dtype) {
+  std::mt19937 rng(1);
+  MoeConfig c;
+  c.model_type = s.name;
+  c.hidden_size = s.D;
+  c.expert_width = s.F;
+  c.num_layers = 1;
+  c.router.num_experts = s.E;
+  c.router.top_k = s.K;
+  c.router.renorm = Renorm::sum;
+  c.shared_width = s.shared * s.F;
+  MoeWeights w;
+  auto router = std::make_shared<Tensor>(randn({s.E, s.D}, rng, 1.0f / std::sqrt(float(s.D))));
+  w.router = router->view();
+  w.keep_alive.push_back(router);
+  const auto experts = [&](std::int64_t E, std::int64_t F) {
+    ExpertWeights ex;
+    auto g = std::make_shared<Tensor>(to_dtype(randn({E, F, s.D}, rng, 0.02f), dtype));
+    auto u = std::make_shared<Tensor>(to_dtype(randn({E, F, s.D}, rng, 0.02f), dtype));
+    auto d = std::make_shared<Tensor>(to_dtype(randn({E, s.D, F}, rng, 0.02f), dtype));
+    ex.gate = ExpertMatrix::stacked(*g);
+    ex.up = ExpertMatrix::stacked(*u);
+    ex.down = ExpertMatrix::stacked(*d);
+    ex.keep_alive = {g, u, d};
+    return ex;
+  };
+  w.experts = experts(s.E, s.F);
+  if (s.shared) w.shared = experts(1, s.shared * s.F);
+  return std::make_shared<MoeLayer>(c, std::move(w));
+}
+
+void BM_MoeForward(benchmark::State& state, Shape3 s, DType dtype) {
+  const std::int64_t T = state.range(0);
+  set_num_threads(static_cast<int>(state.range(1)));
+  static std::map<std::pair<std::string, int>, std::shared_ptr<MoeLayer>> cache;
+  auto& layer = cache[{s.name, static_cast<int>(dtype)}];
+  if (!layer) layer = make_layer(s, dtype);
+  std::mt19937 rng(2);
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < 16; ++i) inputs.push_back(randn({T, s.D}, rng, 1.0f));
+  std::size_t i = 0;
+  double touched_bytes = 0;
+  const double bytes_per_expert = 3.0 * s.D * s.F * dtype_size(dtype);
+  for (auto _ : state) {
+    ForwardInfo info;
+    Tensor y = layer->forward(inputs[i++ % inputs.size()], &info);
+    benchmark::DoNotOptimize(y.data());
+    std::int64_t active = 0;
+    for (auto c : expert_counts(info.routing.ids, s.E)) active += c > 0;
+    touched_bytes += bytes_per_expert * active + (s.shared ? bytes_per_expert * s.shared : 0);
+  }
+  const double flops = 2.0 * 3.0 * T * (s.K + s.shared) * s.D * s.F;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["weight_GB/s"] = benchmark::Counter(touched_bytes / 1e9, benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(T * state.iterations()), benchmark::Counter::kIsRate);
+}
+
+// The machine's limits, measured in the same run.
+void BM_SgemmPeak(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  openblas_set_num_threads(static_cast<int>(state.range(1)));
+  std::mt19937 rng(3);
+  Tensor a = randn({n, n}, rng, 1.0f), b = randn({n, n}, rng, 1.0f), c({n, n}, DType::f32);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data_as<float>(), n, b.data_as<float>(), n,
+                0.0f, c.data_as<float>(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
+void BM_DramRead(benchmark::State& state) {
+  const std::size_t n = std::size_t{1} << 28;  // 1 GiB of floats
+  set_num_threads(static_cast<int>(state.range(0)));
+  std::vector<float> buf(n, 1.0f);
+  for (auto _ : state) {
+    // Two halves summed on the pool's threads.
+    std::vector<double> part(2, 0.0);
+    std::vector<std::thread> th;
+    const int nt = static_cast<int>(state.range(0));
+    std::vector<float> sums(static_cast<std::size_t>(nt), 0.0f);
+    for (int t = 0; t < nt; ++t)
+      th.emplace_back([&, t] {
+        const std::size_t b = n / nt * t, e = n / nt * (t + 1);
+        float acc[16] = {};
+        for (std::size_t i = b; i < e; i += 16)
+          for (int j = 0; j < 16; ++j) acc[j] += buf[i + j];
+        float s = 0;
+        for (float v : acc) s += v;
+        sums[t] = s;
+      });
+    for (auto& x : th) x.join();
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(double(n) * 4 * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
+}  // namespace
+
+BENCHMARK(BM_SgemmPeak)->Args({2048, 1})->Args({2048, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MoeForward, qwen3_f32, kQwen3, DType::f32)
+    ->ArgsProduct({{1, 32, 512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MoeForward, qwen3_bf16, kQwen3, DType::bf16)
+    ->ArgsProduct({{1, 32, 512}, {2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MoeForward, deepseek_f32, kDeepSeek, DType::f32)
+    ->ArgsProduct({{1, 32, 512}, {2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_MAIN();
