@@ -15,12 +15,6 @@ class Option;
 
 namespace moekit::cli {
 
-/// "1-3, 5, 7-8" for a sorted list of distinct integers; "none" when empty.
-std::string compact_ranges(const std::vector<std::int64_t>& values);
-
-/// "swiglu", "geglu_tanh", ... (the BodyKind enumerator name).
-const char* body_name(BodyKind kind) noexcept;
-
 /// "98304 bytes (96.0 KiB)".
 std::string format_bytes(std::size_t bytes);
 

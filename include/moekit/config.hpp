@@ -22,6 +22,12 @@ enum class BodyKind : std::uint8_t {
   mlp_silu,       ///< down(silu(up x))
 };
 
+/// Lower-case name of a body ("swiglu", "swiglu_clamped", ...).
+const char* body_name(BodyKind kind) noexcept;
+
+/// "1-3, 5" for {1, 2, 3, 5}; "none" for an empty list. Values must be sorted.
+std::string compact_ranges(const std::vector<std::int64_t>& values);
+
 /// Where the weights of one MoE block live in a checkpoint (SEMANTICS.md §3). `{L}` stands for
 /// the layer index.
 struct WeightNames {
@@ -67,6 +73,8 @@ struct MoeConfig {
   /// True if decoder layer `layer` has an MoE block. Throws std::out_of_range if layer is not in
   /// [0, num_layers).
   bool is_moe_layer(std::int64_t layer) const;
+  /// The decoder layers with an MoE block, ascending.
+  std::vector<std::int64_t> moe_layer_indices() const;
 };
 
 /// The model_type values parse_hf_config accepts, comma separated (for messages and --help).

@@ -351,4 +351,46 @@ bool MoeConfig::is_moe_layer(std::int64_t layer) const {
   return true;
 }
 
+std::vector<std::int64_t> MoeConfig::moe_layer_indices() const {
+  std::vector<std::int64_t> out;
+  for (std::int64_t l = 0; l < num_layers; ++l)
+    if (is_moe_layer(l)) out.push_back(l);
+  return out;
+}
+
+std::string compact_ranges(const std::vector<std::int64_t>& values) {
+  if (values.empty()) return "none";
+  std::ostringstream os;
+  std::size_t i = 0;
+  while (i < values.size()) {
+    std::size_t j = i;
+    while (j + 1 < values.size() && values[j + 1] == values[j] + 1) ++j;
+    if (i > 0) os << ", ";
+    os << values[i];
+    if (j > i) os << "-" << values[j];
+    i = j + 1;
+  }
+  return os.str();
+}
+
+const char* body_name(BodyKind kind) noexcept {
+  switch (kind) {
+    case BodyKind::swiglu:
+      return "swiglu";
+    case BodyKind::swiglu_clamped:
+      return "swiglu_clamped";
+    case BodyKind::geglu:
+      return "geglu";
+    case BodyKind::geglu_tanh:
+      return "geglu_tanh";
+    case BodyKind::mlp_relu:
+      return "mlp_relu";
+    case BodyKind::mlp_relu2:
+      return "mlp_relu2";
+    case BodyKind::mlp_silu:
+      return "mlp_silu";
+  }
+  return "unknown";
+}
+
 }  // namespace moekit

@@ -19,23 +19,6 @@ std::string replace_layer(std::string pattern, std::int64_t layer) {
   return pattern;
 }
 
-std::string moe_layer_list(const MoeConfig& c) {
-  std::ostringstream os;
-  std::int64_t start = -1;
-  bool first = true;
-  for (std::int64_t l = 0; l <= c.num_layers; ++l) {
-    const bool moe = l < c.num_layers && c.is_moe_layer(l);
-    if (moe && start < 0) start = l;
-    if (!moe && start >= 0) {
-      os << (first ? "" : ", ") << start;
-      if (l - 1 > start) os << "-" << l - 1;
-      first = false;
-      start = -1;
-    }
-  }
-  return first ? std::string("none") : os.str();
-}
-
 bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
 // Reads tensors of one block, with messages that name the file, the tensor and the expectation.
@@ -245,7 +228,7 @@ MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::i
   if (!config.is_moe_layer(layer))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::load_moe_layer] layer "
                                            << layer << " is dense, not MoE (" << config.model_type
-                                           << "; MoE layers: " << moe_layer_list(config) << ")"));
+                                           << "; MoE layers: " << compact_ranges(config.moe_layer_indices()) << ")"));
   const auto ckpt = Checkpoint::open(path);
   const std::int64_t E = config.router.num_experts, D = config.hidden_size;
   const WeightNames& n = config.names;
