@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/gemm.hpp"
 #include "moekit/moekit.hpp"
 
 namespace {
@@ -94,6 +95,18 @@ void BM_MoeForward(benchmark::State& state, Shape3 s, DType dtype) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(T * state.iterations()), benchmark::Counter::kIsRate);
 }
 
+// The expert GEMM alone, one thread: M gathered rows x [N, K] weights.
+void BM_GemmNt(benchmark::State& state, DType dtype) {
+  const std::int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  std::mt19937 rng(4);
+  Tensor a = randn({M, K}, rng, 1.0f), b = to_dtype(randn({N, K}, rng, 1.0f), dtype), c({M, N}, DType::f32);
+  for (auto _ : state) {
+    kernels::gemm_nt_serial(a.data_as<float>(), K, b.data(), dtype, K, c.data_as<float>(), N, M, N, K, false);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 // The machine's limits, measured in the same run.
 void BM_SgemmPeak(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
@@ -137,6 +150,10 @@ void BM_DramRead(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_SgemmPeak)->Args({2048, 1})->Args({2048, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmNt, f32, DType::f32)
+    ->Args({1, 768, 2048})->Args({32, 768, 2048})->Args({64, 768, 2048})->Args({256, 768, 2048})
+    ->Args({64, 2048, 768})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_GemmNt, bf16, DType::bf16)->Args({64, 768, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MoeForward, qwen3_f32, kQwen3, DType::f32)
     ->ArgsProduct({{1, 32, 512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
