@@ -2,6 +2,7 @@
 // how they map onto RouterConfig knobs (SEMANTICS.md §2). Generic code below never tests a
 // model_type.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -322,10 +323,14 @@ MoeConfig parse_hf_config(std::string_view json_text) {
 }
 
 MoeConfig load_hf_config(const std::string& path) {
+  std::error_code ec;
   std::string file = path;
-  {
-    std::ifstream probe(file + "/config.json");
-    if (probe.good()) file += "/config.json";
+  if (std::filesystem::is_directory(path, ec)) {
+    file = (std::filesystem::path(path) / "config.json").string();
+    if (!std::filesystem::is_regular_file(file, ec))
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_hf_config] no config.json in " << path));
+  } else if (!std::filesystem::is_regular_file(path, ec)) {
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_hf_config] " << path << " is neither a folder nor a file"));
   }
   std::ifstream in(file, std::ios::binary);
   if (!in) throw std::runtime_error(MOEKIT_MSG("[moekit::load_hf_config] cannot open " << file));

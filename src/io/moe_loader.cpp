@@ -106,6 +106,19 @@ void check_same_dtype(const std::vector<TensorView>& views, const std::string& w
                                                                       << dtype_name(v.dtype()) << ")"));
 }
 
+// Quantized checkpoints are recognised and refused before anything else is read.
+void reject_quantized(const BlockReader& r, const WeightNames& n) {
+  const std::vector<std::string> markers = {n.router + ".scales", "switch_mlp.up_proj.scales",
+                                            "switch_mlp.up_proj.biases", n.experts + ".0." + n.up_proj + ".scales",
+                                            n.experts + ".gate_up_proj_blocks", n.experts + ".gate_up_proj_scales"};
+  for (const std::string& q : markers)
+    if (r.has(q))
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path() << ": '" << r.full(q)
+                                                                      << "' marks an mlx-quantized or MXFP4 checkpoint, "
+                                                                         "which this version cannot load (experts must "
+                                                                         "be F32, BF16 or F16)"));
+}
+
 void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
   const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width;
   const WeightNames& n = c.names;
@@ -114,13 +127,6 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
   bool copied = false;
   const bool gated = c.body != BodyKind::mlp_relu && c.body != BodyKind::mlp_relu2 && c.body != BodyKind::mlp_silu;
 
-  for (const char* suffix : {".scales", ".biases"}) {
-    const std::string q = "switch_mlp.up_proj" + std::string(suffix);
-    if (r.has(q))
-      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path() << ": '" << r.full(q)
-                                                                      << "' marks an mlx-quantized checkpoint, which "
-                                                                         "this version cannot load (F32/BF16/F16 only)"));
-  }
 
   if (r.has("switch_mlp.up_proj.weight")) {
     w.layout = "switch_mlp";
@@ -179,6 +185,15 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
       ex.down_bias = r.get_f32(dn_name + "_bias", {E, D});
     }
   } else {
+    const std::string first = n.experts + ".0." + (gated ? n.gate_proj : n.up_proj) + ".weight";
+    if (!r.has(first))
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path()
+                                                                      << ": no routed experts found; tried '"
+                                                                      << r.full(first) << "' (per_expert), '"
+                                                                      << r.full(n.experts + ".gate_up_proj")
+                                                                      << "' (fused) and '"
+                                                                      << r.full("switch_mlp.up_proj.weight")
+                                                                      << "' (switch_mlp)"));
     w.layout = "per_expert";
     std::vector<TensorView> gate, up, down;
     for (std::int64_t e = 0; e < E; ++e) {
@@ -248,6 +263,7 @@ MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::i
                                                                     << ".weight' (the router of layer " << layer
                                                                     << "), expected shape " << shape_str({E, D})));
   const BlockReader r(ckpt, block);
+  reject_quantized(r, n);
   MoeWeights w;
   w.keep_alive.push_back(ckpt);
   bool copied = false;
