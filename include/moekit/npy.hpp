@@ -12,7 +12,7 @@ namespace moekit {
 /// Throws std::runtime_error naming the file for: a file that cannot be opened, a bad magic or
 /// version, a malformed header dict, any other dtype (the message lists the supported ones),
 /// fortran_order True, a big-endian dtype, a negative or overflowing shape, or fewer data bytes
-/// than the shape needs (truncated).
+/// than the shape needs (truncated). Bytes after the array are ignored, as numpy.load does.
 Tensor read_npy(const std::string& path);
 
 /// Parses .npy bytes already in memory; `name` is used in messages. Same contract as read_npy.

@@ -21,20 +21,24 @@ struct TensorInfo {
   std::string name;
   std::string dtype_name;         ///< as in the file: "F32", "BF16", "F8_E4M3", ...
   std::optional<DType> dtype;     ///< set for the dtypes moekit computes on or carries (F32, BF16, F16, I32, U8)
-  std::size_t element_size = 0;   ///< bytes per element of dtype_name (sub-byte types: see below)
+  std::size_t element_size = 0;   ///< bytes per element of dtype_name; 0 for sub-byte types (F4, F6_*)
   Shape shape;
   std::size_t begin = 0, end = 0;  ///< byte range inside the data buffer
   std::string file;                ///< the file that holds it
 };
 
 /// Every dtype name the format defines: BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, U16, F16,
-/// BF16, I32, U32, F32, F64, I64, U64, F4 (F4 packs two per byte; others are whole bytes).
+/// BF16, I32, U32, F32, F64, I64, U64, F4, F6_E2M3, F6_E3M2, C64. F4 (4 bits) and F6_* (6 bits)
+/// are packed with no padding, as the reference implementation does: a tensor of them must hold
+/// a whole number of bytes (F4: an even element count, F6: a multiple of 4), and its byte size is
+/// element count x bits / 8. All others are whole bytes.
 const std::vector<std::string>& safetensors_dtype_names();
 
 /// A memory-mapped safetensors file. The header is validated completely when opened: header
 /// length within the file and below 100 MB, valid JSON object, every entry with a known dtype,
 /// non-negative shape, 2 offsets with begin <= end <= buffer size, end - begin == element count x
-/// dtype size, entries not overlapping; __metadata__ a map of strings.
+/// dtype size, entries not overlapping (gaps are allowed); __metadata__ a map of strings; no
+/// duplicate keys anywhere in the JSON (rejected, where JSON libraries usually keep the last).
 /// Every failure throws std::runtime_error naming the file (and the tensor, where there is one).
 class SafetensorsFile {
  public:

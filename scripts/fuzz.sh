@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (preset "fuzz": clang, ASan + UBSan) and fuzzes the safetensors and
+# .npy parsers for a bounded time. FUZZ_SECONDS (default 60) sets the time; FUZZ_JOBS (default 1)
+# the number of parallel fuzzing jobs. A crash leaves its input in build-fuzz/fuzz-artifacts/ and
+# makes this script fail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${FUZZ_SECONDS:-60}"
+jobs="${FUZZ_JOBS:-1}"
+
+command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 1; }
+if ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 &&
+   ! ls /usr/lib/llvm-*/lib/clang/*/lib/*/libclang_rt.fuzzer*.a >/dev/null 2>&1; then
+  echo "fuzz.sh: libFuzzer runtime not found (apt-get install libclang-rt-dev)" >&2
+  exit 1
+fi
+
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz --target safetensors_fuzz
+
+work=build-fuzz/fuzz-work
+seeds="$work/seeds"
+corpus="$work/corpus"
+artifacts=build-fuzz/fuzz-artifacts
+mkdir -p "$seeds" "$corpus" "$artifacts"
+
+# Seed 1: a valid safetensors file with one F32 tensor of 2 elements and metadata. The header is
+# padded with spaces to a multiple of 8 bytes (88), then 8 data bytes (1.0f, 2.0f).
+header='{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+header="$(printf '%-88s' "$header")"
+{
+  printf '\x58\x00\x00\x00\x00\x00\x00\x00'
+  printf '%s' "$header"
+  printf '\x00\x00\x80\x3f\x00\x00\x00\x40'
+} > "$seeds/tiny.safetensors"
+[ "$(wc -c < "$seeds/tiny.safetensors")" -eq 104 ] || { echo "fuzz.sh: bad safetensors seed" >&2; exit 1; }
+
+# Seed 2: what numpy writes for np.arange(6, dtype='<f4').reshape(2, 3): magic, version 1.0,
+# u16 header length 118, the dict padded with spaces and '\n' so the data starts at byte 128.
+dict="{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"
+{
+  printf '\x93NUMPY\x01\x00\x76\x00'
+  printf '%-117s\n' "$dict"
+  printf '\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00\x00\x40\x00\x00\x40\x40\x00\x00\x80\x40\x00\x00\xa0\x40'
+} > "$seeds/arange.npy"
+[ "$(wc -c < "$seeds/arange.npy")" -eq 152 ] || { echo "fuzz.sh: bad npy seed" >&2; exit 1; }
+
+parallel=()
+if [ "$jobs" -gt 1 ]; then parallel=(-fork="$jobs"); fi
+echo "fuzz.sh: fuzzing safetensors_fuzz for ${seconds}s"
+ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
+  build-fuzz/bin/safetensors_fuzz -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+  "${parallel[@]}" -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" "$seeds"

@@ -1,0 +1,459 @@
+// safetensors reading: mmap, strict header validation, sharded checkpoints.
+// Format and the reference validation (pinned):
+// https://github.com/huggingface/safetensors/blob/v0.4.5/safetensors/src/tensor.rs
+// Differences from the reference, on purpose:
+//  - duplicate JSON keys (tensor names, entry fields, metadata keys) are rejected; the reference
+//    (serde) and nlohmann::json would silently keep one of them;
+//  - gaps between tensors in the data buffer are allowed (the reference requires the entries to
+//    tile the buffer exactly); overlaps are rejected.
+// Files are untrusted input: every offset and size is checked before it is used, and all
+// arithmetic on them is overflow-checked.
+#include "moekit/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "util/error.hpp"
+
+namespace moekit {
+
+namespace {
+
+// ordered_json keeps header order, which names() promises.
+using Json = nlohmann::ordered_json;
+
+constexpr std::uint64_t kMaxHeader = 100'000'000;
+// A valid header nests 3 deep (root object -> entry -> shape array); anything much deeper is
+// garbage, and bounding it keeps the DOM small and error printing cheap.
+constexpr int kMaxDepth = 8;
+constexpr const char* kComputable = "F32, BF16, F16, I32, U8";
+
+struct DTypeSpec {
+  const char* name;
+  unsigned bits;  // per element
+  std::optional<DType> dtype;
+};
+
+const std::vector<DTypeSpec>& dtype_specs() {
+  static const std::vector<DTypeSpec> kSpecs = {
+      {"BOOL", 8, std::nullopt},    {"U8", 8, DType::u8},         {"I8", 8, std::nullopt},
+      {"F8_E5M2", 8, std::nullopt}, {"F8_E4M3", 8, std::nullopt}, {"F8_E8M0", 8, std::nullopt},
+      {"I16", 16, std::nullopt},    {"U16", 16, std::nullopt},    {"F16", 16, DType::f16},
+      {"BF16", 16, DType::bf16},    {"I32", 32, DType::i32},      {"U32", 32, std::nullopt},
+      {"F32", 32, DType::f32},      {"F64", 64, std::nullopt},    {"I64", 64, std::nullopt},
+      {"U64", 64, std::nullopt},    {"F4", 4, std::nullopt},      {"F6_E2M3", 6, std::nullopt},
+      {"F6_E3M2", 6, std::nullopt}, {"C64", 64, std::nullopt},
+  };
+  return kSpecs;
+}
+
+const DTypeSpec* find_spec(const std::string& name) {
+  for (const DTypeSpec& s : dtype_specs())
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+std::string known_dtypes() {
+  std::string out;
+  for (const DTypeSpec& s : dtype_specs()) out += (out.empty() ? "" : ", ") + std::string(s.name);
+  return out;
+}
+
+// A JSON value for a message, bounded in length.
+std::string brief(const Json& j) {
+  std::string s = j.dump(-1, ' ', true, Json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+[[noreturn]] void fail(const std::string& file, const std::string& what) {
+  throw std::runtime_error(MOEKIT_MSG("[moekit::safetensors] " << file << ": " << what));
+}
+[[noreturn]] void fail_tensor(const std::string& file, const std::string& tensor,
+                              const std::string& what) {
+  throw std::runtime_error(
+      MOEKIT_MSG("[moekit::safetensors] " << file << ": tensor '" << tensor << "' " << what));
+}
+
+}  // namespace
+
+const std::vector<std::string>& safetensors_dtype_names() {
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> out;
+    for (const DTypeSpec& s : dtype_specs()) out.emplace_back(s.name);
+    return out;
+  }();
+  return kNames;
+}
+
+// --- SafetensorsFile ---------------------------------------------------------------------------
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapped_ && base_ != nullptr) ::munmap(const_cast<std::uint8_t*>(base_), size_);
+}
+
+std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, MOEKIT_MSG("cannot open (" << std::strerror(errno) << ")"));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(path, MOEKIT_MSG("cannot stat (" << std::strerror(err) << ")"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "not a regular file");
+  }
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  f->size_ = static_cast<std::size_t>(st.st_size);
+  if (f->size_ != 0) {  // mmap of length 0 is an error; parse() reports the short file
+    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      fail(path, MOEKIT_MSG("cannot mmap " << f->size_ << " bytes (" << std::strerror(err) << ")"));
+    }
+    f->base_ = static_cast<const std::uint8_t*>(p);
+    f->mapped_ = true;
+  }
+  ::close(fd);  // the mapping keeps the file alive
+  f->parse(path);
+  return f;
+}
+
+std::shared_ptr<const SafetensorsFile> SafetensorsFile::from_bytes(std::vector<std::uint8_t> bytes,
+                                                                   const std::string& name) {
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = name;
+  f->owned_ = std::move(bytes);
+  f->base_ = f->owned_.data();
+  f->size_ = f->owned_.size();
+  f->parse(name);
+  return f;
+}
+
+void SafetensorsFile::parse(const std::string& name) {
+  if (size_ < 8)
+    fail(name, MOEKIT_MSG("file is " << size_ << " bytes, shorter than the 8-byte header length"));
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | base_[i];
+  if (n > size_ - 8)
+    fail(name, MOEKIT_MSG("header length " << n << " runs past the end of the file (" << size_
+                                           << " bytes)"));
+  if (n > kMaxHeader)
+    fail(name,
+         MOEKIT_MSG("header length " << n << " exceeds the limit of " << kMaxHeader << " bytes"));
+  data_start_ = 8 + static_cast<std::size_t>(n);
+  const std::size_t buffer_size = size_ - data_start_;
+
+  // Parse with a callback that bounds nesting and rejects duplicate keys in any object.
+  std::vector<std::set<std::string>> keys;
+  const Json::parser_callback_t cb = [&](int depth, Json::parse_event_t event,
+                                         Json& parsed) -> bool {
+    if (depth > kMaxDepth)
+      fail(name, MOEKIT_MSG("header JSON nests deeper than " << kMaxDepth << " levels"));
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!keys.empty() && parsed.is_string() &&
+            !keys.back().insert(parsed.get_ref<const std::string&>()).second)
+          fail(name,
+               "duplicate key \"" + parsed.get_ref<const std::string&>() + "\" in the header JSON");
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  Json root;
+  const char* text = reinterpret_cast<const char*>(base_ + 8);
+  try {
+    root = Json::parse(text, text + n, cb);
+  } catch (const Json::exception& e) {
+    fail(name, MOEKIT_MSG("header is not valid JSON: " << e.what()));
+  }
+  if (!root.is_object())
+    fail(name, MOEKIT_MSG("header must be a JSON object, got " << root.type_name()));
+
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& key = it.key();
+    const Json& v = it.value();
+    if (key == "__metadata__") {
+      if (!v.is_object()) fail(name, "__metadata__ must be an object of strings, got " + brief(v));
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          fail(name, "__metadata__ value for \"" + m.key() + "\" must be a string, got " +
+                         brief(m.value()));
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!v.is_object()) fail_tensor(name, key, "entry must be an object, got " + brief(v));
+    for (auto f = v.begin(); f != v.end(); ++f)
+      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+        fail_tensor(
+            name, key,
+            "has unexpected field \"" + f.key() + "\" (expected dtype, shape, data_offsets)");
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!v.contains(field))
+        fail_tensor(name, key, MOEKIT_MSG("is missing field \"" << field << "\""));
+
+    TensorInfo info;
+    info.name = key;
+    info.file = path_;
+    const Json& jd = v.at("dtype");
+    if (!jd.is_string()) fail_tensor(name, key, "dtype must be a string, got " + brief(jd));
+    info.dtype_name = jd.get<std::string>();
+    const DTypeSpec* spec = find_spec(info.dtype_name);
+    if (spec == nullptr)
+      fail_tensor(name, key,
+                  "has unknown dtype \"" + info.dtype_name + "\" (known: " + known_dtypes() + ")");
+    info.dtype = spec->dtype;
+    info.element_size = spec->bits % 8 == 0 ? spec->bits / 8 : 0;
+
+    const Json& js = v.at("shape");
+    if (!js.is_array())
+      fail_tensor(name, key, "shape must be an array of non-negative integers, got " + brief(js));
+    for (const Json& d : js) {
+      if (!d.is_number_integer() ||
+          (d.is_number_unsigned() ? d.get<std::uint64_t>() > INT64_MAX : d.get<std::int64_t>() < 0))
+        fail_tensor(name, key, "shape must be an array of non-negative integers, got " + brief(js));
+      info.shape.push_back(d.get<std::int64_t>());
+    }
+
+    const Json& jo = v.at("data_offsets");
+    if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() ||
+        !jo[1].is_number_unsigned())
+      fail_tensor(name, key, "data_offsets must be two non-negative integers, got " + brief(jo));
+    const std::uint64_t begin = jo[0].get<std::uint64_t>(), end = jo[1].get<std::uint64_t>();
+    if (begin > end)
+      fail_tensor(name, key,
+                  MOEKIT_MSG("has data_offsets [" << begin << ", " << end << "] with begin > end"));
+    if (end > buffer_size)
+      fail_tensor(
+          name, key,
+          MOEKIT_MSG("has data_offsets [" << begin << ", " << end << "] past the end of the "
+                                          << buffer_size << "-byte data buffer"));
+    info.begin = static_cast<std::size_t>(begin);
+    info.end = static_cast<std::size_t>(end);
+
+    std::int64_t numel = 0;
+    try {
+      numel = shape_numel(info.shape);
+    } catch (const std::invalid_argument&) {
+      fail_tensor(name, key,
+                  "has shape " + shape_str(info.shape) + " whose element count overflows");
+    }
+    // Sub-byte types (F4, F6_*) pack elements with no padding, as the reference does: the bit
+    // count must be a whole number of bytes (F4: an even element count).
+    const auto un = static_cast<std::uint64_t>(numel);
+    if (un > UINT64_MAX / spec->bits)
+      fail_tensor(name, key, "has shape " + shape_str(info.shape) + " whose byte size overflows");
+    const std::uint64_t bits = un * spec->bits;
+    if (bits % 8 != 0)
+      fail_tensor(
+          name, key,
+          MOEKIT_MSG("has shape " << shape_str(info.shape) << " of " << info.dtype_name << " ("
+                                  << spec->bits << " bits each), not a whole number of bytes"));
+    if (end - begin != bits / 8)
+      fail_tensor(name, key,
+                  MOEKIT_MSG("has " << end - begin << " bytes but shape " << shape_str(info.shape)
+                                    << " of " << info.dtype_name << " needs " << bits / 8));
+    index_.emplace(key, tensors_.size());
+    tensors_.push_back(std::move(info));
+  }
+
+  // Overlap check: sort the non-empty ranges by start; each must start at or after the last end.
+  std::vector<const TensorInfo*> order;
+  for (const TensorInfo& t : tensors_)
+    if (t.end > t.begin) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    if (order[i]->begin < order[i - 1]->end)
+      fail(name,
+           MOEKIT_MSG("tensors '" << order[i - 1]->name << "' [" << order[i - 1]->begin << ", "
+                                  << order[i - 1]->end << ") and '" << order[i]->name << "' ["
+                                  << order[i]->begin << ", " << order[i]->end << ") overlap"));
+  }
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(tensors_.size());
+  for (const TensorInfo& t : tensors_) out.push_back(t.name);
+  return out;
+}
+
+bool SafetensorsFile::contains(const std::string& name) const noexcept {
+  return index_.count(name) != 0;
+}
+
+const TensorInfo& SafetensorsFile::info(const std::string& name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end())
+    throw std::out_of_range(
+        MOEKIT_MSG("[moekit::safetensors] " << path_ << ": no tensor named '" << name << "'"));
+  return tensors_[it->second];
+}
+
+const std::uint8_t* SafetensorsFile::bytes(const std::string& name) const {
+  return base_ + data_start_ + info(name).begin;
+}
+
+TensorView SafetensorsFile::view(const std::string& name) const {
+  const TensorInfo& t = info(name);
+  if (!t.dtype)
+    fail_tensor(
+        path_, name,
+        MOEKIT_MSG("has dtype " << t.dtype_name << ", which moekit cannot compute on (supported: "
+                                << kComputable << ")"));
+  return TensorView(static_cast<const void*>(base_ + data_start_ + t.begin), t.shape, *t.dtype);
+}
+
+// --- Checkpoint --------------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void ckpt_fail(const std::string& path, const std::string& what) {
+  throw std::runtime_error(MOEKIT_MSG("[moekit::Checkpoint] " << path << ": " << what));
+}
+
+}  // namespace
+
+std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& path) {
+  namespace fs = std::filesystem;
+  auto ck = std::make_shared<Checkpoint>();
+  ck->path_ = path;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) ckpt_fail(path, "no such file or folder");
+
+  const auto add_file = [&](const std::string& file) {
+    const std::size_t idx = ck->files_.size();
+    ck->files_.push_back(SafetensorsFile::open(file));
+    for (const std::string& name : ck->files_.back()->names()) {
+      const auto [it, inserted] = ck->where_.emplace(name, idx);
+      if (!inserted)
+        ckpt_fail(path, "tensor '" + name + "' is in two shards: " +
+                            ck->files_[it->second]->path() + " and " + file);
+    }
+  };
+
+  if (fs::is_regular_file(st)) {
+    add_file(path);
+    return ck;
+  }
+  if (!fs::is_directory(st)) ckpt_fail(path, "not a file or folder");
+
+  const fs::path dir(path);
+  const fs::path index_path = dir / "model.safetensors.index.json";
+  if (fs::exists(index_path, ec)) {
+    const std::string ip = index_path.string();
+    std::ifstream in(index_path, std::ios::binary);
+    if (!in) ckpt_fail(ip, "cannot open");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(ss.str());
+    } catch (const nlohmann::json::exception& e) {
+      ckpt_fail(ip, MOEKIT_MSG("not valid JSON: " << e.what()));
+    }
+    if (!index.is_object() || !index.contains("weight_map") || !index.at("weight_map").is_object())
+      ckpt_fail(ip, "must be a JSON object with a \"weight_map\" object");
+    const nlohmann::json& wm = index.at("weight_map");
+    std::set<std::string> shards;
+    for (auto it = wm.begin(); it != wm.end(); ++it) {
+      if (!it.value().is_string())
+        ckpt_fail(ip, "weight_map entry for '" + it.key() + "' must be a file name");
+      const std::string shard = it.value().get<std::string>();
+      const fs::path rel(shard);
+      bool escapes = shard.empty() || rel.is_absolute();
+      for (const fs::path& part : rel)
+        if (part == "..") escapes = true;
+      if (escapes)
+        ckpt_fail(ip, "weight_map places '" + it.key() + "' in '" + shard +
+                          "', which is not inside the folder");
+      shards.insert(shard);
+    }
+    std::map<std::string, std::size_t> shard_index;
+    for (const std::string& shard : shards) {
+      const fs::path file = dir / shard;
+      if (!fs::is_regular_file(file, ec))
+        ckpt_fail(ip, "lists shard '" + shard + "', which does not exist (" + file.string() + ")");
+      shard_index[shard] = ck->files_.size();
+      add_file(file.string());
+    }
+    for (auto it = wm.begin(); it != wm.end(); ++it) {
+      const std::string shard = it.value().get<std::string>();
+      const auto w = ck->where_.find(it.key());
+      if (w == ck->where_.end() || w->second != shard_index.at(shard))
+        ckpt_fail(ip, "places tensor '" + it.key() + "' in shard '" + shard +
+                          "', which does not contain it");
+    }
+    return ck;
+  }
+
+  std::vector<std::string> files;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ".safetensors" && it->is_regular_file(ec))
+      files.push_back(it->path().string());
+  }
+  if (ec) ckpt_fail(path, MOEKIT_MSG("cannot list folder (" << ec.message() << ")"));
+  if (files.empty())
+    ckpt_fail(path, "folder has no *.safetensors files and no model.safetensors.index.json");
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files) add_file(f);
+  return ck;
+}
+
+bool Checkpoint::contains(const std::string& name) const noexcept {
+  return where_.count(name) != 0;
+}
+
+const TensorInfo& Checkpoint::info(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end())
+    throw std::out_of_range(
+        MOEKIT_MSG("[moekit::Checkpoint] " << path_ << ": no tensor named '" << name << "'"));
+  return files_[it->second]->info(name);
+}
+
+TensorView Checkpoint::view(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end())
+    throw std::out_of_range(
+        MOEKIT_MSG("[moekit::Checkpoint] " << path_ << ": no tensor named '" << name << "'"));
+  return files_[it->second]->view(name);
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(where_.size());
+  for (const auto& [name, idx] : where_) out.push_back(name);
+  return out;
+}
+
+}  // namespace moekit
