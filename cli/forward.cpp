@@ -30,6 +30,7 @@ struct ForwardOptions {
   std::string model;
   std::int64_t layer = -1;
   std::string input, output, ids_out, weights_out;
+  std::vector<std::string> router_knobs;  // KEY=VALUE
   int threads = 0;
   CLI::Option* threads_option = nullptr;
 };
@@ -146,7 +147,15 @@ void run_forward(const ForwardOptions& opt) {
   }
   apply_threads_option(opt.threads_option, opt.threads);
 
-  const MoeLayer layer = load_moe_layer(opt.model, opt.layer);
+  MoeConfig config = load_hf_config(opt.model);
+  for (const std::string& kv : opt.router_knobs) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos)
+      throw std::invalid_argument(fail_prefix() + "--router expects KEY=VALUE, got '" + kv + "'");
+    set_router_knob(config.router, kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  validate(config.router);
+  const MoeLayer layer = load_moe_layer(opt.model, config, opt.layer);
   const Tensor x = read_input(opt.input, layer.config().hidden_size, opt.model, opt.layer);
   ForwardInfo info;
   const Tensor y = layer.forward(x, &info);
@@ -170,6 +179,9 @@ void register_forward(CLI::App& app) {
   cmd->add_option("--output", opt->output, "Y: .npy, f32, X's shape")->required();
   cmd->add_option("--ids-out", opt->ids_out, "Expert ids: .npy, int32 [..., K]");
   cmd->add_option("--weights-out", opt->weights_out, "Routing weights: .npy, f32 [..., K]");
+  cmd->add_option("--router", opt->router_knobs,
+                  "Override a routing knob, KEY=VALUE (repeatable), e.g. mask_fill=legacy_zero to reproduce "
+                  "mlx-lm; see docs/routing.md");
   opt->threads_option = add_threads_option(*cmd, opt->threads);
   cmd->callback([opt] { run_forward(*opt); });
 }

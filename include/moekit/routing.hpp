@@ -87,6 +87,13 @@ struct RouterConfig {
 /// a non-finite or negative routed_scaling_factor, renorm_eps < 0.
 void validate(const RouterConfig& cfg);
 
+/// Sets one knob by name, for command lines and golden files: `mask_fill` (neg_inf |
+/// legacy_zero), `renorm` (none | sum | sum_eps), `renorm_only_if_k_gt_1`,
+/// `scale_only_without_renorm`, `guard_zero_sum` (true | false), `routed_scaling_factor` (a
+/// number). Throws std::invalid_argument naming the key and value (listing the keys or values
+/// accepted). The config is unchanged on a throw; call validate() afterwards.
+void set_router_knob(RouterConfig& cfg, const std::string& key, const std::string& value);
+
 /// Human-readable one-line summary of the knobs (for `moekit inspect` and logs).
 std::string describe(const RouterConfig& cfg);
 

@@ -185,8 +185,10 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
       ex.down_bias = r.get_f32(dn_name + "_bias", {E, D});
     }
   } else {
-    const std::string first = n.experts + ".0." + (gated ? n.gate_proj : n.up_proj) + ".weight";
-    if (!r.has(first))
+    const std::string e0 = n.experts + ".0.";
+    const std::string first = e0 + (gated ? n.gate_proj : n.up_proj) + ".weight";
+    if (!r.has(e0 + n.gate_proj + ".weight") && !r.has(e0 + n.up_proj + ".weight") &&
+        !r.has(e0 + n.down_proj + ".weight"))
       throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path()
                                                                       << ": no routed experts found; tried '"
                                                                       << r.full(first) << "' (per_expert), '"

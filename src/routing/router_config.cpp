@@ -77,6 +77,58 @@ void validate(const RouterConfig& cfg) {
     fail(MOEKIT_MSG("renorm_eps (" << cfg.renorm_eps << ") must be finite and >= 0"));
 }
 
+void set_router_knob(RouterConfig& cfg, const std::string& key, const std::string& value) {
+  const auto bad = [&](const char* accepted) {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::set_router_knob] " << key << " = '" << value
+                                                                        << "' (accepted: " << accepted << ")"));
+  };
+  const auto boolean = [&]() {
+    if (value == "true" || value == "1") return true;
+    if (value == "false" || value == "0") return false;
+    bad("true, false");
+  };
+  if (key == "mask_fill") {
+    if (value == "neg_inf") {
+      cfg.mask_fill = MaskFill::neg_inf;
+    } else if (value == "legacy_zero") {
+      cfg.mask_fill = MaskFill::legacy_zero;
+    } else {
+      bad("neg_inf, legacy_zero");
+    }
+  } else if (key == "renorm") {
+    if (value == "none") {
+      cfg.renorm = Renorm::none;
+    } else if (value == "sum") {
+      cfg.renorm = Renorm::sum;
+    } else if (value == "sum_eps") {
+      cfg.renorm = Renorm::sum_eps;
+    } else {
+      bad("none, sum, sum_eps");
+    }
+  } else if (key == "renorm_only_if_k_gt_1") {
+    cfg.renorm_only_if_k_gt_1 = boolean();
+  } else if (key == "scale_only_without_renorm") {
+    cfg.scale_only_without_renorm = boolean();
+  } else if (key == "guard_zero_sum") {
+    cfg.guard_zero_sum = boolean();
+  } else if (key == "routed_scaling_factor") {
+    std::size_t used = 0;
+    float v = 0.0f;
+    try {
+      v = std::stof(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != value.size() || value.empty() || !std::isfinite(v) || v < 0.0f) bad("a finite number >= 0");
+    cfg.routed_scaling_factor = v;
+  } else {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::set_router_knob] unknown knob '"
+                                           << key
+                                           << "' (knobs: mask_fill, renorm, renorm_only_if_k_gt_1, "
+                                              "scale_only_without_renorm, guard_zero_sum, routed_scaling_factor)"));
+  }
+}
+
 std::string describe(const RouterConfig& cfg) {
   std::ostringstream os;
   os << "E=" << cfg.num_experts << " K=" << cfg.top_k << " score=" << name(cfg.score_func);

@@ -25,13 +25,7 @@ nlohmann::json manifest() {
 
 // The knobs a golden may override to reproduce an mlx-lm quirk.
 void apply_overrides(RouterConfig& r, const nlohmann::json& o) {
-  if (o.contains("mask_fill")) r.mask_fill = o["mask_fill"] == "legacy_zero" ? MaskFill::legacy_zero : MaskFill::neg_inf;
-  if (o.contains("renorm_only_if_k_gt_1")) r.renorm_only_if_k_gt_1 = o["renorm_only_if_k_gt_1"].get<bool>();
-  if (o.contains("renorm")) {
-    const std::string v = o["renorm"];
-    r.renorm = v == "sum" ? Renorm::sum : v == "sum_eps" ? Renorm::sum_eps : Renorm::none;
-  }
-  if (o.contains("scale_only_without_renorm")) r.scale_only_without_renorm = o["scale_only_without_renorm"].get<bool>();
+  for (const auto& [key, v] : o.items()) set_router_knob(r, key, v.is_string() ? v.get<std::string>() : v.dump());
 }
 
 TEST(LayerGolden, EveryFamilyMatchesItsReference) {

@@ -422,3 +422,38 @@ TEST(Metrics, CountsAndMaxVio) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+TEST(RouterKnobs, SetByName) {
+  RouterConfig c;
+  set_router_knob(c, "mask_fill", "legacy_zero");
+  EXPECT_EQ(c.mask_fill, MaskFill::legacy_zero);
+  set_router_knob(c, "renorm", "sum_eps");
+  EXPECT_EQ(c.renorm, Renorm::sum_eps);
+  set_router_knob(c, "renorm_only_if_k_gt_1", "true");
+  EXPECT_TRUE(c.renorm_only_if_k_gt_1);
+  set_router_knob(c, "scale_only_without_renorm", "1");
+  EXPECT_TRUE(c.scale_only_without_renorm);
+  set_router_knob(c, "guard_zero_sum", "false");
+  EXPECT_FALSE(c.guard_zero_sum);
+  set_router_knob(c, "routed_scaling_factor", "2.5");
+  EXPECT_FLOAT_EQ(c.routed_scaling_factor, 2.5f);
+  const RouterConfig before = c;
+  for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {"mask_fill", "zero"}, {"renorm", "l1"}, {"guard_zero_sum", "yes"}, {"routed_scaling_factor", "2.5x"},
+           {"routed_scaling_factor", "-1"}, {"routed_scaling_factor", "nan"}, {"top_k", "3"}}) {
+    try {
+      set_router_knob(c, k, v);
+      ADD_FAILURE() << k << "=" << v;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(k), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(c.mask_fill, before.mask_fill);
+  EXPECT_FLOAT_EQ(c.routed_scaling_factor, before.routed_scaling_factor);
+}
+
+}  // namespace
+}  // namespace moekit
