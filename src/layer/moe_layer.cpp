@@ -87,6 +87,13 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
   const std::int64_t T = x.rows();
   Tensor x32 = to_dtype(x, DType::f32);
   x32.reshape({T, D});
+  // NaN/Inf in x would only surface as non-finite router logits; name the input element instead.
+  const float* xs = x32.data_as<const float>();
+  for (std::int64_t i = 0; i < x32.numel(); ++i)
+    if (!std::isfinite(xs[i]))
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer::forward] x has a non-finite value " << xs[i]
+                                                                                                   << " at row " << i / D
+                                                                                                   << ", column " << i % D));
   const MoeWeights& w = weights_;
 
   Tensor logits = router_logits(x32, w.router, w.router_bias.view());
