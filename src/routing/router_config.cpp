@@ -86,6 +86,7 @@ void set_router_knob(RouterConfig& cfg, const std::string& key, const std::strin
     if (value == "true" || value == "1") return true;
     if (value == "false" || value == "0") return false;
     bad("true, false");
+    return false;  // not reached: bad() throws
   };
   if (key == "mask_fill") {
     if (value == "neg_inf") {

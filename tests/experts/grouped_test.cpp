@@ -247,7 +247,9 @@ TEST(DispatchPlan, StableCountingSortAndInverse) {
   for (std::int64_t e = 0; e < 9; ++e) {
     for (std::int64_t i = p.offsets[e]; i < p.offsets[e + 1]; ++i) {
       EXPECT_EQ(ids.data_as<std::int32_t>()[p.sorted_pairs[i]], e);
-      if (i > p.offsets[e]) EXPECT_LT(p.sorted_pairs[i - 1], p.sorted_pairs[i]) << "stable";
+      if (i > p.offsets[e]) {
+        EXPECT_LT(p.sorted_pairs[i - 1], p.sorted_pairs[i]) << "stable";
+      }
     }
   }
   // permute -> unpermute is the identity
