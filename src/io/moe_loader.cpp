@@ -128,11 +128,24 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
   const bool gated = c.body != BodyKind::mlp_relu && c.body != BodyKind::mlp_relu2 && c.body != BodyKind::mlp_silu;
 
 
-  if (r.has("switch_mlp.up_proj.weight")) {
+  // mlx-lm stacks experts [E, out, in] under "switch_mlp" (or under "experts" for GPT-OSS,
+  // with stacked biases [E, out]).
+  std::string stacked;
+  for (const std::string& container : {std::string("switch_mlp"), n.experts})
+    if (stacked.empty() && r.has(container + ".up_proj.weight") &&
+        r.checkpoint()->info(r.full(container + ".up_proj.weight")).shape.size() == 3)
+      stacked = container;
+  if (!stacked.empty()) {
     w.layout = "switch_mlp";
-    if (gated) ex.gate = ExpertMatrix::stacked(r.get_aligned("switch_mlp.gate_proj.weight", {E, F, D}, ex.keep_alive, copied));
-    ex.up = ExpertMatrix::stacked(r.get_aligned("switch_mlp.up_proj.weight", {E, F, D}, ex.keep_alive, copied));
-    ex.down = ExpertMatrix::stacked(r.get_aligned("switch_mlp.down_proj.weight", {E, D, F}, ex.keep_alive, copied));
+    const std::string s = stacked + ".";
+    if (gated) ex.gate = ExpertMatrix::stacked(r.get_aligned(s + "gate_proj.weight", {E, F, D}, ex.keep_alive, copied));
+    ex.up = ExpertMatrix::stacked(r.get_aligned(s + "up_proj.weight", {E, F, D}, ex.keep_alive, copied));
+    ex.down = ExpertMatrix::stacked(r.get_aligned(s + "down_proj.weight", {E, D, F}, ex.keep_alive, copied));
+    if (c.expert_bias) {
+      if (gated) ex.gate_bias = r.get_f32(s + "gate_proj.bias", {E, F});
+      ex.up_bias = r.get_f32(s + "up_proj.bias", {E, F});
+      ex.down_bias = r.get_f32(s + "down_proj.bias", {E, D});
+    }
   } else if (r.has(n.experts + ".gate_up_proj")) {
     const std::string gu_name = n.experts + ".gate_up_proj", dn_name = n.experts + ".down_proj";
     if (!n.fused_transposed) {

@@ -410,3 +410,28 @@ TEST(LoaderLayouts, UnalignedDataIsCopiedAndGivesTheSameOutput) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+// mlx-lm keeps GPT-OSS experts stacked under "experts" (not "switch_mlp") with stacked biases
+// [E, out]: the same weights as the golden give the same bits.
+TEST(LoaderLayouts, GptOssMlxStackedUnderExpertsWithBiases) {
+  const Golden g = golden("gpt_oss", 1, ExpertLayout::fused_gate_up_transposed_interleaved);
+  TempDir tmp("gpt_oss_mlx");
+  CheckpointBuilder b = g.rest();
+  const std::string ex = g.block + ".experts.";
+  b.add({testing::entry_of(ex + "gate_proj.weight", g.experts.gate), testing::entry_of(ex + "up_proj.weight", g.experts.up),
+         testing::entry_of(ex + "down_proj.weight", g.experts.down),
+         testing::entry_of(ex + "gate_proj.bias", g.experts.gate_bias),
+         testing::entry_of(ex + "up_proj.bias", g.experts.up_bias),
+         testing::entry_of(ex + "down_proj.bias", g.experts.down_bias)});
+  b.write(tmp.path());
+  const MoeLayer layer = load_moe_layer(tmp.path().string(), 1);
+  EXPECT_EQ(layer.weights().layout, "switch_mlp");
+  EXPECT_TRUE(layer.weights().mapped);
+  EXPECT_TRUE(bitwise_equal(layer.forward(g.x), load_moe_layer(g.dir, 1).forward(g.x)));
+}
+
+}  // namespace
+}  // namespace moekit
