@@ -81,6 +81,8 @@ class Tensor {
   /// std::bad_alloc when memory runs out.
   Tensor(Shape shape, DType dtype);
 
+  /// Allocates without zeroing, for outputs that are written in full before they are read.
+  static Tensor uninitialized(Shape shape, DType dtype);
   static Tensor from_f32(Shape shape, const std::vector<float>& values);
   static Tensor from_i32(Shape shape, const std::vector<std::int32_t>& values);
 

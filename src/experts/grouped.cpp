@@ -110,7 +110,15 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
     for (std::int64_t r = plan.offsets[e]; r < plan.offsets[e + 1]; r += kRowChunk)
       tasks.push_back({e, r, std::min(kRowChunk, plan.offsets[e + 1] - r)});
 
-  std::vector<float> pair_out(static_cast<std::size_t>(T * K * D));
+  // [T*K, D] expert outputs in sorted order. Every row is written before it is read, so the
+  // buffer is neither zeroed nor freed: a per-calling-thread workspace avoids re-faulting tens
+  // of MB of fresh pages on every forward (it grows to the largest call and stays).
+  thread_local std::vector<float> workspace;
+  if (workspace.size() < static_cast<std::size_t>(T * K * D)) {
+    workspace = std::vector<float>();
+    workspace.resize(static_cast<std::size_t>(T * K * D));
+  }
+  float* const pair_out = workspace.data();
   detail::parallel_tasks(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t ti) {
     const Task& task = tasks[static_cast<std::size_t>(ti)];
     Scratch& s = scratch();
@@ -126,7 +134,7 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
         std::memcpy(dst, src, static_cast<std::size_t>(D) * sizeof(float));
       }
     }
-    float* out = pair_out.data() + task.begin * D;
+    float* out = pair_out + task.begin * D;
     expert_rows(w, body, task.expert, s.x.data(), task.count, out, s);
     if (!weight_on_input) {
       for (std::int64_t i = 0; i < task.count; ++i) {
@@ -141,7 +149,7 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
       float* yt = ys + t * D;
       if (!accumulate) std::fill(yt, yt + D, 0.0f);
       for (std::int64_t k = 0; k < K; ++k) {
-        const float* o = pair_out.data() + plan.inverse[t * K + k] * D;
+        const float* o = pair_out + plan.inverse[t * K + k] * D;
         for (std::int64_t d = 0; d < D; ++d) yt[d] += o[d];
       }
     }

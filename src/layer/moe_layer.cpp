@@ -85,8 +85,13 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
                                                                                                     << " "
                                                                                                     << shape_str(x.shape())));
   const std::int64_t T = x.rows();
-  Tensor x32 = to_dtype(x, DType::f32);
-  x32.reshape({T, D});
+  // f32 input is used in place; bf16 is widened once.
+  Tensor x_owned;
+  TensorView x32 = x.reshaped({T, D});
+  if (x.dtype() != DType::f32) {
+    x_owned = to_dtype(x32, DType::f32);
+    x32 = x_owned.view();
+  }
   // NaN/Inf in x would only surface as non-finite router logits; name the input element instead.
   const float* xs = x32.data_as<const float>();
   for (std::int64_t i = 0; i < x32.numel(); ++i)
@@ -99,7 +104,7 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
   Tensor logits = router_logits(x32, w.router, w.router_bias.view());
   Routing routing = route(config_.router, logits, w.selection_bias.view());
 
-  Tensor y({T, D}, DType::f32);
+  Tensor y = Tensor::uninitialized({T, D}, DType::f32);  // run_experts overwrites every row
   run_experts(w.experts, body(), x32, routing.ids, routing.weights, config_.router.weight_on_input, y, false);
 
   if (config_.shared_width > 0) {
@@ -107,7 +112,7 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
     if (!config_.shared_gated) {
       run_dense_ffn(w.shared, shared_body, x32, y, true);
     } else {
-      Tensor s({T, D}, DType::f32);
+      Tensor s = Tensor::uninitialized({T, D}, DType::f32);
       run_dense_ffn(w.shared, shared_body, x32, s, false);
       const Tensor g = router_logits(x32, w.shared_gate);  // [T, 1] fp32
       float* ys = y.data_as<float>();

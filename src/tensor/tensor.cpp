@@ -174,15 +174,28 @@ TensorView TensorView::slice_rows(std::int64_t begin, std::int64_t end) const {
                     std::move(s), dtype_);
 }
 
+namespace {
+std::shared_ptr<void> allocate(std::size_t bytes, bool zero) {
+  const std::size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  if (zero) std::memset(p, 0, rounded);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+}  // namespace
+
 Tensor::Tensor(Shape shape, DType dtype) {
   const std::int64_t n = shape_numel(shape);
-  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
-  const std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, rounded == 0 ? 64 : rounded);
-  storage_.reset(p, [](void* q) { std::free(q); });
-  view_ = TensorView(p, std::move(shape), dtype);
+  storage_ = allocate(static_cast<std::size_t>(n) * dtype_size(dtype), true);
+  view_ = TensorView(storage_.get(), std::move(shape), dtype);
+}
+
+Tensor Tensor::uninitialized(Shape shape, DType dtype) {
+  Tensor t;
+  const std::int64_t n = shape_numel(shape);
+  t.storage_ = allocate(static_cast<std::size_t>(n) * dtype_size(dtype), false);
+  t.view_ = TensorView(t.storage_.get(), std::move(shape), dtype);
+  return t;
 }
 
 Tensor Tensor::from_f32(Shape shape, const std::vector<float>& values) {
