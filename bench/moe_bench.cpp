@@ -107,6 +107,21 @@ void BM_GemmNt(benchmark::State& state, DType dtype) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
+// The same GEMM with B cycling through 64 different weight matrices (400 MB at f32 768x2048):
+// B comes from DRAM every call, as in a real MoE layer.
+void BM_GemmNtColdB(benchmark::State& state) {
+  const std::int64_t M = state.range(0), N = 768, K = 2048, copies = 64;
+  std::mt19937 rng(5);
+  Tensor a = randn({M, K}, rng, 1.0f), b = randn({copies, N, K}, rng, 0.1f), c({M, N}, DType::f32);
+  std::int64_t i = 0;
+  for (auto _ : state) {
+    kernels::gemm_nt_serial(a.data_as<float>(), K, b.data_as<float>() + (i++ % copies) * N * K, DType::f32, K,
+                            c.data_as<float>(), N, M, N, K, false);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 // The machine's limits, measured in the same run.
 void BM_SgemmPeak(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
@@ -154,6 +169,7 @@ BENCHMARK_CAPTURE(BM_GemmNt, f32, DType::f32)
     ->Args({1, 768, 2048})->Args({32, 768, 2048})->Args({64, 768, 2048})->Args({256, 768, 2048})
     ->Args({64, 2048, 768})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmNt, bf16, DType::bf16)->Args({64, 768, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmNtColdB)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MoeForward, qwen3_f32, kQwen3, DType::f32)
     ->ArgsProduct({{1, 32, 512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
