@@ -31,7 +31,7 @@ double bound(const float* a, const float* b, std::int64_t K) {
 TEST(Gemm, MatchesReferenceOverTailsDtypesStrides) {
   std::mt19937 rng(1);
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
-    for (std::int64_t M : {1, 2, 3, 4, 7}) {
+    for (std::int64_t M : {1, 2, 3, 4, 5, 6, 7, 13}) {
       for (std::int64_t N : {1, 3, 4, 5, 9}) {
         for (std::int64_t K : {1, 7, 8, 9, 15, 16, 17, 33}) {
           const std::int64_t lda = K + 3, ldb = K + 5, ldc = N + 2;
