@@ -9,6 +9,7 @@
 #include <random>
 
 #include "experts/dense_reference.hpp"
+#include "util/random.hpp"
 #include "moekit/experts.hpp"
 #include "moekit/threading.hpp"
 
@@ -19,12 +20,7 @@ bool gated(BodyKind k) {
   return k == BodyKind::swiglu || k == BodyKind::swiglu_clamped || k == BodyKind::geglu || k == BodyKind::geglu_tanh;
 }
 
-Tensor randn(Shape s, std::mt19937& rng, float scale) {
-  Tensor t(std::move(s), DType::f32);
-  std::normal_distribution<float> d(0.0f, scale);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
-  return t;
-}
+using testing::randn;
 
 // Random experts; `interleaved` stores gate and up as alternating rows of one [E, 2F, D]
 // tensor (row_stride 2D) to exercise strided matrices.

@@ -8,17 +8,13 @@
 
 #include "kernels/gemm.hpp"
 #include "kernels/ref/gemm_ref.hpp"
+#include "util/random.hpp"
 #include "moekit/threading.hpp"
 
 namespace moekit {
 namespace {
 
-Tensor randn(Shape s, std::mt19937& rng) {
-  Tensor t(std::move(s), DType::f32);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
-  return t;
-}
+using testing::randn;
 
 // Error bound for an fp32 dot product of length K with any summation order:
 // |err| <= K * eps * Σ|a_k b_k| (Higham); both sides carry it, so 2x.

@@ -9,17 +9,13 @@
 #include <thread>
 
 #include "experts/dense_reference.hpp"
+#include "util/random.hpp"
 #include "moekit/layer.hpp"
 
 namespace moekit {
 namespace {
 
-Tensor randn(Shape s, std::mt19937& rng, float scale) {
-  Tensor t(std::move(s), DType::f32);
-  std::normal_distribution<float> d(0.0f, scale);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
-  return t;
-}
+using testing::randn;
 
 ExpertWeights stacked_experts(std::int64_t E, std::int64_t D, std::int64_t F, std::mt19937& rng) {
   ExpertWeights w;

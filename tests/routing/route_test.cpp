@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "util/random.hpp"
 #include "moekit/routing.hpp"
 #include "moekit/threading.hpp"
 #include "routing/reference_router.hpp"
@@ -36,12 +37,7 @@ RouterConfig deepseek_v3_cfg() {
   return c;
 }
 
-Tensor random_logits(Shape shape, std::mt19937& rng, float scale = 2.0f) {
-  Tensor t(std::move(shape), DType::f32);
-  std::normal_distribution<float> d(0.0f, scale);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = d(rng);
-  return t;
-}
+Tensor random_logits(Shape shape, std::mt19937& rng, float scale = 2.0f) { return testing::randn(std::move(shape), rng, scale); }
 
 // Every validation branch: the message names the field and its value.
 void expect_invalid(const RouterConfig& c, const char* needle) {
