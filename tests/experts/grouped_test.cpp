@@ -288,3 +288,28 @@ TEST(GroupedExperts, ValidationErrors) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+// A batch whose expert outputs exceed the kept per-thread workspace (64 MB) takes the
+// temporary-buffer path; its rows equal those of the same tokens run in two smaller halves.
+TEST(GroupedExperts, LargeBatchEqualsTwoHalves) {
+  std::mt19937 rng(21);
+  const std::int64_t T = 2100, K = 8, E = 8, D = 1024, F = 4;  // T*K*D = 17.2M floats = 69 MB
+  const ExpertBody body{};
+  const ExpertWeights w = make_experts(E, D, F, BodyKind::swiglu, DType::bf16, false, false, rng);
+  Tensor x = randn({T, D}, rng, 1.0f), ids, wts;
+  make_routing(T, K, E, rng, ids, wts);
+  Tensor y({T, D}, DType::f32), halves({T, D}, DType::f32);
+  run_experts(w, body, x, ids, wts, false, y);
+  const std::int64_t h = T / 2;
+  run_experts(w, body, x.view().slice_rows(0, h), ids.view().slice_rows(0, h), wts.view().slice_rows(0, h), false,
+              halves.view().slice_rows(0, h));
+  run_experts(w, body, x.view().slice_rows(h, T), ids.view().slice_rows(h, T), wts.view().slice_rows(h, T), false,
+              halves.view().slice_rows(h, T));
+  EXPECT_EQ(std::memcmp(y.data(), halves.data(), y.nbytes()), 0);
+}
+
+}  // namespace
+}  // namespace moekit
