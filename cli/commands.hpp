@@ -8,6 +8,9 @@ class App;
 
 namespace moekit::cli {
 
+/// `moekit bench`: a llama-bench-like table (shapes x dtypes x tokens x threads) against the
+/// machine's limits measured in the same run.
+void register_bench(CLI::App& app);
 /// `moekit demo`: one DeepSeek-V3-shaped MoE layer on random weights, timed (or, with
 /// --routing-only, the routing of every family preset).
 void register_demo(CLI::App& app);

@@ -1,8 +1,12 @@
 #include "format.hpp"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 
 #include "moekit/threading.hpp"
 
@@ -24,6 +28,51 @@ std::string format_bytes(std::size_t bytes) {
     os << buf;
   }
   return os.str();
+}
+
+std::vector<std::string> split_list(const std::string& text, const std::string& option) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? std::string() : item.substr(b, e - b + 1);
+    if (item.empty())
+      throw std::invalid_argument(option + " '" + text +
+                                  "': empty item (expected a comma-separated list, e.g. 1,2)");
+    items.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+std::int64_t parse_int(const std::string& text, const std::string& option, std::int64_t lo,
+                       std::int64_t hi) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(begin, &end, 10);
+  if (text.empty() || end == begin || *end != '\0' || errno == ERANGE)
+    throw std::invalid_argument(option + " '" + text + "' is not an integer");
+  if (v < lo || v > hi)
+    throw std::invalid_argument(option + " " + text + " is outside [" + std::to_string(lo) + ", " +
+                                std::to_string(hi) + "]");
+  return v;
+}
+
+std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& option,
+                                         std::int64_t lo, std::int64_t hi) {
+  std::vector<std::int64_t> values;
+  for (const std::string& item : split_list(text, option)) {
+    const std::int64_t v = parse_int(item, option, lo, hi);
+    if (std::find(values.begin(), values.end(), v) != values.end())
+      throw std::invalid_argument(option + " '" + text + "' lists " + item + " twice");
+    values.push_back(v);
+  }
+  return values;
 }
 
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads) {

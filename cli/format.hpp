@@ -18,6 +18,19 @@ namespace moekit::cli {
 /// "98304 bytes (96.0 KiB)".
 std::string format_bytes(std::size_t bytes);
 
+/// Splits "a,b,c" at commas, trimming blanks around each item. Throws std::invalid_argument
+/// naming `option` for an empty list or an empty item ("1,,2").
+std::vector<std::string> split_list(const std::string& text, const std::string& option);
+
+/// Parses "1,32,512" as integers in [lo, hi]. Throws std::invalid_argument naming `option` and
+/// the offending item (not a number, trailing characters, out of range, a duplicate).
+std::vector<std::int64_t> parse_int_list(const std::string& text, const std::string& option,
+                                         std::int64_t lo, std::int64_t hi);
+
+/// Parses one integer in [lo, hi]; throws std::invalid_argument naming `option` and the text.
+std::int64_t parse_int(const std::string& text, const std::string& option, std::int64_t lo,
+                       std::int64_t hi);
+
 /// Adds `--threads N` to `cmd`; returns the option so the callback can ask whether it was given.
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads);
 /// Calls moekit::set_num_threads(threads) if `--threads` was given; otherwise moekit's default

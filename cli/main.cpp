@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   moekit::cli::register_forward(app);
   moekit::cli::register_inspect(app);
   moekit::cli::register_demo(app);
+  moekit::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

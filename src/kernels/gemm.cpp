@@ -161,6 +161,9 @@ void GemmNt(const float* A, int64_t lda, const void* B, int b_dtype, int64_t ldb
   }
 }
 
+// The name of the target this translation unit was compiled for ("AVX3", "AVX2", ...).
+const char* TargetNameOfThisTarget() { return hwy::TargetName(HWY_TARGET); }
+
 }  // namespace moekit::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -168,6 +171,9 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::kernels {
 
 HWY_EXPORT(GemmNt);
+HWY_EXPORT(TargetNameOfThisTarget);
+
+const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetNameOfThisTarget)(); }
 
 void gemm_nt_serial(const float* A, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb, float* C,
                     std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate) {

@@ -23,4 +23,8 @@ void gemm_nt(const float* A, std::int64_t lda, const void* B, DType b_dtype, std
 void gemm_nt_serial(const float* A, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb, float* C,
                     std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate);
 
+/// The SIMD target the kernels dispatch to on this CPU ("AVX3", "AVX2", "SSE4", "NEON", ...),
+/// for benchmark headers.
+const char* simd_target_name();
+
 }  // namespace moekit::kernels

@@ -1,0 +1,696 @@
+// `moekit bench`: a llama-bench-like table of the MoE layer at PERF.md's reference shapes, for
+// each weight dtype, token count and thread count, against the machine's limits measured in the
+// same run with moekit's own means (no BLAS): the DRAM read bandwidth (a multi-threaded
+// streaming sum over 1 GiB) and the peak of moekit's expert GEMM kernel on cached data.
+//
+// Each layer is built once per (shape, dtype) with random weights (splitmix64, fast enough to
+// fill gigabytes in seconds). Routing is random and fresh per call: 8 pre-drawn input batches
+// are cycled, so no call reuses the previous call's experts by construction. Weight GB/s counts
+// the bytes of the experts a call actually touched (distinct experts in its routing, plus the
+// shared experts) over the call's time.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commands.hpp"
+#include "format.hpp"
+#include "kernels/gemm.hpp"
+#include "moekit/moekit.hpp"
+
+#ifndef MOEKIT_GIT_COMMIT
+#define MOEKIT_GIT_COMMIT "unknown"
+#endif
+
+namespace moekit::cli {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Shapes
+
+struct BenchShape {
+  const char* name;
+  const char* description;
+  std::int64_t D, F, E, K, shared;  // shared: number of shared experts, each of width F
+  const char* config_json;
+};
+
+// PERF.md's reference shapes, as the config.json their families ship (one MoE layer). `tiny`
+// is for smoke tests only; `all` means qwen3 + deepseek (Mixtral's f32 weights are 5.6 GB).
+const BenchShape kShapes[] = {
+    {"qwen3", "Qwen3-30B-A3B", 2048, 768, 128, 8, 0,
+     R"({"model_type":"qwen3_moe","hidden_size":2048,"num_hidden_layers":1,"num_experts":128,
+        "num_experts_per_tok":8,"moe_intermediate_size":768,"norm_topk_prob":true})"},
+    {"deepseek", "DeepSeek-style (sigmoid, selection bias, groups 8/4, 2 shared)", 2048, 1408, 64,
+     6, 2,
+     R"({"model_type":"deepseek_v3","hidden_size":2048,"num_hidden_layers":1,"n_routed_experts":64,
+        "num_experts_per_tok":6,"moe_intermediate_size":1408,"n_group":8,"topk_group":4,
+        "topk_method":"noaux_tc","scoring_func":"sigmoid","norm_topk_prob":true,
+        "routed_scaling_factor":2.5,"n_shared_experts":2,"first_k_dense_replace":0})"},
+    {"mixtral", "Mixtral-8x7B", 4096, 14336, 8, 2, 0,
+     R"({"model_type":"mixtral","hidden_size":4096,"num_hidden_layers":1,"num_local_experts":8,
+        "num_experts_per_tok":2,"intermediate_size":14336})"},
+    {"tiny", "tiny (smoke tests)", 64, 32, 8, 2, 0,
+     R"({"model_type":"qwen3_moe","hidden_size":64,"num_hidden_layers":1,"num_experts":8,
+        "num_experts_per_tok":2,"moe_intermediate_size":32,"norm_topk_prob":true})"},
+};
+
+std::vector<const BenchShape*> parse_shapes(const std::string& text) {
+  std::vector<const BenchShape*> out;
+  const auto add = [&](const BenchShape* s) {
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  };
+  for (const std::string& item : split_list(text, "--shape")) {
+    if (item == "all") {
+      add(&kShapes[0]);
+      add(&kShapes[1]);
+      continue;
+    }
+    const BenchShape* found = nullptr;
+    for (const BenchShape& s : kShapes)
+      if (item == s.name) found = &s;
+    if (found == nullptr)
+      throw std::invalid_argument("--shape '" + item +
+                                  "' is not a bench shape (expected qwen3, deepseek, mixtral, all, "
+                                  "or tiny for smoke tests)");
+    add(found);
+  }
+  return out;
+}
+
+std::vector<DType> parse_dtypes(const std::string& text) {
+  std::vector<DType> out;
+  for (const std::string& item : split_list(text, "--dtype")) {
+    DType d;
+    if (item == "f32")
+      d = DType::f32;
+    else if (item == "bf16")
+      d = DType::bf16;
+    else if (item == "f16")
+      d = DType::f16;
+    else
+      throw std::invalid_argument(
+          "--dtype '" + item + "' is not a weight dtype moekit runs (expected f32, bf16 or f16)");
+    if (std::find(out.begin(), out.end(), d) != out.end())
+      throw std::invalid_argument("--dtype '" + text + "' lists " + item + " twice");
+    out.push_back(d);
+  }
+  return out;
+}
+
+double expert_bytes(const BenchShape& s, DType dtype) {
+  return 3.0 * static_cast<double>(s.D) * static_cast<double>(s.F) *
+         static_cast<double>(dtype_size(dtype));
+}
+
+double layer_weight_bytes(const BenchShape& s, DType dtype) {
+  return static_cast<double>(s.E + s.shared) * expert_bytes(s, dtype);
+}
+
+std::string gb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", bytes * 1e-9);
+  return buf;
+}
+
+// MemAvailable from /proc/meminfo in bytes, or -1 where it cannot be read.
+double available_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kb * 1024.0;
+  }
+  return -1.0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers
+
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::uint16_t to_bf16_bits(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even (values are finite)
+  return static_cast<std::uint16_t>(bits >> 16);
+}
+
+// Runs body(i) for i in [0, n) on all hardware threads (the work items are independent).
+template <typename Body>
+void parallel_items(std::int64_t n, const Body& body) {
+  const int nt = static_cast<int>(
+      std::min<std::int64_t>(n, std::max(1u, std::thread::hardware_concurrency())));
+  std::atomic<std::int64_t> next{0};
+  const auto work = [&] {
+    for (std::int64_t i; (i = next.fetch_add(1)) < n;) body(i);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 1; t < nt; ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+}
+
+// Uniform values with mean 0 and standard deviation `stddev` into an f32, bf16 or f16 tensor.
+// Chunked with a seed per chunk, so the values depend on (stream, index) only, never on the
+// thread count.
+void fill_random(const Tensor& t, float stddev, std::uint64_t stream) {
+  constexpr std::int64_t kChunk = std::int64_t{1} << 18;
+  const std::int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
+  const float a = std::sqrt(3.0f) * stddev;
+  const DType dtype = t.dtype();
+  Tensor staging;  // f16 goes through convert() chunk by chunk
+  parallel_items(chunks, [&](std::int64_t c) {
+    std::uint64_t state = stream * 0xD1B54A32D192ED03ull + static_cast<std::uint64_t>(c);
+    splitmix64(state);
+    const std::int64_t b = c * kChunk, e = std::min(n, b + kChunk);
+    float tmp[256];
+    for (std::int64_t i = b; i < e; i += 256) {
+      const std::int64_t m = std::min<std::int64_t>(256, e - i);
+      for (std::int64_t j = 0; j < m; ++j) {
+        const float u = static_cast<float>(splitmix64(state) >> 40) * (1.0f / 16777216.0f);
+        tmp[j] = (2.0f * u - 1.0f) * a;
+      }
+      if (dtype == DType::f32) {
+        std::memcpy(t.data_as<float>() + i, tmp, static_cast<std::size_t>(m) * sizeof(float));
+      } else if (dtype == DType::bf16) {
+        std::uint16_t* p = t.data_as<std::uint16_t>() + i;
+        for (std::int64_t j = 0; j < m; ++j) p[j] = to_bf16_bits(tmp[j]);
+      } else {
+        convert(TensorView(tmp, {m}, DType::f32),
+                TensorView(t.data_as<std::uint16_t>() + i, {m}, dtype));
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The layer
+
+std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, DType dtype, std::uint64_t seed) {
+  MoeConfig cfg = parse_hf_config(s.config_json);
+  if (cfg.hidden_size != s.D || cfg.expert_width != s.F || cfg.router.num_experts != s.E ||
+      cfg.router.top_k != s.K || cfg.shared_width != s.shared * s.F)
+    throw std::logic_error(std::string("bench shape ") + s.name + " disagrees with its config");
+  const std::int64_t D = s.D, E = s.E;
+  std::uint64_t stream = seed * 1000 + 1;
+  MoeWeights w;
+  auto router = std::make_shared<Tensor>(Tensor::uninitialized({E, D}, DType::f32));
+  fill_random(*router, 0.02f, stream++);
+  w.router = router->view();
+  w.keep_alive.push_back(router);
+  if (cfg.router.has_selection_bias) {
+    w.selection_bias = Tensor({E}, DType::f32);
+    fill_random(w.selection_bias, 0.01f, stream++);
+  }
+  if (cfg.router.has_router_bias) {
+    w.router_bias = Tensor({E}, DType::f32);
+    fill_random(w.router_bias, 0.01f, stream++);
+  }
+  const auto experts = [&](std::int64_t n, std::int64_t F) {
+    ExpertWeights ex;
+    auto g = std::make_shared<Tensor>(Tensor::uninitialized({n, F, D}, dtype));
+    auto u = std::make_shared<Tensor>(Tensor::uninitialized({n, F, D}, dtype));
+    auto d = std::make_shared<Tensor>(Tensor::uninitialized({n, D, F}, dtype));
+    fill_random(*g, 0.02f, stream++);
+    fill_random(*u, 0.02f, stream++);
+    fill_random(*d, 0.02f, stream++);
+    ex.gate = ExpertMatrix::stacked(*g);
+    ex.up = ExpertMatrix::stacked(*u);
+    ex.down = ExpertMatrix::stacked(*d);
+    ex.keep_alive = {g, u, d};
+    return ex;
+  };
+  w.experts = experts(E, s.F);
+  if (cfg.shared_width > 0) w.shared = experts(1, cfg.shared_width);
+  w.layout = "stacked (random, in memory)";
+  return std::make_unique<MoeLayer>(std::move(cfg), std::move(w));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine's limits, measured with moekit's own means
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Multi-threaded streaming sum over `bytes` of floats, best of 3, in GB/s.
+double measure_dram_read(int threads, std::size_t bytes) {
+  using V = float __attribute__((vector_size(16)));
+  constexpr std::size_t kStep = 16;  // floats per iteration: 4 accumulators of 4 lanes
+  const std::size_t per_thread =
+      bytes / sizeof(float) / static_cast<std::size_t>(threads) / kStep * kStep;
+  const std::size_t n = per_thread * static_cast<std::size_t>(threads);
+  if (per_thread == 0) throw std::invalid_argument("the DRAM buffer is too small");
+  std::unique_ptr<float[]> buf(new (std::nothrow) float[n]);
+  if (!buf)
+    throw std::runtime_error("out of memory allocating the " + gb(double(n) * 4) +
+                             " DRAM read buffer");
+  std::vector<float> sums(static_cast<std::size_t>(threads));
+  const auto run = [&](bool fill) {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        float* p = buf.get() + per_thread * static_cast<std::size_t>(t);
+        if (fill) {  // first touch on the thread that reads it
+          std::fill(p, p + per_thread, 1.0f);
+          return;
+        }
+        V a0 = {}, a1 = {}, a2 = {}, a3 = {};
+        for (std::size_t i = 0; i < per_thread; i += kStep) {
+          V v0, v1, v2, v3;
+          std::memcpy(&v0, p + i, sizeof v0);
+          std::memcpy(&v1, p + i + 4, sizeof v1);
+          std::memcpy(&v2, p + i + 8, sizeof v2);
+          std::memcpy(&v3, p + i + 12, sizeof v3);
+          a0 += v0;
+          a1 += v1;
+          a2 += v2;
+          a3 += v3;
+        }
+        const V s = (a0 + a1) + (a2 + a3);
+        sums[static_cast<std::size_t>(t)] = s[0] + s[1] + s[2] + s[3];
+      });
+    for (std::thread& th : pool) th.join();
+  };
+  run(true);
+  double best = 0.0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    run(false);
+    best = std::max(best, static_cast<double>(n) * sizeof(float) / seconds_since(t0) * 1e-9);
+  }
+  volatile float sink = 0.0f;
+  for (float v : sums) sink = sink + v;
+  return best;
+}
+
+constexpr std::int64_t kPeakM = 256, kPeakN = 768, kPeakK = 2048;
+
+// moekit::kernels::gemm_nt, f32, M = 256 rows x [768, 2048] weights (6 MB: cached), best of 3.
+double measure_gemm_peak(int threads) {
+  set_num_threads(threads);
+  Tensor a = Tensor::uninitialized({kPeakM, kPeakK}, DType::f32);
+  Tensor b = Tensor::uninitialized({kPeakN, kPeakK}, DType::f32);
+  Tensor c = Tensor::uninitialized({kPeakM, kPeakN}, DType::f32);
+  fill_random(a, 1.0f, 7);
+  fill_random(b, 0.02f, 8);
+  const auto call = [&] {
+    kernels::gemm_nt(a.data_as<float>(), kPeakK, b.data(), DType::f32, kPeakK, c.data_as<float>(),
+                     kPeakN, kPeakM, kPeakN, kPeakK, false);
+  };
+  call();  // warm-up: B into cache, the pool's threads started
+  double best = 0.0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    call();
+    best = std::max(best, 2.0 * kPeakM * kPeakN * kPeakK / seconds_since(t0) * 1e-9);
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Machine description
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t colon = line.find(':');
+      if (colon == std::string::npos) break;
+      std::string v = line.substr(colon + 1);
+      const std::size_t b = v.find_first_not_of(" \t");
+      return b == std::string::npos ? "unknown CPU" : v.substr(b);
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string join_ints(const std::vector<std::int64_t>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results
+
+struct Row {
+  std::string shape, dtype;
+  std::int64_t tokens = 0;
+  int threads = 0;
+  double median_ms = 0, min_ms = 0, tokens_per_s = 0, gflops = 0, weight_gbs = 0;
+  std::string limit;  // "gemm_peak" or "dram_read"
+  double limit_value = 0, limit_pct = 0;
+};
+
+struct Limits {
+  int dram_threads = 0;
+  std::size_t dram_bytes = 0;
+  double dram_gbs = 0;
+  std::vector<std::pair<int, double>> gemm_peak;  // (threads, GFLOP/s)
+  double peak_for(int threads) const {
+    for (const auto& [t, v] : gemm_peak)
+      if (t == threads) return v;
+    return 0.0;
+  }
+};
+
+struct Header {
+  std::string commit = MOEKIT_GIT_COMMIT, cpu, simd;
+  unsigned hardware_threads = 0;
+  std::vector<std::int64_t> threads;
+  int reps = 0;
+  std::uint64_t seed = 0;
+};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<Row> run_shape(const BenchShape& s, DType dtype,
+                           const std::vector<std::int64_t>& tokens,
+                           const std::vector<std::int64_t>& threads, int reps, std::uint64_t seed,
+                           const Limits& limits, bool progress) {
+  const double needed = layer_weight_bytes(s, dtype);
+  const double avail = available_memory();
+  if (avail >= 0 && needed + 256e6 > avail)
+    throw std::runtime_error("out of memory: " + std::string(s.name) + " " + dtype_name(dtype) +
+                             " needs " + gb(needed) + " of weights but only " + gb(avail) +
+                             " is available");
+  if (progress)
+    std::fprintf(stderr, "moekit bench: building %s %s (%s)...\n", s.name, dtype_name(dtype),
+                 gb(needed).c_str());
+  std::unique_ptr<MoeLayer> layer;
+  try {
+    layer = build_layer(s, dtype, seed);
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error("out of memory building " + std::string(s.name) + " " +
+                             dtype_name(dtype) + " (" + gb(needed) + " of weights)");
+  }
+  const double per_expert = expert_bytes(s, dtype);
+  std::vector<Row> rows;
+  for (const std::int64_t T : tokens) {
+    constexpr int kBatches = 8;
+    std::vector<Tensor> inputs;
+    for (int i = 0; i < kBatches; ++i) {
+      inputs.push_back(Tensor::uninitialized({T, s.D}, DType::f32));
+      fill_random(inputs.back(), 1.0f,
+                  seed * 1000 + 100 + static_cast<std::uint64_t>(T) * kBatches + i);
+    }
+    for (const std::int64_t nt : threads) {
+      if (progress)
+        std::fprintf(stderr, "moekit bench: %s %s T=%lld threads=%lld\n", s.name, dtype_name(dtype),
+                     static_cast<long long>(T), static_cast<long long>(nt));
+      set_num_threads(static_cast<int>(nt));
+      std::size_t next = 0;
+      Tensor y = layer->forward(inputs[next++ % kBatches]);  // warm-up
+      std::vector<double> secs;
+      double touched = 0.0;
+      for (int r = 0; r < reps; ++r) {
+        ForwardInfo info;
+        const auto t0 = Clock::now();
+        y = layer->forward(inputs[next++ % kBatches], &info);
+        secs.push_back(seconds_since(t0));
+        std::int64_t active = 0;
+        for (const std::int64_t c : expert_counts(info.routing.ids, s.E)) active += c > 0;
+        touched += per_expert * static_cast<double>(active + s.shared);
+      }
+      Row row;
+      row.shape = s.name;
+      row.dtype = dtype_name(dtype);
+      row.tokens = T;
+      row.threads = static_cast<int>(nt);
+      const double med = median_of(secs);
+      row.median_ms = med * 1e3;
+      row.min_ms = *std::min_element(secs.begin(), secs.end()) * 1e3;
+      row.tokens_per_s = static_cast<double>(T) / med;
+      row.gflops = 2.0 * 3.0 * static_cast<double>(T) * static_cast<double>(s.K + s.shared) *
+                   static_cast<double>(s.D) * static_cast<double>(s.F) / med * 1e-9;
+      row.weight_gbs = touched / reps / med * 1e-9;
+      if (T >= 128) {
+        row.limit = "gemm_peak";
+        row.limit_value = limits.peak_for(row.threads);
+        row.limit_pct = row.limit_value > 0 ? 100.0 * row.gflops / row.limit_value : 0.0;
+      } else {
+        row.limit = "dram_read";
+        row.limit_value = limits.dram_gbs;
+        row.limit_pct = row.limit_value > 0 ? 100.0 * row.weight_gbs / row.limit_value : 0.0;
+      }
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// Three significant digits, at least one decimal below 100 ("0.412", "14.8", "196").
+std::string sig3(double v) {
+  if (v >= 100.0) return fmt("%.0f", v);
+  if (v >= 10.0) return fmt("%.1f", v);
+  if (v >= 1.0) return fmt("%.2f", v);
+  return fmt("%.3f", v);
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+const char* limit_label(const std::string& limit) {
+  return limit == "gemm_peak" ? "GEMM peak" : "DRAM read";
+}
+
+void print_md(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
+              const std::vector<Row>& rows) {
+  std::printf("moekit bench (commit %s)\n\n", h.commit.c_str());
+  std::printf("- machine: %s, %u hardware threads\n", h.cpu.c_str(), h.hardware_threads);
+  std::printf("- SIMD target: %s\n", h.simd.c_str());
+  std::printf("- threads: %s; %d timed calls per row after one warm-up (median and min)\n",
+              join_ints(h.threads).c_str(), h.reps);
+  for (const BenchShape* s : shapes)
+    std::printf("- %s: %s, D = %lld, F = %lld, E = %lld, K = %lld%s\n", s->name, s->description,
+                static_cast<long long>(s->D), static_cast<long long>(s->F),
+                static_cast<long long>(s->E), static_cast<long long>(s->K),
+                s->shared ? (", " + std::to_string(s->shared) + " shared").c_str() : "");
+  std::printf("\n| limit (same run) | threads | value | how |\n|---|---|---|---|\n");
+  std::printf("| DRAM read | %d | %.1f GB/s | streaming sum over %s, best of 3 |\n", l.dram_threads,
+              l.dram_gbs, format_bytes(l.dram_bytes).c_str());
+  for (const auto& [t, v] : l.gemm_peak)
+    std::printf(
+        "| moekit GEMM peak (cached) | %d | %.1f GFLOP/s | gemm_nt f32, M = %lld, N = %lld, K = "
+        "%lld, best of 3 |\n",
+        t, v, static_cast<long long>(kPeakM), static_cast<long long>(kPeakN),
+        static_cast<long long>(kPeakK));
+  std::printf(
+      "\n| shape | dtype | T | threads | median ms | min ms | tokens/s | GFLOP/s | weight GB/s | "
+      "vs. limit |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows)
+    std::printf("| %s | %s | %lld | %d | %s | %s | %s | %s | %s | %.0f %% of %s |\n",
+                r.shape.c_str(), r.dtype.c_str(), static_cast<long long>(r.tokens), r.threads,
+                sig3(r.median_ms).c_str(), sig3(r.min_ms).c_str(),
+                fmt("%.0f", r.tokens_per_s).c_str(), sig3(r.gflops).c_str(),
+                sig3(r.weight_gbs).c_str(), r.limit_pct, limit_label(r.limit));
+  std::printf(
+      "\nGFLOP/s = 2*3*T*(K + shared)*D*F per call / median; weight GB/s = bytes of the experts "
+      "the "
+      "call's routing touched (+ shared) / median; vs. limit: T >= 128 GFLOP/s against the GEMM "
+      "peak "
+      "at the row's threads, T < 128 weight GB/s against DRAM read.\n");
+}
+
+void print_csv(const Header& h, const std::vector<Row>& rows) {
+  std::printf(
+      "shape,dtype,tokens,threads,median_ms,min_ms,tokens_per_s,gflops,weight_gbs,limit,limit_"
+      "value,"
+      "limit_pct,cpu,simd,commit\n");
+  for (const Row& r : rows)
+    std::printf("%s,%s,%lld,%d,%.4f,%.4f,%.2f,%.3f,%.3f,%s,%.3f,%.2f,%s,%s,%s\n", r.shape.c_str(),
+                r.dtype.c_str(), static_cast<long long>(r.tokens), r.threads, r.median_ms, r.min_ms,
+                r.tokens_per_s, r.gflops, r.weight_gbs, r.limit.c_str(), r.limit_value, r.limit_pct,
+                csv_field(h.cpu).c_str(), csv_field(h.simd).c_str(), csv_field(h.commit).c_str());
+}
+
+void print_json(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
+                const std::vector<Row>& rows) {
+  nlohmann::json j;
+  j["commit"] = h.commit;
+  j["cpu"] = h.cpu;
+  j["hardware_threads"] = h.hardware_threads;
+  j["simd_target"] = h.simd;
+  j["threads"] = h.threads;
+  j["reps"] = h.reps;
+  j["seed"] = h.seed;
+  j["limits"] = nlohmann::json::array();
+  j["limits"].push_back({{"name", "dram_read"},
+                         {"unit", "GB/s"},
+                         {"threads", l.dram_threads},
+                         {"bytes", l.dram_bytes},
+                         {"value", l.dram_gbs}});
+  for (const auto& [t, v] : l.gemm_peak)
+    j["limits"].push_back({{"name", "gemm_peak"},
+                           {"label", "moekit GEMM peak (cached)"},
+                           {"unit", "GFLOP/s"},
+                           {"threads", t},
+                           {"M", kPeakM},
+                           {"N", kPeakN},
+                           {"K", kPeakK},
+                           {"value", v}});
+  j["shapes"] = nlohmann::json::array();
+  for (const BenchShape* s : shapes)
+    j["shapes"].push_back({{"name", s->name},
+                           {"description", s->description},
+                           {"D", s->D},
+                           {"F", s->F},
+                           {"E", s->E},
+                           {"K", s->K},
+                           {"shared", s->shared}});
+  j["results"] = nlohmann::json::array();
+  for (const Row& r : rows)
+    j["results"].push_back({{"shape", r.shape},
+                            {"dtype", r.dtype},
+                            {"tokens", r.tokens},
+                            {"threads", r.threads},
+                            {"median_ms", r.median_ms},
+                            {"min_ms", r.min_ms},
+                            {"tokens_per_s", r.tokens_per_s},
+                            {"gflops", r.gflops},
+                            {"weight_gbs", r.weight_gbs},
+                            {"limit", r.limit},
+                            {"limit_value", r.limit_value},
+                            {"limit_pct", r.limit_pct}});
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+struct Options {
+  std::string shape = "all", dtype = "f32,bf16", tokens = "1,32,512", threads, reps = "5",
+              seed = "0", output = "md", dram_mib = "1024";
+};
+
+void run_bench(const Options& o) {
+  // Everything is checked before anything is measured.
+  const std::vector<const BenchShape*> shapes = parse_shapes(o.shape);
+  const std::vector<DType> dtypes = parse_dtypes(o.dtype);
+  const std::vector<std::int64_t> tokens = parse_int_list(o.tokens, "--tokens", 1, 1 << 20);
+  const std::vector<std::int64_t> threads = parse_int_list(o.threads, "--threads", 1, 4096);
+  const int reps = static_cast<int>(parse_int(o.reps, "--reps", 1, 1000));
+  const auto seed = static_cast<std::uint64_t>(parse_int(o.seed, "--seed", 0, INT64_MAX));
+  const std::int64_t dram_mib = parse_int(o.dram_mib, "--dram-mib", 1, 1 << 20);
+  if (o.output != "md" && o.output != "csv" && o.output != "json")
+    throw std::invalid_argument("-o '" + o.output +
+                                "' is not an output format (expected md, csv or json)");
+  const double avail = available_memory();
+  for (const BenchShape* s : shapes)
+    for (const DType d : dtypes)
+      if (avail >= 0 && layer_weight_bytes(*s, d) + 256e6 > avail)
+        throw std::runtime_error("out of memory: " + std::string(s->name) + " " + dtype_name(d) +
+                                 " needs " + gb(layer_weight_bytes(*s, d)) +
+                                 " of weights but only " + gb(avail) + " is available");
+
+  const bool progress = isatty(STDERR_FILENO) != 0;
+  Header h;
+  h.cpu = cpu_model();
+  h.hardware_threads = std::thread::hardware_concurrency();
+  h.simd = kernels::simd_target_name();
+  h.threads = threads;
+  h.reps = reps;
+  h.seed = seed;
+
+  Limits limits;
+  limits.dram_threads = static_cast<int>(*std::max_element(threads.begin(), threads.end()));
+  limits.dram_bytes = static_cast<std::size_t>(dram_mib) << 20;
+  if (progress) std::fprintf(stderr, "moekit bench: measuring the limits...\n");
+  limits.dram_gbs = measure_dram_read(limits.dram_threads, limits.dram_bytes);
+  for (const std::int64_t t : threads)
+    limits.gemm_peak.emplace_back(static_cast<int>(t), measure_gemm_peak(static_cast<int>(t)));
+
+  std::vector<Row> rows;
+  for (const BenchShape* s : shapes)
+    for (const DType d : dtypes)
+      for (Row& r : run_shape(*s, d, tokens, threads, reps, seed, limits, progress))
+        rows.push_back(std::move(r));
+
+  if (o.output == "md")
+    print_md(h, limits, shapes, rows);
+  else if (o.output == "csv")
+    print_csv(h, rows);
+  else
+    print_json(h, limits, shapes, rows);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto opt = std::make_shared<Options>();
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  opt->threads = hw > 1 ? "1," + std::to_string(hw) : "1";
+  auto* cmd = app.add_subcommand(
+      "bench",
+      "A table of the MoE layer at reference shapes x dtypes x tokens x threads, against "
+      "the machine's limits measured in the same run");
+  cmd->add_option("--shape", opt->shape,
+                  "qwen3, deepseek, mixtral (5.6 GB of f32 weights: only when named) or all "
+                  "(= qwen3,deepseek); a comma list is accepted (default all)");
+  cmd->add_option("--dtype", opt->dtype,
+                  "Weight dtypes, comma list of f32, bf16, f16 (default f32,bf16)");
+  cmd->add_option("--tokens", opt->tokens, "Token counts T, comma list (default 1,32,512)");
+  cmd->add_option("--threads", opt->threads,
+                  "Thread counts, comma list (default 1 and the hardware thread count)");
+  cmd->add_option("--reps", opt->reps, "Timed calls per row after one warm-up (default 5)");
+  cmd->add_option("--seed", opt->seed, "Random seed of weights and inputs (default 0)");
+  cmd->add_option("-o,--output", opt->output, "Output format: md, csv or json (default md)");
+  // For smoke tests: a smaller DRAM buffer (the limit is then not a DRAM figure).
+  cmd->add_option("--dram-mib", opt->dram_mib, "DRAM read buffer in MiB (default 1024)")->group("");
+  cmd->callback([opt] {
+    try {
+      run_bench(*opt);
+    } catch (const std::bad_alloc&) {
+      throw std::runtime_error("[moekit bench] out of memory");
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("[moekit bench] ") + e.what());
+    }
+  });
+}
+
+}  // namespace moekit::cli

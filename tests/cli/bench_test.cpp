@@ -1,0 +1,185 @@
+// `moekit bench`, run as a child process on the hidden smoke-test shape (`--shape tiny`, D = 64,
+// F = 32, E = 8, K = 2) with a small DRAM buffer so that each run takes a fraction of a second:
+// the three output formats carry one row per (dtype, T, threads) and the limits; bad option
+// values are exit code 1 with one "moekit: error: " line.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace moekit {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct BenchRun {
+  bool exited = false;
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+BenchRun run_bench(const std::vector<std::string>& args) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("moekit_bench_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string cmd = "exec ";
+  cmd += quote(MOEKIT_CLI_PATH);
+  cmd += " bench";
+  for (const std::string& a : args) {
+    cmd += ' ';
+    cmd += quote(a);
+  }
+  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  cmd += " > " + quote(out.string()) + " 2> " + quote(err.string());
+  const int status = std::system(cmd.c_str());
+  BenchRun r;
+  r.exited = status != -1 && WIFEXITED(status);
+  r.exit_code = r.exited ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  fs::remove_all(dir);
+  return r;
+}
+
+// The tiny shape, two reps, a 16 MiB "DRAM" buffer: fast, and every code path of a real run.
+std::vector<std::string> tiny(std::vector<std::string> more) {
+  std::vector<std::string> args = {"--shape", "tiny", "--reps", "2", "--dram-mib", "16"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, sep)) parts.push_back(cur);
+  return parts;
+}
+
+TEST(BenchCli, CsvHasAHeaderAndOneRowPerCombination) {
+  const BenchRun r = run_bench(
+      tiny({"--dtype", "f32,bf16", "--tokens", "1,128", "--threads", "1,2", "-o", "csv"}));
+  ASSERT_TRUE(r.exited);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  const std::vector<std::string> lines = split(r.out, '\n');
+  ASSERT_EQ(lines.size(), 1u + 2 * 2 * 2) << r.out;
+  const std::vector<std::string> header = split(lines[0], ',');
+  const std::vector<std::string> expected = {"shape",      "dtype",  "tokens",       "threads",
+                                             "median_ms",  "min_ms", "tokens_per_s", "gflops",
+                                             "weight_gbs", "limit",  "limit_value",  "limit_pct",
+                                             "cpu",        "simd",   "commit"};
+  EXPECT_EQ(header, expected);
+  std::set<std::tuple<std::string, std::string, std::string>> combos;
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    const std::vector<std::string> f = split(lines[i], ',');
+    ASSERT_GE(f.size(), expected.size()) << lines[i];  // a CPU name may hold a quoted comma
+    EXPECT_EQ(f[0], "tiny");
+    combos.insert({f[1], f[2], f[3]});
+    for (int c : {4, 5, 6, 7, 8, 10})
+      EXPECT_GT(std::stod(f[c]), 0.0) << expected[c] << " in " << lines[i];
+    EXPECT_LE(std::stod(f[5]), std::stod(f[4])) << "min > median in " << lines[i];
+    EXPECT_EQ(f[9], f[2] == "128" ? "gemm_peak" : "dram_read") << lines[i];
+  }
+  EXPECT_EQ(combos.size(), 8u) << "a (dtype, T, threads) combination is missing or repeated";
+}
+
+TEST(BenchCli, JsonParsesWithLimitsAndResults) {
+  const BenchRun r =
+      run_bench(tiny({"--dtype", "bf16", "--tokens", "1,2", "--threads", "1", "-o", "json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const char* key : {"commit", "cpu", "hardware_threads", "simd_target", "threads", "reps",
+                          "seed", "limits", "shapes", "results"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_FALSE(j["simd_target"].get<std::string>().empty());
+  ASSERT_EQ(j["limits"].size(), 2u);  // DRAM read + the GEMM peak at the one thread count
+  EXPECT_EQ(j["limits"][0]["name"], "dram_read");
+  EXPECT_EQ(j["limits"][1]["name"], "gemm_peak");
+  EXPECT_EQ(j["limits"][1]["label"], "moekit GEMM peak (cached)");
+  for (const auto& l : j["limits"]) EXPECT_GT(l["value"].get<double>(), 0.0);
+  ASSERT_EQ(j["shapes"].size(), 1u);
+  EXPECT_EQ(j["shapes"][0]["D"], 64);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["shape"], "tiny");
+    EXPECT_EQ(row["dtype"], "bf16");
+    EXPECT_EQ(row["threads"], 1);
+    for (const char* key : {"median_ms", "min_ms", "tokens_per_s", "gflops", "weight_gbs",
+                            "limit_value", "limit_pct"})
+      EXPECT_GT(row[key].get<double>(), 0.0) << key;
+    EXPECT_EQ(row["limit"], "dram_read");
+  }
+  EXPECT_EQ(j["results"][0]["tokens"], 1);
+  EXPECT_EQ(j["results"][1]["tokens"], 2);
+}
+
+TEST(BenchCli, MarkdownIsAHeaderTheLimitsAndATable) {
+  const BenchRun r = run_bench(tiny({"--dtype", "f32", "--tokens", "1,3,130", "--threads", "1"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("SIMD target: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("machine: "), std::string::npos);
+  EXPECT_NE(r.out.find("| DRAM read | 1 |"), std::string::npos);
+  EXPECT_NE(r.out.find("| moekit GEMM peak (cached) | 1 |"), std::string::npos);
+  EXPECT_NE(r.out.find("| shape | dtype | T | threads | median ms | min ms | tokens/s | GFLOP/s | "
+                       "weight GB/s | vs. limit |"),
+            std::string::npos)
+      << r.out;
+  int rows = 0;
+  for (const std::string& line : split(r.out, '\n'))
+    if (line.rfind("| tiny | f32 |", 0) == 0) {
+      ++rows;
+      EXPECT_NE(line.find(line.find("| 130 |") != std::string::npos ? "of GEMM peak |"
+                                                                    : "of DRAM read |"),
+                std::string::npos)
+          << line;
+    }
+  EXPECT_EQ(rows, 3);
+}
+
+TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--shape", "llama"}, {"--shape", ""},       {"--dtype", "i8"},   {"--dtype", "f32,f32"},
+      {"--tokens", "1,,2"}, {"--tokens", "0"},     {"--tokens", "abc"}, {"--tokens", "3x"},
+      {"--threads", "0"},   {"--threads", "1,-2"}, {"--reps", "0"},     {"--reps", "many"},
+      {"--seed", "-1"},     {"-o", "xml"},
+  };
+  for (const auto& args : bad) {
+    std::vector<std::string> full = {"--dram-mib", "16"};
+    if (args[0] != "--shape") full.insert(full.end(), {"--shape", "tiny"});
+    full.insert(full.end(), args.begin(), args.end());
+    const BenchRun r = run_bench(full);
+    const std::string what = args[0] + " '" + args[1] + "'";
+    EXPECT_TRUE(r.exited) << what;
+    EXPECT_EQ(r.exit_code, 1) << what;
+    EXPECT_EQ(r.err.rfind("moekit: error: ", 0), 0u) << what << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << what << ": " << r.err;
+    EXPECT_EQ(r.out, "") << what;
+  }
+}
+
+}  // namespace
+}  // namespace moekit
