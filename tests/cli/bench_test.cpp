@@ -3,6 +3,8 @@
 // the three output formats carry one row per (dtype, T, threads) and the limits; bad option
 // values are exit code 1 with one "moekit: error: " line.
 #include <gtest/gtest.h>
+
+#include "cli/run_cli.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,44 +24,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct BenchRun {
-  bool exited = false;
-  int exit_code = -1;
-  std::string out, err;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+using BenchRun = testing::RunResult;
 
 BenchRun run_bench(const std::vector<std::string>& args) {
   const fs::path dir =
       fs::temp_directory_path() / ("moekit_bench_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  std::string cmd = "exec ";
-  cmd += quote(MOEKIT_CLI_PATH);
-  cmd += " bench";
-  for (const std::string& a : args) {
-    cmd += ' ';
-    cmd += quote(a);
-  }
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  cmd += " > " + quote(out.string()) + " 2> " + quote(err.string());
-  const int status = std::system(cmd.c_str());
-  BenchRun r;
-  r.exited = status != -1 && WIFEXITED(status);
-  r.exit_code = r.exited ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
+  std::vector<std::string> all = {"bench"};
+  all.insert(all.end(), args.begin(), args.end());
+  BenchRun r = testing::run_cli(all, dir);
   fs::remove_all(dir);
   return r;
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "io/safetensors_writer.hpp"
+#include "cli/run_cli.hpp"
 #include "moekit/moekit.hpp"
 
 namespace moekit {
@@ -74,45 +75,11 @@ void write_tiny_checkpoint(const fs::path& dir) {
   testing::write_text(dir / "config.json", kConfig);
 }
 
-struct RunResult {
-  bool exited = false;  // false: killed by a signal
-  int exit_code = -1;
-  std::string out, err;
-};
+using testing::RunResult;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-// Runs the built binary with `args`; `exec` replaces the shell so a signal is seen as one.
+// Runs the built binary with `args`, capturing through files in `scratch`.
 RunResult run_cli(const std::vector<std::string>& args, const TempDir& scratch) {
-  // Appended piecewise: GCC 12 warns falsely (-Wrestrict) on `"literal" + std::string&&`.
-  std::string cmd = "exec ";
-  cmd += quote(MOEKIT_CLI_PATH);
-  for (const std::string& a : args) {
-    cmd += ' ';
-    cmd += quote(a);
-  }
-  const fs::path out = scratch.path() / "stdout.txt", err = scratch.path() / "stderr.txt";
-  cmd += " > " + quote(out.string()) + " 2> " + quote(err.string());
-  const int status = std::system(cmd.c_str());
-  RunResult r;
-  r.exited = status != -1 && WIFEXITED(status);
-  r.exit_code = r.exited ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  fs::remove(out);
-  fs::remove(err);
-  return r;
+  return testing::run_cli(args, scratch.path());
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) {
