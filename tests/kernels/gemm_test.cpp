@@ -4,7 +4,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <cstdio>
+#include <hwy/targets.h>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "kernels/gemm.hpp"
 #include "kernels/ref/gemm_ref.hpp"
@@ -24,7 +28,7 @@ double bound(const float* a, const float* b, std::int64_t K) {
   return 2.0 * static_cast<double>(K) * 1.1920929e-7 * mag + 1e-30;
 }
 
-TEST(Gemm, MatchesReferenceOverTailsDtypesStrides) {
+void check_against_reference() {
   std::mt19937 rng(1);
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     for (std::int64_t M : {1, 2, 3, 4, 5, 6, 7, 13}) {
@@ -58,7 +62,7 @@ TEST(Gemm, MatchesReferenceOverTailsDtypesStrides) {
   }
 }
 
-TEST(Gemm, SplitAndThreadCountDoNotChangeABit) {
+void check_split_invariance() {
   std::mt19937 rng(2);
   const std::int64_t M = 37, N = 29, K = 301;
   Tensor a = randn({M, K}, rng), b = to_dtype(randn({N, K}, rng), DType::bf16);
@@ -80,6 +84,33 @@ TEST(Gemm, SplitAndThreadCountDoNotChangeABit) {
     EXPECT_EQ(std::memcmp(whole.data(), c.data(), whole.nbytes()), 0) << t << " threads";
   }
   set_num_threads(saved);
+}
+
+// Every CPU target Highway compiled and this CPU supports (e.g. AVX3, AVX2, SSE4), one after
+// another: the 6-row AVX-512 tiles and the 3-row AVX2/SSE4 tiles are both checked here.
+template <typename Fn>
+void for_each_target(Fn fn) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (const std::int64_t target : targets) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+    fn();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+TEST(Gemm, MatchesReferenceOverTailsDtypesStridesOnEveryTarget) { for_each_target(check_against_reference); }
+
+TEST(Gemm, SplitAndThreadCountDoNotChangeABitOnEveryTarget) { for_each_target(check_split_invariance); }
+
+TEST(Gemm, TargetsCovered) {
+  std::string names;
+  for (const std::int64_t t : hwy::SupportedAndGeneratedTargets()) names += std::string(hwy::TargetName(t)) + " ";
+  RecordProperty("targets", names);
+  std::printf("[ TARGETS  ] %s\n", names.c_str());
 }
 
 }  // namespace
