@@ -30,6 +30,8 @@ struct Shape3 {
 };
 constexpr Shape3 kQwen3{"qwen3_30b_a3b", 2048, 768, 128, 8, 0};
 constexpr Shape3 kDeepSeek{"deepseek_style", 2048, 1408, 64, 6, 2};
+// Llama-4-like decode: one expert per token plus a shared expert (scaled: D 5120 -> 2048).
+constexpr Shape3 kLlama4Like{"llama4_like", 2048, 8192, 8, 1, 1};
 
 Tensor randn(Shape s, std::mt19937& rng, float scale) {
   Tensor t(std::move(s), DType::f32);
@@ -177,4 +179,6 @@ BENCHMARK_CAPTURE(BM_MoeForward, qwen3_bf16, kQwen3, DType::bf16)
     ->ArgsProduct({{1, 32, 512}, {2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MoeForward, deepseek_f32, kDeepSeek, DType::f32)
     ->ArgsProduct({{1, 32, 512}, {2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MoeForward, llama4_like_f32, kLlama4Like, DType::f32)
+    ->ArgsProduct({{1, 32}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_MAIN();

@@ -14,6 +14,7 @@
 #include "kernels/activation.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
+#include "moekit/threading.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
@@ -35,12 +36,15 @@ Scratch& scratch() {
   return s;
 }
 
-// rows [r, D] of xin -> out [r, D] = body(xin) for expert e (no weight applied).
+// rows [r, D] of xin -> out [r, D] = body(xin) for expert e (no weight applied). `split`
+// spreads each GEMM's columns over the pool (for fewer tasks than threads); the elements and
+// their summation order are the same either way.
 void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const float* xin, std::int64_t r,
-                 float* out, Scratch& s) {
+                 float* out, Scratch& s, bool split) {
   const std::int64_t D = w.hidden_size(), F = w.width();
+  const auto gemm = split ? kernels::gemm_nt : kernels::gemm_nt_serial;
   s.up.resize(static_cast<std::size_t>(r * F));
-  kernels::gemm_nt_serial(xin, D, w.up.experts[e], w.up.dtype, w.up.row_stride, s.up.data(), F, r, F, D, false);
+  gemm(xin, D, w.up.experts[e], w.up.dtype, w.up.row_stride, s.up.data(), F, r, F, D, false);
   if (has(w.up_bias)) {
     const float* b = w.up_bias.data_as<const float>() + e * F;
     for (std::int64_t i = 0; i < r; ++i)
@@ -49,7 +53,7 @@ void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e,
   const float* g = nullptr;
   if (w.gate.defined()) {
     s.gate.resize(static_cast<std::size_t>(r * F));
-    kernels::gemm_nt_serial(xin, D, w.gate.experts[e], w.gate.dtype, w.gate.row_stride, s.gate.data(), F, r, F, D,
+    gemm(xin, D, w.gate.experts[e], w.gate.dtype, w.gate.row_stride, s.gate.data(), F, r, F, D,
                             false);
     if (has(w.gate_bias)) {
       const float* b = w.gate_bias.data_as<const float>() + e * F;
@@ -59,7 +63,7 @@ void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e,
     g = s.gate.data();
   }
   kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, g, s.up.data(), s.up.data(), r * F);
-  kernels::gemm_nt_serial(s.up.data(), F, w.down.experts[e], w.down.dtype, w.down.row_stride, out, D, r, D, F, false);
+  gemm(s.up.data(), F, w.down.experts[e], w.down.dtype, w.down.row_stride, out, D, r, D, F, false);
   if (has(w.down_bias)) {
     const float* b = w.down_bias.data_as<const float>() + e * D;
     for (std::int64_t i = 0; i < r; ++i)
@@ -128,7 +132,11 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
     large.reset(new float[need]);
     pair_out = large.get();
   }
-  detail::parallel_tasks(static_cast<std::int64_t>(tasks.size()), [&](std::int64_t ti) {
+  // Fewer tasks than threads (decode with K = 1 or 2): run the tasks one after another with each
+  // GEMM split over the pool instead of leaving threads idle.
+  const std::int64_t n_tasks = static_cast<std::int64_t>(tasks.size());
+  const bool split = n_tasks < num_threads();
+  const auto run_task = [&](std::int64_t ti) {
     const Task& task = tasks[static_cast<std::size_t>(ti)];
     Scratch& s = scratch();
     s.x.resize(static_cast<std::size_t>(task.count * D));
@@ -144,14 +152,19 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
       }
     }
     float* out = pair_out + task.begin * D;
-    expert_rows(w, body, task.expert, s.x.data(), task.count, out, s);
+    expert_rows(w, body, task.expert, s.x.data(), task.count, out, s, split);
     if (!weight_on_input) {
       for (std::int64_t i = 0; i < task.count; ++i) {
         const float wv = ws[plan.sorted_pairs[task.begin + i]];
         for (std::int64_t d = 0; d < D; ++d) out[i * D + d] *= wv;
       }
     }
-  });
+  };
+  if (split) {
+    for (std::int64_t ti = 0; ti < n_tasks; ++ti) run_task(ti);
+  } else {
+    detail::parallel_tasks(n_tasks, run_task);
+  }
 
   detail::parallel_for(T, 8, [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t) {

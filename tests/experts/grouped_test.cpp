@@ -313,3 +313,29 @@ TEST(GroupedExperts, LargeBatchEqualsTwoHalves) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+// Fewer tasks than threads (decode, K = 1) takes the column-split path; it must give the same
+// bits as the one-thread run.
+TEST(GroupedExperts, FewTasksSplitPathIsBitIdentical) {
+  std::mt19937 rng(22);
+  const std::int64_t T = 1, K = 1, E = 4, D = 96, F = 200;
+  const ExpertBody body{BodyKind::swiglu_clamped, 7.0f, 1.702f};
+  const ExpertWeights w = make_experts(E, D, F, body.kind, DType::bf16, true, true, rng);
+  Tensor x = randn({T, D}, rng, 1.0f), ids, wts;
+  make_routing(T, K, E, rng, ids, wts);
+  const int saved = num_threads();
+  Tensor y1({T, D}, DType::f32), y3({T, D}, DType::f32);
+  set_num_threads(1);
+  run_experts(w, body, x, ids, wts, true, y1);
+  set_num_threads(3);
+  run_experts(w, body, x, ids, wts, true, y3);
+  set_num_threads(saved);
+  EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.nbytes()), 0);
+  expect_close(y3, testing::dense_moe(w, body, x.data_as<float>(), T, ids.data_as<std::int32_t>(), wts.data_as<float>(), K, true), 2e-5);
+}
+
+}  // namespace
+}  // namespace moekit
