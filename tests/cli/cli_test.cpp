@@ -329,3 +329,44 @@ TEST_F(Cli, ParseErrorsExitNonZeroWithoutCrashing) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+// `--router` reproduces mlx-lm's DeepSeek-V3 quirks on the golden that mlx-lm produced
+// (deepseek_v3_k1_mlx: no renorm at K = 1, legacy 0.0 mask); without it the weights differ.
+TEST_F(Cli, ForwardRouterKnobsReproduceTheMlxGolden) {
+  const std::string golden = std::string(MOEKIT_TEST_DATA_DIR) + "/layers/deepseek_v3_k1_mlx";
+  const std::vector<std::string> base = {"forward", "--model", golden, "--layer", "1", "--input",
+                                         golden + "/input.npy", "--output", file("y.npy")};
+  std::vector<std::string> with_knobs = base;
+  for (const char* kv : {"mask_fill=legacy_zero", "renorm=sum", "renorm_only_if_k_gt_1=true"}) {
+    with_knobs.push_back("--router");
+    with_knobs.push_back(kv);
+  }
+  const RunResult r = run(with_knobs);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Tensor y = read_npy(file("y.npy")), y_ref = read_npy(golden + "/output.npy");
+  double max_ref = 0, max_err = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(y_ref.data_as<float>()[i])));
+    max_err = std::max(max_err, std::fabs(static_cast<double>(y.data_as<float>()[i]) - y_ref.data_as<float>()[i]));
+  }
+  EXPECT_LE(max_err, 1e-4 * max_ref);
+
+  ASSERT_EQ(run(base).exit_code, 0);
+  const Tensor y_plain = read_npy(file("y.npy"));
+  EXPECT_FALSE(same_bytes(y_plain, y)) << "the knobs must change the result";
+
+  std::vector<std::string> bad = base;
+  bad.insert(bad.end(), {"--router", "mask_fill=zero"});
+  const RunResult rb = run(bad);
+  EXPECT_EQ(rb.exit_code, 1);
+  EXPECT_NE(rb.err.find("mask_fill = 'zero' (accepted: neg_inf, legacy_zero)"), std::string::npos) << rb.err;
+  bad = base;
+  bad.insert(bad.end(), {"--router", "renorm"});
+  EXPECT_NE(run(bad).err.find("--router expects KEY=VALUE"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moekit
