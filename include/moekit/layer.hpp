@@ -47,7 +47,8 @@ class MoeLayer {
 
   const MoeConfig& config() const noexcept { return config_; }
   const MoeWeights& weights() const noexcept { return weights_; }
-  ExpertBody body() const noexcept;
+  ExpertBody body() const noexcept;         ///< the routed experts' body
+  ExpertBody shared_body() const noexcept;  ///< the shared experts' body
 
  private:
   MoeConfig config_;

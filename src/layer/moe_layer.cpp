@@ -26,6 +26,11 @@ ExpertBody MoeLayer::body() const noexcept {
   return ExpertBody{config_.body, config_.swiglu_limit, config_.swiglu_alpha};
 }
 
+// Shared experts use the family's activation without GPT-OSS's clamping (no family clamps them).
+ExpertBody MoeLayer::shared_body() const noexcept {
+  return ExpertBody{config_.body == BodyKind::swiglu_clamped ? BodyKind::swiglu : config_.body};
+}
+
 MoeLayer::MoeLayer(MoeConfig config, MoeWeights weights) : config_(std::move(config)), weights_(std::move(weights)) {
   validate(config_.router);
   const std::int64_t D = config_.hidden_size, E = config_.router.num_experts, F = config_.expert_width;
@@ -61,8 +66,7 @@ MoeLayer::MoeLayer(MoeConfig config, MoeWeights weights) : config_(std::move(con
       throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] shared: expected one expert of width "
                                              << config_.shared_width << ", got " << w.shared.num_experts()
                                              << " of width " << w.shared.width()));
-    validate_experts(w.shared, ExpertBody{config_.body == BodyKind::swiglu_clamped ? BodyKind::swiglu : config_.body},
-                     D, "shared");
+    validate_experts(w.shared, shared_body(), D, "shared");
   } else if (w.shared.num_experts() != 0) {
     throw std::invalid_argument("[moekit::MoeLayer] shared expert given but config.shared_width is 0");
   }
@@ -108,12 +112,11 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
   run_experts(w.experts, body(), x32, routing.ids, routing.weights, config_.router.weight_on_input, y, false);
 
   if (config_.shared_width > 0) {
-    const ExpertBody shared_body{config_.body == BodyKind::swiglu_clamped ? BodyKind::swiglu : config_.body};
     if (!config_.shared_gated) {
-      run_dense_ffn(w.shared, shared_body, x32, y, true);
+      run_dense_ffn(w.shared, shared_body(), x32, y, true);
     } else {
       Tensor s = Tensor::uninitialized({T, D}, DType::f32);
-      run_dense_ffn(w.shared, shared_body, x32, s, false);
+      run_dense_ffn(w.shared, shared_body(), x32, s, false);
       const Tensor g = router_logits(x32, w.shared_gate);  // [T, 1] fp32
       float* ys = y.data_as<float>();
       const float* ss = s.data_as<const float>();
