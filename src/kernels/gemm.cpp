@@ -87,6 +87,11 @@ template <int MR, typename TB>
 HWY_INLINE void RowStrip(const float* A, int64_t lda, const TB* B, int64_t ldb, float* C, int64_t ldc, int64_t n0,
                          int64_t n1, int64_t K, bool accumulate) {
   int64_t n = n0;
+  // A single row (decode) has no A reuse to gain from tall tiles; 8 columns give 8 independent
+  // FMA chains and 8 weight streams in flight instead of 4.
+  if constexpr (MR == 1) {
+    for (; n + 8 <= n1; n += 8) Tile<1, 8>(A, lda, B + n * ldb, ldb, C + n, ldc, K, accumulate);
+  }
   for (; n + 4 <= n1; n += 4) Tile<MR, 4>(A, lda, B + n * ldb, ldb, C + n, ldc, K, accumulate);
   switch (n1 - n) {
     case 3:
