@@ -36,39 +36,26 @@ Scratch& scratch() {
   return s;
 }
 
-// rows [r, D] of xin -> out [r, D] = body(xin) for expert e (no weight applied). `split`
-// spreads each GEMM's columns over the pool (for fewer tasks than threads); the elements and
-// their summation order are the same either way.
+// rows [r, D] of xin -> out [r, D] (+)= body(xin) for expert e (no weight applied). `split`
+// spreads each GEMM's columns over the pool (for fewer tasks than threads, and the dense shared
+// expert); the elements and their summation order are the same either way.
 void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const float* xin, std::int64_t r,
-                 float* out, Scratch& s, bool split) {
+                 float* out, Scratch& s, bool split, bool accumulate = false) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const auto gemm = split ? kernels::gemm_nt : kernels::gemm_nt_serial;
   s.up.resize(static_cast<std::size_t>(r * F));
   gemm(xin, D, w.up.experts[e], w.up.dtype, w.up.row_stride, s.up.data(), F, r, F, D, false);
-  if (has(w.up_bias)) {
-    const float* b = w.up_bias.data_as<const float>() + e * F;
-    for (std::int64_t i = 0; i < r; ++i)
-      for (std::int64_t f = 0; f < F; ++f) s.up[i * F + f] += b[f];
-  }
+  if (has(w.up_bias)) kernels::add_row_bias(s.up.data(), r, F, w.up_bias.data_as<const float>() + e * F);
   const float* g = nullptr;
   if (w.gate.defined()) {
     s.gate.resize(static_cast<std::size_t>(r * F));
-    gemm(xin, D, w.gate.experts[e], w.gate.dtype, w.gate.row_stride, s.gate.data(), F, r, F, D,
-                            false);
-    if (has(w.gate_bias)) {
-      const float* b = w.gate_bias.data_as<const float>() + e * F;
-      for (std::int64_t i = 0; i < r; ++i)
-        for (std::int64_t f = 0; f < F; ++f) s.gate[i * F + f] += b[f];
-    }
+    gemm(xin, D, w.gate.experts[e], w.gate.dtype, w.gate.row_stride, s.gate.data(), F, r, F, D, false);
+    if (has(w.gate_bias)) kernels::add_row_bias(s.gate.data(), r, F, w.gate_bias.data_as<const float>() + e * F);
     g = s.gate.data();
   }
   kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, g, s.up.data(), s.up.data(), r * F);
-  gemm(s.up.data(), F, w.down.experts[e], w.down.dtype, w.down.row_stride, out, D, r, D, F, false);
-  if (has(w.down_bias)) {
-    const float* b = w.down_bias.data_as<const float>() + e * D;
-    for (std::int64_t i = 0; i < r; ++i)
-      for (std::int64_t d = 0; d < D; ++d) out[i * D + d] += b[d];
-  }
+  gemm(s.up.data(), F, w.down.experts[e], w.down.dtype, w.down.row_stride, out, D, r, D, F, accumulate);
+  if (has(w.down_bias)) kernels::add_row_bias(out, r, D, w.down_bias.data_as<const float>() + e * D);
 }
 
 void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int64_t D) {
@@ -185,29 +172,10 @@ void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorV
   if (w.num_experts() != 1)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::run_dense_ffn] expected 1 expert, got " << w.num_experts()));
   check_xy("run_dense_ffn", x, y, D);
-  const std::int64_t T = x.dim(0), F = w.width();
-  if (T == 0) return;
-  // Whole-batch GEMMs parallelised inside gemm_nt; each element is still one fixed-order dot.
-  const float* xs = x.data_as<const float>();
-  std::vector<float> up(static_cast<std::size_t>(T * F)), gate;
-  kernels::gemm_nt(xs, D, w.up.experts[0], w.up.dtype, w.up.row_stride, up.data(), F, T, F, D, false);
-  if (has(w.up_bias))
-    for (std::int64_t t = 0; t < T; ++t)
-      for (std::int64_t f = 0; f < F; ++f) up[t * F + f] += w.up_bias.data_as<const float>()[f];
-  if (w.gate.defined()) {
-    gate.resize(up.size());
-    kernels::gemm_nt(xs, D, w.gate.experts[0], w.gate.dtype, w.gate.row_stride, gate.data(), F, T, F, D, false);
-    if (has(w.gate_bias))
-      for (std::int64_t t = 0; t < T; ++t)
-        for (std::int64_t f = 0; f < F; ++f) gate[t * F + f] += w.gate_bias.data_as<const float>()[f];
-  }
-  kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, gate.empty() ? nullptr : gate.data(), up.data(),
-                      up.data(), T * F);
-  float* ys = y.data_as<float>();
-  kernels::gemm_nt(up.data(), F, w.down.experts[0], w.down.dtype, w.down.row_stride, ys, D, T, D, F, accumulate);
-  if (has(w.down_bias))
-    for (std::int64_t t = 0; t < T; ++t)
-      for (std::int64_t d = 0; d < D; ++d) ys[t * D + d] += w.down_bias.data_as<const float>()[d];
+  // Whole-batch GEMMs split over the pool. The scratch is local, not the per-thread one, so a
+  // large batch does not keep its [T, F] buffers alive after the call.
+  Scratch local;
+  expert_rows(w, body, 0, x.data_as<const float>(), x.dim(0), y.data_as<float>(), local, true, accumulate);
 }
 
 }  // namespace moekit

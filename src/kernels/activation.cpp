@@ -50,4 +50,9 @@ void apply_body(BodyKind kind, float limit, float alpha, const float* gate, cons
   }
 }
 
+void add_row_bias(float* m, std::int64_t rows, std::int64_t cols, const float* bias) {
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) m[i * cols + j] += bias[j];
+}
+
 }  // namespace moekit::kernels

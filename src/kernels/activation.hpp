@@ -12,4 +12,7 @@ namespace moekit::kernels {
 void apply_body(BodyKind kind, float limit, float alpha, const float* gate, const float* up, float* h,
                 std::int64_t n);
 
+/// m[i, j] += bias[j] for a row-major [rows, cols] matrix (the biases of every projection).
+void add_row_bias(float* m, std::int64_t rows, std::int64_t cols, const float* bias);
+
 }  // namespace moekit::kernels

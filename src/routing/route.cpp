@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/activation.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/routing.hpp"
 #include "util/error.hpp"
@@ -261,12 +262,7 @@ Tensor router_logits(const TensorView& x, const TensorView& w_router, const Tens
     a = x32.data_as<const float>();
   }
   kernels::gemm_nt(a, D, w_router.data(), w_router.dtype(), D, out.data_as<float>(), E, T, E, D, false);
-  if (bias.defined()) {
-    const float* b = bias.data_as<const float>();
-    float* o = out.data_as<float>();
-    for (std::int64_t t = 0; t < T; ++t)
-      for (std::int64_t e = 0; e < E; ++e) o[t * E + e] += b[e];
-  }
+  if (bias.defined()) kernels::add_row_bias(out.data_as<float>(), T, E, bias.data_as<const float>());
   return out;
 }
 
