@@ -103,7 +103,8 @@ void BM_GemmNt(benchmark::State& state, DType dtype) {
   std::mt19937 rng(4);
   Tensor a = randn({M, K}, rng, 1.0f), b = to_dtype(randn({N, K}, rng, 1.0f), dtype), c({M, N}, DType::f32);
   for (auto _ : state) {
-    kernels::gemm_nt_serial(a.data_as<float>(), K, b.data(), dtype, K, c.data_as<float>(), N, M, N, K, false);
+    kernels::gemm_nt({a.data_as<float>(), K}, {b.data(), dtype, K}, {c.data_as<float>(), N}, M, N, K,
+                     kernels::Threads::caller);
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
@@ -117,8 +118,8 @@ void BM_GemmNtColdB(benchmark::State& state) {
   Tensor a = randn({M, K}, rng, 1.0f), b = randn({copies, N, K}, rng, 0.1f), c({M, N}, DType::f32);
   std::int64_t i = 0;
   for (auto _ : state) {
-    kernels::gemm_nt_serial(a.data_as<float>(), K, b.data_as<float>() + (i++ % copies) * N * K, DType::f32, K,
-                            c.data_as<float>(), N, M, N, K, false);
+    kernels::gemm_nt({a.data_as<float>(), K}, {b.data_as<float>() + (i++ % copies) * N * K, DType::f32, K},
+                     {c.data_as<float>(), N}, M, N, K, kernels::Threads::caller);
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);

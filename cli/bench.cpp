@@ -322,8 +322,8 @@ double measure_gemm_peak(int threads) {
   fill_random(a, 1.0f, 7);
   fill_random(b, 0.02f, 8);
   const auto call = [&] {
-    kernels::gemm_nt(a.data_as<float>(), kPeakK, b.data(), DType::f32, kPeakK, c.data_as<float>(),
-                     kPeakN, kPeakM, kPeakN, kPeakK, false);
+    kernels::gemm_nt({a.data_as<float>(), kPeakK}, {b.data(), DType::f32, kPeakK}, {c.data_as<float>(), kPeakN},
+                     kPeakM, kPeakN, kPeakK);
   };
   call();  // warm-up: B into cache, the pool's threads started
   double best = 0.0;

@@ -1,8 +1,9 @@
 // Grouped expert execution over a DispatchPlan.
 //
-// Work is cut into tasks of (expert, up to kRowChunk of its rows). A task gathers its rows,
-// runs gate/up GEMMs over all of them at once, the activation, the down GEMM, scales each row
-// by its slot weight and writes it to its sorted position of a [T*K, D] buffer. Every output
+// Work is cut into tasks of (expert, up to kRowChunk of its rows). A task runs the gate/up GEMMs
+// over all of its rows at once, reading them from x in place, the activation, the down GEMM
+// whose epilogue scales each row by its slot weight, and writes it to its sorted position of a
+// [T*K, D] buffer. Every output
 // element is a fixed-order dot product, so neither the chunking nor the thread that ran it can
 // change a bit. The combine then sums each token's K rows in slot order.
 #include <algorithm>
@@ -28,7 +29,7 @@ bool has(const Tensor& t) { return t.numel() > 0; }
 
 // Scratch for one task, reused by the thread across tasks and calls.
 struct Scratch {
-  std::vector<float> x, gate, up, out;
+  std::vector<float> gate, up;
 };
 
 Scratch& scratch() {
@@ -36,26 +37,37 @@ Scratch& scratch() {
   return s;
 }
 
-// rows [r, D] of xin -> out [r, D] (+)= body(xin) for expert e (no weight applied). `split`
-// spreads each GEMM's columns over the pool (for fewer tasks than threads, and the dense shared
-// expert); the elements and their summation order are the same either way.
-void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const float* xin, std::int64_t r,
-                 float* out, Scratch& s, bool split, bool accumulate = false) {
+kernels::WeightMatrix matrix(const ExpertMatrix& m, std::int64_t e) { return {m.experts[e], m.dtype, m.row_stride}; }
+
+// r rows of xin (read in place: gathered and scaled as the RowSource says) -> out [r, D] (+)=
+// body(rows) · out_scale for expert e. `split` spreads each GEMM's columns over the pool (for
+// fewer tasks than threads, and the dense shared expert); the elements and their summation
+// order are the same either way.
+void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const kernels::RowSource& xin,
+                 std::int64_t r, float* out, const float* out_scale, Scratch& s, bool split, bool accumulate = false) {
   const std::int64_t D = w.hidden_size(), F = w.width();
-  const auto gemm = split ? kernels::gemm_nt : kernels::gemm_nt_serial;
+  const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
   s.up.resize(static_cast<std::size_t>(r * F));
-  gemm(xin, D, w.up.experts[e], w.up.dtype, w.up.row_stride, s.up.data(), F, r, F, D, false);
+  kernels::gemm_nt(xin, matrix(w.up, e), {s.up.data(), F}, r, F, D, threads);
   if (has(w.up_bias)) kernels::add_row_bias(s.up.data(), r, F, w.up_bias.data_as<const float>() + e * F);
   const float* g = nullptr;
   if (w.gate.defined()) {
     s.gate.resize(static_cast<std::size_t>(r * F));
-    gemm(xin, D, w.gate.experts[e], w.gate.dtype, w.gate.row_stride, s.gate.data(), F, r, F, D, false);
+    kernels::gemm_nt(xin, matrix(w.gate, e), {s.gate.data(), F}, r, F, D, threads);
     if (has(w.gate_bias)) kernels::add_row_bias(s.gate.data(), r, F, w.gate_bias.data_as<const float>() + e * F);
     g = s.gate.data();
   }
   kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, g, s.up.data(), s.up.data(), r * F);
-  gemm(s.up.data(), F, w.down.experts[e], w.down.dtype, w.down.row_stride, out, D, r, D, F, accumulate);
-  if (has(w.down_bias)) kernels::add_row_bias(out, r, D, w.down_bias.data_as<const float>() + e * D);
+  if (!has(w.down_bias)) {
+    kernels::gemm_nt({s.up.data(), F}, matrix(w.down, e), {out, D, out_scale, accumulate}, r, D, F, threads);
+    return;
+  }
+  // The bias sits inside the weighted body, (h·Wᵀ + b)·w, so here the weight comes after it.
+  kernels::gemm_nt({s.up.data(), F}, matrix(w.down, e), {out, D, nullptr, accumulate}, r, D, F, threads);
+  kernels::add_row_bias(out, r, D, w.down_bias.data_as<const float>() + e * D);
+  if (out_scale)
+    for (std::int64_t i = 0; i < r; ++i)
+      for (std::int64_t d = 0; d < D; ++d) out[i * D + d] *= out_scale[i];
 }
 
 void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int64_t D) {
@@ -123,29 +135,21 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
   // GEMM split over the pool instead of leaving threads idle.
   const std::int64_t n_tasks = static_cast<std::int64_t>(tasks.size());
   const bool split = n_tasks < num_threads();
+  // Per sorted row: the token it reads and its slot weight, so the GEMMs read x in place and
+  // apply the weight on the input (Llama-4) or in the down projection's epilogue.
+  std::vector<std::int32_t> src_rows(static_cast<std::size_t>(T * K));
+  std::vector<float> slot_weight(static_cast<std::size_t>(T * K));
+  for (std::int64_t i = 0; i < T * K; ++i) {
+    const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(i)];
+    src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
+    slot_weight[static_cast<std::size_t>(i)] = ws[pair];
+  }
   const auto run_task = [&](std::int64_t ti) {
     const Task& task = tasks[static_cast<std::size_t>(ti)];
-    Scratch& s = scratch();
-    s.x.resize(static_cast<std::size_t>(task.count * D));
-    for (std::int64_t i = 0; i < task.count; ++i) {
-      const std::int64_t pair = plan.sorted_pairs[task.begin + i];
-      const float* src = xs + (pair / K) * D;
-      float* dst = s.x.data() + i * D;
-      if (weight_on_input) {
-        const float wv = ws[pair];
-        for (std::int64_t d = 0; d < D; ++d) dst[d] = src[d] * wv;
-      } else {
-        std::memcpy(dst, src, static_cast<std::size_t>(D) * sizeof(float));
-      }
-    }
+    const float* wt = slot_weight.data() + task.begin;
+    const kernels::RowSource rows{xs, D, src_rows.data() + task.begin, weight_on_input ? wt : nullptr};
     float* out = pair_out + task.begin * D;
-    expert_rows(w, body, task.expert, s.x.data(), task.count, out, s, split);
-    if (!weight_on_input) {
-      for (std::int64_t i = 0; i < task.count; ++i) {
-        const float wv = ws[plan.sorted_pairs[task.begin + i]];
-        for (std::int64_t d = 0; d < D; ++d) out[i * D + d] *= wv;
-      }
-    }
+    expert_rows(w, body, task.expert, rows, task.count, out, weight_on_input ? nullptr : wt, scratch(), split);
   };
   if (split) {
     for (std::int64_t ti = 0; ti < n_tasks; ++ti) run_task(ti);
@@ -175,7 +179,8 @@ void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorV
   // Whole-batch GEMMs split over the pool. The scratch is local, not the per-thread one, so a
   // large batch does not keep its [T, F] buffers alive after the call.
   Scratch local;
-  expert_rows(w, body, 0, x.data_as<const float>(), x.dim(0), y.data_as<float>(), local, true, accumulate);
+  expert_rows(w, body, 0, {x.data_as<const float>(), D}, x.dim(0), y.data_as<float>(), nullptr, local, true,
+              accumulate);
 }
 
 }  // namespace moekit

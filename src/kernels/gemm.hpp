@@ -1,9 +1,21 @@
-// GEMM kernels used by the router and the experts. Internal; never throw, never allocate on
-// the caller's behalf beyond fixed-size stack tiles.
+// The GEMM kernel layer: every matrix product of the MoE block, forward and backward.
+// Internal; kernels never throw and allocate nothing beyond fixed-size stack tiles.
+//
+//   gemm_nt  C[M, N] (+)= A[M, K] · B[N, K]ᵀ   forward: x · Wᵀ with W stored [out, in]
+//   gemm_nn  C[M, N] (+)= A[M, K] · B[K, N]    backward data: dx = dh · W
+//   gemm_tn  C[M, N] (+)= A[K, M]ᵀ · B[K, N]   backward weights: dW = dhᵀ · x over one expert's rows
+//
+// A's rows (and, for gemm_tn, B's rows) are read in place through an optional index list and
+// scaled by an optional per-row factor, so the MoE block never copies the rows it routes. The
+// weight operand is a WeightMatrix in its stored dtype (f32, bf16, f16), widened in registers.
+// A weight format is a panel layout plus a micro-kernel: the dot-product kernel (gemm_nt.cpp)
+// reads [out, in] rows as stored; the outer-product kernel (gemm_outer.cpp) reads rows of B
+// along N. Packed quantized formats are added here as further (layout, kernel) pairs.
 //
 // Determinism: every output element is a sum over the reduction dimension in one fixed order
-// that depends only on K (never on the thread count or the tile a thread happened to take);
-// drivers split work over rows and columns of C, never over K.
+// that depends only on K and the CPU target (gemm_nt: lane-strided dot product reduced in a
+// fixed tree; gemm_nn / gemm_tn: one sequential fused multiply-add chain over k). Drivers split
+// work over rows and columns of C, never over K, so any thread count gives the same bits.
 #pragma once
 
 #include <cstdint>
@@ -12,19 +24,78 @@
 
 namespace moekit::kernels {
 
-/// C[M, N] = A[M, K] · B[N, K]ᵀ  (or C += … when accumulate). A and C are f32; B is f32 or
-/// bf16 (weights stored [out, in]); fp32 accumulation. Strides are in elements.
-/// Parallelised over the thread pool. Preconditions (debug-asserted): M, N, K >= 0, strides
-/// >= row lengths, b_dtype in {f32, bf16, f16}.
-void gemm_nt(const float* A, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb, float* C,
-             std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate);
+/// Rows of an f32 operand read in place: logical row i is `data + (index ? index[i] : i) * ld`,
+/// multiplied elementwise by `scale[i]` when `scale` is set (the product is rounded to f32 before
+/// it enters the dot product, exactly as if the scaled row had been materialised).
+struct RowSource {
+  const float* data = nullptr;
+  std::int64_t ld = 0;
+  const std::int32_t* index = nullptr;
+  const float* scale = nullptr;
 
-/// The same on the calling thread only (for callers that parallelise at a coarser level).
-void gemm_nt_serial(const float* A, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb, float* C,
-                    std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate);
+  const float* row(std::int64_t i) const { return data + (index ? static_cast<std::int64_t>(index[i]) : i) * ld; }
+  float factor(std::int64_t i) const { return scale ? scale[i] : 1.0f; }
+  /// The same source starting at logical row `first`.
+  RowSource from(std::int64_t first) const {
+    RowSource r = *this;
+    if (index) {
+      r.index += first;
+    } else {
+      r.data += first * ld;
+    }
+    if (scale) r.scale += first;
+    return r;
+  }
+};
+
+/// A weight matrix as stored: row-major, `ld` elements between rows, dtype f32, bf16 or f16.
+struct WeightMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t ld = 0;
+};
+
+/// The f32 output: C[m, n] = data[m * ld + n]. With `row_scale` each row's result is multiplied by
+/// row_scale[m] (after the full sum, before it is stored or added); with `accumulate` it is added
+/// to what C holds.
+struct Output {
+  float* data = nullptr;
+  std::int64_t ld = 0;
+  const float* row_scale = nullptr;
+  bool accumulate = false;
+};
+
+/// Whether a driver may use the thread pool or must stay on the calling thread (for callers
+/// that already parallelise at a coarser level).
+enum class Threads { pool, caller };
+
+/// C[M, N] (+)= A[M, K] · B[N, K]ᵀ. Preconditions (not checked): M, N, K >= 0; rows hold K
+/// elements; B.dtype in {f32, bf16, f16}.
+void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+             std::int64_t K, Threads threads = Threads::pool);
+
+/// C[M, N] (+)= A[M, K] · B[K, N]. B is a weight matrix read along its rows (dx = dh · W with W
+/// stored [out, in]: K = out, N = in).
+void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+             std::int64_t K, Threads threads = Threads::pool);
+
+/// C[M, N] (+)= Σ_{k < K} A(k)[m] · B(k)[n]: A and B are K rows (of at least M and N elements),
+/// both gathered and scaled per row k as RowSource says (dW = dhᵀ · x over one expert's rows).
+void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
+             std::int64_t K, Threads threads = Threads::pool);
 
 /// The SIMD target the kernels dispatch to on this CPU ("AVX3", "AVX2", "SSE4", "NEON", ...),
 /// for benchmark headers.
 const char* simd_target_name();
+
+namespace detail {
+// The single-threaded kernels behind the drivers, one per micro-kernel family.
+void gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                    std::int64_t K);
+void gemm_nn_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                    std::int64_t K);
+void gemm_tn_kernel(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
+                    std::int64_t K);
+}  // namespace detail
 
 }  // namespace moekit::kernels

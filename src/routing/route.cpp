@@ -261,7 +261,7 @@ Tensor router_logits(const TensorView& x, const TensorView& w_router, const Tens
     x32 = to_dtype(x, DType::f32);
     a = x32.data_as<const float>();
   }
-  kernels::gemm_nt(a, D, w_router.data(), w_router.dtype(), D, out.data_as<float>(), E, T, E, D, false);
+  kernels::gemm_nt({a, D}, {w_router.data(), w_router.dtype(), D}, {out.data_as<float>(), E}, T, E, D);
   if (bias.defined()) kernels::add_row_bias(out.data_as<float>(), T, E, bias.data_as<const float>());
   return out;
 }

@@ -1,10 +1,12 @@
-// gemm_nt against its scalar reference twin: every dtype, tails around the tile sizes
-// (3 rows x 4 columns x lanes of K), strides, accumulate; bitwise independence of the split.
+// The GEMM kernel layer against its scalar reference twins, on every CPU target Highway compiled
+// that this CPU supports: every layout (A·Bᵀ, A·B, Aᵀ·B), every weight dtype, tails around the
+// tile sizes, strides, gathered and scaled rows, the row-scale epilogue, accumulate; and bitwise
+// independence of how the work is split over tiles and threads.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <hwy/targets.h>
 #include <random>
 #include <string>
@@ -12,82 +14,28 @@
 
 #include "kernels/gemm.hpp"
 #include "kernels/ref/gemm_ref.hpp"
-#include "util/random.hpp"
 #include "moekit/threading.hpp"
+#include "util/random.hpp"
 
 namespace moekit {
 namespace {
 
+using kernels::Output;
+using kernels::RowSource;
+using kernels::WeightMatrix;
 using testing::randn;
 
-// Error bound for an fp32 dot product of length K with any summation order:
-// |err| <= K * eps * Σ|a_k b_k| (Higham); both sides carry it, so 2x.
-double bound(const float* a, const float* b, std::int64_t K) {
-  double mag = 0;
-  for (std::int64_t k = 0; k < K; ++k) mag += std::fabs(static_cast<double>(a[k]) * b[k]);
-  return 2.0 * static_cast<double>(K) * 1.1920929e-7 * mag + 1e-30;
-}
+constexpr double kEps = 1.1920929e-7;
 
-void check_against_reference() {
-  std::mt19937 rng(1);
-  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
-    for (std::int64_t M : {1, 2, 3, 4, 5, 6, 7, 13}) {
-      for (std::int64_t N : {1, 3, 4, 5, 9}) {
-        for (std::int64_t K : {1, 7, 8, 9, 15, 16, 17, 33}) {
-          const std::int64_t lda = K + 3, ldb = K + 5, ldc = N + 2;
-          Tensor a = randn({M, lda}, rng), b32 = randn({N, ldb}, rng);
-          Tensor b = to_dtype(b32, dt), bw = to_dtype(b, DType::f32);
-          for (bool acc : {false, true}) {
-            Tensor c = randn({M, ldc}, rng), c_ref = c.clone();
-            kernels::gemm_nt(a.data_as<float>(), lda, b.data(), dt, ldb, c.data_as<float>(), ldc, M, N, K, acc);
-            kernels::ref::gemm_nt(a.data_as<float>(), lda, b.data(), dt, ldb, c_ref.data_as<float>(), ldc, M, N, K,
-                                  acc);
-            for (std::int64_t m = 0; m < M; ++m) {
-              for (std::int64_t n = 0; n < ldc; ++n) {
-                const float got = c.data_as<float>()[m * ldc + n], want = c_ref.data_as<float>()[m * ldc + n];
-                if (n >= N) {
-                  ASSERT_EQ(got, want) << "wrote outside [M, N)";
-                  continue;
-                }
-                const double tol = bound(a.data_as<float>() + m * lda, bw.data_as<float>() + n * ldb, K) +
-                                   (acc ? 1.2e-7 * std::fabs(want) : 0.0);
-                ASSERT_NEAR(got, want, tol) << dtype_name(dt) << " M=" << M << " N=" << N << " K=" << K
-                                            << " acc=" << acc << " at " << m << "," << n;
-              }
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
-void check_split_invariance() {
-  std::mt19937 rng(2);
-  const std::int64_t M = 37, N = 29, K = 301;
-  Tensor a = randn({M, K}, rng), b = to_dtype(randn({N, K}, rng), DType::bf16);
-  Tensor whole({M, N}, DType::f32);
-  kernels::gemm_nt_serial(a.data_as<float>(), K, b.data(), DType::bf16, K, whole.data_as<float>(), N, M, N, K, false);
-  // Row by row and column by column give the same bits as the whole.
-  Tensor pieces({M, N}, DType::f32);
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t n = 0; n < N; ++n)
-      kernels::gemm_nt_serial(a.data_as<float>() + m * K, K,
-                              static_cast<const std::uint16_t*>(b.data()) + n * K, DType::bf16, K,
-                              pieces.data_as<float>() + m * N + n, N, 1, 1, K, false);
-  EXPECT_EQ(std::memcmp(whole.data(), pieces.data(), whole.nbytes()), 0);
-  const int saved = num_threads();
-  for (int t : {1, 2, 3}) {
-    set_num_threads(t);
-    Tensor c({M, N}, DType::f32);
-    kernels::gemm_nt(a.data_as<float>(), K, b.data(), DType::bf16, K, c.data_as<float>(), N, M, N, K, false);
-    EXPECT_EQ(std::memcmp(whole.data(), c.data(), whole.nbytes()), 0) << t << " threads";
-  }
-  set_num_threads(saved);
+// Targets whose MulAdd is one fused multiply-add: there the outer-product kernels (gemm_nn,
+// gemm_tn) must equal their std::fma reference bit for bit. Elsewhere (SSE4, SSSE3, scalar)
+// a product and a sum round separately, so they are held to the error bound instead.
+bool fused(std::int64_t target) {
+  return target == HWY_AVX2 || target == HWY_AVX3 || target == HWY_AVX3_DL || target == HWY_NEON;
 }
 
 // Every CPU target Highway compiled and this CPU supports (e.g. AVX3, AVX2, SSE4), one after
-// another: the 6-row AVX-512 tiles and the 3-row AVX2/SSE4 tiles are both checked here.
+// another, so each target's tile shapes are checked; the log names the targets that ran.
 template <typename Fn>
 void for_each_target(Fn fn) {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
@@ -96,21 +44,214 @@ void for_each_target(Fn fn) {
     SCOPED_TRACE(hwy::TargetName(target));
     hwy::SetSupportedTargetsForTest(target);
     hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    fn();
+    fn(target);
   }
   hwy::SetSupportedTargetsForTest(0);
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());
 }
 
-TEST(Gemm, MatchesReferenceOverTailsDtypesStridesOnEveryTarget) { for_each_target(check_against_reference); }
+// A gathered, scaled view of `rows` rows out of `src` ([n_src, ld]): indices in a scrambled
+// order with repeats, as the dispatch plan hands them to the kernels.
+struct Gathered {
+  std::vector<std::int32_t> index;
+  std::vector<float> scale;
+  RowSource source(const Tensor& src, bool gather, bool scaled) const {
+    return {src.data_as<const float>(), src.dim(1), gather ? index.data() : nullptr, scaled ? scale.data() : nullptr};
+  }
+};
 
-TEST(Gemm, SplitAndThreadCountDoNotChangeABitOnEveryTarget) { for_each_target(check_split_invariance); }
+Gathered make_gather(std::int64_t rows, std::int64_t n_src, std::mt19937& rng) {
+  Gathered g;
+  std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(n_src - 1));
+  std::uniform_real_distribution<float> w(0.1f, 1.5f);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    g.index.push_back(pick(rng));
+    g.scale.push_back(w(rng));
+  }
+  return g;
+}
+
+// Value of a (possibly gathered, scaled) RowSource element as the kernels see it.
+double src_at(const RowSource& s, std::int64_t i, std::int64_t k) {
+  const float v = s.row(i)[k];
+  return s.scale ? static_cast<double>(v * s.scale[i]) : v;
+}
+
+enum class Layout { nt, nn, tn };
+
+const char* layout_name(Layout l) { return l == Layout::nt ? "nt" : l == Layout::nn ? "nn" : "tn"; }
+
+// One random case of `layout`: fast kernel vs reference, every element within the bound (or
+// bitwise, for the outer-product kernels on fused targets); columns past N untouched.
+void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::int64_t K, bool gather, bool scaled,
+                bool row_scale, bool accumulate, std::int64_t target, std::mt19937& rng) {
+  const std::int64_t pad = 3, ldc = N + 2;
+  // A: nt/nn [M, K] rows (gathered from 2M+1 source rows); tn: K rows of M.
+  const std::int64_t a_rows = layout == Layout::tn ? K : M, a_len = layout == Layout::tn ? M : K;
+  const std::int64_t a_src = gather ? 2 * a_rows + 1 : a_rows;
+  Tensor a = randn({a_src, a_len + pad}, rng);
+  const Gathered ga = make_gather(a_rows, a_src, rng);
+  const RowSource A = ga.source(a, gather, scaled);
+  // B: nt [N, K] weights; nn [K, N] weights; tn K f32 rows of N (gathered and scaled like A).
+  const std::int64_t b_rows = layout == Layout::nt ? N : K, b_len = layout == Layout::nt ? K : N;
+  const std::int64_t b_src = layout == Layout::tn && gather ? 2 * b_rows + 1 : b_rows;
+  Tensor b32 = randn({b_src, b_len + pad + 2}, rng);
+  Tensor b = layout == Layout::tn ? b32 : to_dtype(b32, dt);
+  Tensor bw = to_dtype(b, DType::f32);
+  const Gathered gb = make_gather(b_rows, b_src, rng);
+  const WeightMatrix Bw{b.data(), b.dtype(), b.dim(1)};
+  const RowSource Bt = gb.source(b, gather, scaled), Bt_wide = gb.source(bw, gather, scaled);
+  std::vector<float> rs(static_cast<std::size_t>(M));
+  for (auto& v : rs) v = std::uniform_real_distribution<float>(0.25f, 2.0f)(rng);
+
+  Tensor c = randn({std::max<std::int64_t>(M, 1), ldc}, rng), c_ref = c.clone();
+  const Output C{c.data_as<float>(), ldc, row_scale ? rs.data() : nullptr, accumulate};
+  const Output C_ref{c_ref.data_as<float>(), ldc, row_scale ? rs.data() : nullptr, accumulate};
+  switch (layout) {
+    case Layout::nt:
+      kernels::gemm_nt(A, Bw, C, M, N, K);
+      kernels::ref::gemm_nt(A, Bw, C_ref, M, N, K);
+      break;
+    case Layout::nn:
+      kernels::gemm_nn(A, Bw, C, M, N, K);
+      kernels::ref::gemm_nn(A, Bw, C_ref, M, N, K);
+      break;
+    case Layout::tn:
+      kernels::gemm_tn(A, Bt, C, M, N, K);
+      kernels::ref::gemm_tn(A, Bt, C_ref, M, N, K);
+      break;
+  }
+  const bool bitwise = layout != Layout::nt && fused(target);
+  for (std::int64_t m = 0; m < M; ++m) {
+    for (std::int64_t n = 0; n < ldc; ++n) {
+      const float got = c.data_as<float>()[m * ldc + n], want = c_ref.data_as<float>()[m * ldc + n];
+      if (n >= N || bitwise) {
+        ASSERT_EQ(got, want) << (n >= N ? "wrote outside [M, N)" : "not bitwise equal") << " "
+                             << layout_name(layout) << " " << dtype_name(dt) << " M=" << M << " N=" << N
+                             << " K=" << K << " at " << m << "," << n;
+        continue;
+      }
+      // Any summation order of a length-K dot product errs by at most K·eps·Σ|a_k b_k| (Higham);
+      // both sides carry it, hence 2×; the epilogue's scale and add one rounding each.
+      double mag = 0;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double av = layout == Layout::tn ? src_at(A, k, m) : src_at(A, m, k);
+        const double bv = layout == Layout::nt   ? bw.data_as<float>()[n * bw.dim(1) + k]
+                          : layout == Layout::nn ? bw.data_as<float>()[k * bw.dim(1) + n]
+                                                 : src_at(Bt_wide, k, n);
+        mag += std::fabs(av * bv);
+      }
+      if (row_scale) mag *= rs[static_cast<std::size_t>(m)];
+      const double tol = 2.0 * static_cast<double>(K + 2) * kEps * mag + 2 * kEps * std::fabs(want) + 1e-30;
+      ASSERT_NEAR(got, want, tol) << layout_name(layout) << " " << dtype_name(dt) << " M=" << M << " N=" << N
+                                  << " K=" << K << " gather=" << gather << " scaled=" << scaled
+                                  << " row_scale=" << row_scale << " acc=" << accumulate << " at " << m << "," << n;
+    }
+  }
+}
+
+void check_against_reference(Layout layout, std::int64_t target) {
+  std::mt19937 rng(1);
+  // Sizes around every target's tiles: rows 1..7, 13 (3/4/6-row tiles); columns around 4-wide
+  // dot tiles and 1-, 3- and 4-vector outer tiles of 4, 8 and 16 lanes; K around lane counts.
+  const std::vector<std::int64_t> Ms = {1, 2, 3, 4, 5, 6, 7, 13};
+  const std::vector<std::int64_t> Ns = layout == Layout::nt ? std::vector<std::int64_t>{1, 3, 4, 5, 9}
+                                                            : std::vector<std::int64_t>{1, 7, 8, 9, 17, 24, 25, 65};
+  const std::vector<std::int64_t> Ks = {0, 1, 7, 8, 9, 16, 17, 33};
+  const std::vector<DType> dts = layout == Layout::tn ? std::vector<DType>{DType::f32}
+                                                      : std::vector<DType>{DType::f32, DType::bf16, DType::f16};
+  for (DType dt : dts)
+    for (std::int64_t M : Ms)
+      for (std::int64_t N : Ns)
+        for (std::int64_t K : Ks)
+          for (int variant = 0; variant < 4; ++variant) {
+            // gather/scale, row scale and accumulate in four combinations that cover each alone.
+            const bool gather = variant == 1 || variant == 3, scaled = variant == 1 || variant == 2;
+            const bool row_scale = variant >= 2, acc = variant == 0 || variant == 3;
+            check_case(layout, dt, M, N, K, gather, scaled, row_scale, acc, target, rng);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+}
+
+TEST(Gemm, NtMatchesReferenceOnEveryTarget) {
+  for_each_target([](std::int64_t t) { check_against_reference(Layout::nt, t); });
+}
+TEST(Gemm, NnMatchesReferenceOnEveryTarget) {
+  for_each_target([](std::int64_t t) { check_against_reference(Layout::nn, t); });
+}
+TEST(Gemm, TnMatchesReferenceOnEveryTarget) {
+  for_each_target([](std::int64_t t) { check_against_reference(Layout::tn, t); });
+}
+
+// The whole product, element by element and over 1, 2, 3 threads: the same bits.
+void check_split_invariance(Layout layout) {
+  std::mt19937 rng(2);
+  const std::int64_t M = 37, N = 157, K = 301;
+  const std::int64_t a_rows = layout == Layout::tn ? K : M, a_len = layout == Layout::tn ? M : K;
+  Tensor a = randn({a_rows, a_len}, rng);
+  Tensor b = layout == Layout::nt ? to_dtype(randn({N, K}, rng), DType::bf16)
+             : layout == Layout::nn ? to_dtype(randn({K, N}, rng), DType::bf16)
+                                    : randn({K, N}, rng);
+  const RowSource A{a.data_as<const float>(), a_len};
+  const RowSource Bt{b.data_as<const float>(), N};
+  const auto run = [&](const Output& C, std::int64_t m0, std::int64_t m, std::int64_t n0, std::int64_t n,
+                       kernels::Threads th) {
+    const Output c{C.data + m0 * C.ld + n0, C.ld};
+    switch (layout) {
+      case Layout::nt: {
+        const WeightMatrix bb{static_cast<const std::uint16_t*>(b.data()) + n0 * K, DType::bf16, K};
+        return kernels::gemm_nt(A.from(m0), bb, c, m, n, K, th);
+      }
+      case Layout::nn: {
+        const WeightMatrix bb{static_cast<const std::uint16_t*>(b.data()) + n0, DType::bf16, N};
+        return kernels::gemm_nn(A.from(m0), bb, c, m, n, K, th);
+      }
+      case Layout::tn:
+        return kernels::gemm_tn({A.data + m0, a_len}, {Bt.data + n0, N}, c, m, n, K, th);
+    }
+  };
+  Tensor whole({M, N}, DType::f32), pieces({M, N}, DType::f32);
+  run({whole.data_as<float>(), N}, 0, M, 0, N, kernels::Threads::caller);
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) run({pieces.data_as<float>(), N}, m, 1, n, 1, kernels::Threads::caller);
+  EXPECT_EQ(std::memcmp(whole.data(), pieces.data(), whole.nbytes()), 0) << layout_name(layout) << " by element";
+  const int saved = num_threads();
+  for (int t : {1, 2, 3}) {
+    set_num_threads(t);
+    Tensor c({M, N}, DType::f32);
+    run({c.data_as<float>(), N}, 0, M, 0, N, kernels::Threads::pool);
+    EXPECT_EQ(std::memcmp(whole.data(), c.data(), whole.nbytes()), 0) << layout_name(layout) << " " << t << " threads";
+  }
+  set_num_threads(saved);
+}
+
+TEST(Gemm, SplitAndThreadCountDoNotChangeABitOnEveryTarget) {
+  for_each_target([](std::int64_t) {
+    for (Layout l : {Layout::nt, Layout::nn, Layout::tn}) check_split_invariance(l);
+  });
+}
+
+// A scaled RowSource is the scaled matrix materialised: the same bits as copying the rows.
+TEST(Gemm, GatheredScaledRowsEqualMaterialisedRows) {
+  std::mt19937 rng(3);
+  const std::int64_t M = 11, N = 19, K = 70, S = 30;
+  Tensor src = randn({S, K}, rng), b = randn({N, K}, rng);
+  const Gathered g = make_gather(M, S, rng);
+  Tensor copy({M, K}, DType::f32);
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t k = 0; k < K; ++k)
+      copy.data_as<float>()[i * K + k] = src.data_as<float>()[g.index[i] * K + k] * g.scale[i];
+  Tensor c1({M, N}, DType::f32), c2({M, N}, DType::f32);
+  kernels::gemm_nt(g.source(src, true, true), {b.data(), DType::f32, K}, {c1.data_as<float>(), N}, M, N, K);
+  kernels::gemm_nt({copy.data_as<float>(), K}, {b.data(), DType::f32, K}, {c2.data_as<float>(), N}, M, N, K);
+  EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.nbytes()), 0);
+}
 
 TEST(Gemm, TargetsCovered) {
   std::string names;
   for (const std::int64_t t : hwy::SupportedAndGeneratedTargets()) names += std::string(hwy::TargetName(t)) + " ";
   RecordProperty("targets", names);
-  std::printf("[ TARGETS  ] %s\n", names.c_str());
+  std::printf("[ TARGETS  ] ran: %s(dispatched by default: %s)\n", names.c_str(), kernels::simd_target_name());
 }
 
 }  // namespace

@@ -1,14 +1,23 @@
-// Scalar reference twin of kernels::gemm_nt: one double-free, plain fp32 dot product per
-// output element, summed in index order. Tests compare the fast kernels against it.
+// Scalar reference twins of the kernels in kernels/gemm.hpp, written for clarity, not speed.
+// Tests compare the fast kernels against them.
+//   gemm_nt: one plain fp32 dot product per element, summed in index order (the fast kernel
+//            sums lane-strided: equal within the dot-product error bound, not bitwise).
+//   gemm_nn, gemm_tn: one std::fma chain per element over k = 0..K-1 from +0, the fast kernels'
+//            exact order: bitwise equal on targets with fused multiply-add.
+// The output epilogue is the fast kernels': v = sum (· row_scale[m]); C = accumulate ? C + v : v.
 #pragma once
 
 #include <cstdint>
 
-#include "moekit/tensor.hpp"
+#include "kernels/gemm.hpp"
 
 namespace moekit::kernels::ref {
 
-void gemm_nt(const float* A, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb, float* C,
-             std::int64_t ldc, std::int64_t M, std::int64_t N, std::int64_t K, bool accumulate);
+void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+             std::int64_t K);
+void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+             std::int64_t K);
+void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
+             std::int64_t K);
 
 }  // namespace moekit::kernels::ref
