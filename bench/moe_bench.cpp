@@ -125,6 +125,50 @@ void BM_GemmNtColdB(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
+// Every layout of the kernel layer at one expert's shapes, one thread, f32: R routed rows,
+// weights [F, D] (gate/up) and [D, F] (down). `cold` cycles through 64 experts' matrices so the
+// weights (forward, dx) or the weight gradient written (dW) come from / go to DRAM, as in a
+// layer; otherwise they stay in cache.
+//   fwd_up  nt: [R, D] · W[F, D]ᵀ      fwd_down nt: [R, F] · W[D, F]ᵀ
+//   dx_up   nn: dh[R, F] · W[F, D]     dx_down  nn: dy[R, D] · W[D, F]
+//   dw_up   tn: dh[R, F]ᵀ · x[R, D]    dw_down  tn: dy[R, D]ᵀ · h[R, F]
+enum class Op { fwd_up, fwd_down, dx_up, dx_down, dw_up, dw_down };
+void BM_GemmLayout(benchmark::State& state, Op op, bool cold) {
+  const std::int64_t R = state.range(0), F = state.range(1), D = state.range(2);
+  const std::int64_t copies = cold ? 64 : 1;
+  std::mt19937 rng(6);
+  const bool up = op == Op::fwd_up || op == Op::dx_up || op == Op::dw_up;
+  const std::int64_t out = up ? F : D, in = up ? D : F;  // W [out, in]
+  Tensor w = randn({copies, out, in}, rng, 0.02f);
+  Tensor x = randn({R, in}, rng, 1.0f), dh = randn({R, out}, rng, 1.0f);
+  const bool dw = op == Op::dw_up || op == Op::dw_down;
+  Tensor c = dw ? Tensor({copies, out, in}, DType::f32) : Tensor({R, std::max(out, in)}, DType::f32);
+  std::int64_t i = 0;
+  for (auto _ : state) {
+    const std::int64_t e = i++ % copies;
+    const float* we = w.data_as<float>() + e * out * in;
+    switch (op) {
+      case Op::fwd_up:
+      case Op::fwd_down:
+        kernels::gemm_nt({x.data_as<float>(), in}, {we, DType::f32, in}, {c.data_as<float>(), out}, R, out, in,
+                         kernels::Threads::caller);
+        break;
+      case Op::dx_up:
+      case Op::dx_down:
+        kernels::gemm_nn({dh.data_as<float>(), out}, {we, DType::f32, in}, {c.data_as<float>(), in}, R, in, out,
+                         kernels::Threads::caller);
+        break;
+      case Op::dw_up:
+      case Op::dw_down:
+        kernels::gemm_tn({dh.data_as<float>(), out}, {x.data_as<float>(), in},
+                         {c.data_as<float>() + e * out * in, in}, out, in, R, kernels::Threads::caller);
+        break;
+    }
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * R * F * D * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 // The machine's limits, measured in the same run.
 void BM_SgemmPeak(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
@@ -173,6 +217,18 @@ BENCHMARK_CAPTURE(BM_GemmNt, f32, DType::f32)
     ->Args({64, 2048, 768})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmNt, bf16, DType::bf16)->Args({64, 768, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmNtColdB)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
+// Qwen3 at T = 512: 32 rows per expert; DeepSeek-style: 48 rows of F = 1408.
+#define MOEKIT_LAYOUT(name, op)                                                                             \
+  BENCHMARK_CAPTURE(BM_GemmLayout, name##_cached, op, false)                                                  \
+      ->Args({32, 768, 2048})->Args({48, 1408, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();           \
+  BENCHMARK_CAPTURE(BM_GemmLayout, name##_cold, op, true)                                                     \
+      ->Args({32, 768, 2048})->Args({48, 1408, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
+MOEKIT_LAYOUT(fwd_up, Op::fwd_up)
+MOEKIT_LAYOUT(fwd_down, Op::fwd_down)
+MOEKIT_LAYOUT(dx_up, Op::dx_up)
+MOEKIT_LAYOUT(dx_down, Op::dx_down)
+MOEKIT_LAYOUT(dw_up, Op::dw_up)
+MOEKIT_LAYOUT(dw_down, Op::dw_down)
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MoeForward, qwen3_f32, kQwen3, DType::f32)
     ->ArgsProduct({{1, 32, 512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();

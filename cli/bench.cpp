@@ -115,6 +115,18 @@ std::vector<DType> parse_dtypes(const std::string& text) {
   return out;
 }
 
+std::vector<std::string> parse_layouts(const std::string& text) {
+  std::vector<std::string> out;
+  for (const std::string& item : split_list(text, "--layout")) {
+    if (item != "rows" && item != "panels")
+      throw std::invalid_argument("--layout '" + item + "' is not a weight layout (expected panels or rows)");
+    if (std::find(out.begin(), out.end(), item) != out.end())
+      throw std::invalid_argument("--layout '" + text + "' lists " + item + " twice");
+    out.push_back(item);
+  }
+  return out;
+}
+
 double expert_bytes(const BenchShape& s, DType dtype) {
   return 3.0 * static_cast<double>(s.D) * static_cast<double>(s.F) *
          static_cast<double>(dtype_size(dtype));
@@ -211,7 +223,7 @@ void fill_random(const Tensor& t, float stddev, std::uint64_t stream) {
 // ---------------------------------------------------------------------------------------------
 // The layer
 
-std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, DType dtype, std::uint64_t seed) {
+std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, DType dtype, bool panels, std::uint64_t seed) {
   MoeConfig cfg = parse_hf_config(s.config_json);
   if (cfg.hidden_size != s.D || cfg.expert_width != s.F || cfg.router.num_experts != s.E ||
       cfg.router.top_k != s.K || cfg.shared_width != s.shared * s.F)
@@ -248,7 +260,9 @@ std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, DType dtype, std::uin
   w.experts = experts(E, s.F);
   if (cfg.shared_width > 0) w.shared = experts(1, cfg.shared_width);
   w.layout = "stacked (random, in memory)";
-  return std::make_unique<MoeLayer>(std::move(cfg), std::move(w));
+  auto layer = std::make_unique<MoeLayer>(std::move(cfg), std::move(w));
+  if (panels) layer->pack_weights();
+  return layer;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -319,11 +333,15 @@ double measure_gemm_peak(int threads) {
   Tensor a = Tensor::uninitialized({kPeakM, kPeakK}, DType::f32);
   Tensor b = Tensor::uninitialized({kPeakN, kPeakK}, DType::f32);
   Tensor c = Tensor::uninitialized({kPeakM, kPeakN}, DType::f32);
+  Tensor p = Tensor::uninitialized({kernels::panel_elements(kPeakN, kPeakK)}, DType::f32);
   fill_random(a, 1.0f, 7);
   fill_random(b, 0.02f, 8);
+  kernels::pack_panels({b.data(), DType::f32, kPeakK}, kPeakN, kPeakK, p.data_as<float>());
+  // The faster of moekit's two forward kernels: the panel kernel (the dot-product kernel on
+  // rows measured 15-25 % lower on the machines of docs/performance.md).
   const auto call = [&] {
-    kernels::gemm_nt({a.data_as<float>(), kPeakK}, {b.data(), DType::f32, kPeakK}, {c.data_as<float>(), kPeakN},
-                     kPeakM, kPeakN, kPeakK);
+    kernels::gemm_nt({a.data_as<float>(), kPeakK}, {p.data(), DType::f32, kPeakK, kernels::WeightLayout::panels},
+                     {c.data_as<float>(), kPeakN}, kPeakM, kPeakN, kPeakK);
   };
   call();  // warm-up: B into cache, the pool's threads started
   double best = 0.0;
@@ -363,7 +381,7 @@ std::string join_ints(const std::vector<std::int64_t>& v) {
 // Results
 
 struct Row {
-  std::string shape, dtype;
+  std::string shape, dtype, layout;
   std::int64_t tokens = 0;
   int threads = 0;
   double median_ms = 0, min_ms = 0, tokens_per_s = 0, gflops = 0, weight_gbs = 0;
@@ -397,7 +415,7 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::vector<Row> run_shape(const BenchShape& s, DType dtype,
+std::vector<Row> run_shape(const BenchShape& s, DType dtype, const std::string& layout,
                            const std::vector<std::int64_t>& tokens,
                            const std::vector<std::int64_t>& threads, int reps, std::uint64_t seed,
                            const Limits& limits, bool progress) {
@@ -412,7 +430,7 @@ std::vector<Row> run_shape(const BenchShape& s, DType dtype,
                  gb(needed).c_str());
   std::unique_ptr<MoeLayer> layer;
   try {
-    layer = build_layer(s, dtype, seed);
+    layer = build_layer(s, dtype, layout == "panels", seed);
   } catch (const std::bad_alloc&) {
     throw std::runtime_error("out of memory building " + std::string(s.name) + " " +
                              dtype_name(dtype) + " (" + gb(needed) + " of weights)");
@@ -448,6 +466,7 @@ std::vector<Row> run_shape(const BenchShape& s, DType dtype,
       Row row;
       row.shape = s.name;
       row.dtype = dtype_name(dtype);
+      row.layout = layout;
       row.tokens = T;
       row.threads = static_cast<int>(nt);
       const double med = median_of(secs);
@@ -517,17 +536,17 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
               l.dram_gbs, format_bytes(l.dram_bytes).c_str());
   for (const auto& [t, v] : l.gemm_peak)
     std::printf(
-        "| moekit GEMM peak (cached) | %d | %.1f GFLOP/s | gemm_nt f32, M = %lld, N = %lld, K = "
+        "| moekit GEMM peak (cached) | %d | %.1f GFLOP/s | gemm_nt f32 on panels, M = %lld, N = %lld, K = "
         "%lld, best of 3 |\n",
         t, v, static_cast<long long>(kPeakM), static_cast<long long>(kPeakN),
         static_cast<long long>(kPeakK));
   std::printf(
-      "\n| shape | dtype | T | threads | median ms | min ms | tokens/s | GFLOP/s | weight GB/s | "
+      "\n| shape | dtype | layout | T | threads | median ms | min ms | tokens/s | GFLOP/s | weight GB/s | "
       "vs. limit |\n"
-      "|---|---|---|---|---|---|---|---|---|---|\n");
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
-    std::printf("| %s | %s | %lld | %d | %s | %s | %s | %s | %s | %.0f %% of %s |\n",
-                r.shape.c_str(), r.dtype.c_str(), static_cast<long long>(r.tokens), r.threads,
+    std::printf("| %s | %s | %s | %lld | %d | %s | %s | %s | %s | %s | %.0f %% of %s |\n",
+                r.shape.c_str(), r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads,
                 sig3(r.median_ms).c_str(), sig3(r.min_ms).c_str(),
                 fmt("%.0f", r.tokens_per_s).c_str(), sig3(r.gflops).c_str(),
                 sig3(r.weight_gbs).c_str(), r.limit_pct, limit_label(r.limit));
@@ -541,12 +560,12 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
 
 void print_csv(const Header& h, const std::vector<Row>& rows) {
   std::printf(
-      "shape,dtype,tokens,threads,median_ms,min_ms,tokens_per_s,gflops,weight_gbs,limit,limit_"
+      "shape,dtype,layout,tokens,threads,median_ms,min_ms,tokens_per_s,gflops,weight_gbs,limit,limit_"
       "value,"
       "limit_pct,cpu,simd,commit\n");
   for (const Row& r : rows)
-    std::printf("%s,%s,%lld,%d,%.4f,%.4f,%.2f,%.3f,%.3f,%s,%.3f,%.2f,%s,%s,%s\n", r.shape.c_str(),
-                r.dtype.c_str(), static_cast<long long>(r.tokens), r.threads, r.median_ms, r.min_ms,
+    std::printf("%s,%s,%s,%lld,%d,%.4f,%.4f,%.2f,%.3f,%.3f,%s,%.3f,%.2f,%s,%s,%s\n", r.shape.c_str(),
+                r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads, r.median_ms, r.min_ms,
                 r.tokens_per_s, r.gflops, r.weight_gbs, r.limit.c_str(), r.limit_value, r.limit_pct,
                 csv_field(h.cpu).c_str(), csv_field(h.simd).c_str(), csv_field(h.commit).c_str());
 }
@@ -589,6 +608,7 @@ void print_json(const Header& h, const Limits& l, const std::vector<const BenchS
   for (const Row& r : rows)
     j["results"].push_back({{"shape", r.shape},
                             {"dtype", r.dtype},
+                            {"layout", r.layout},
                             {"tokens", r.tokens},
                             {"threads", r.threads},
                             {"median_ms", r.median_ms},
@@ -603,7 +623,7 @@ void print_json(const Header& h, const Limits& l, const std::vector<const BenchS
 }
 
 struct Options {
-  std::string shape = "all", dtype = "f32,bf16", tokens = "1,32,512", threads, reps = "5",
+  std::string shape = "all", dtype = "f32,bf16", layout = "panels", tokens = "1,32,512", threads, reps = "5",
               seed = "0", output = "md", dram_mib = "1024";
 };
 
@@ -611,6 +631,7 @@ void run_bench(const Options& o) {
   // Everything is checked before anything is measured.
   const std::vector<const BenchShape*> shapes = parse_shapes(o.shape);
   const std::vector<DType> dtypes = parse_dtypes(o.dtype);
+  const std::vector<std::string> layouts = parse_layouts(o.layout);
   const std::vector<std::int64_t> tokens = parse_int_list(o.tokens, "--tokens", 1, 1 << 20);
   const std::vector<std::int64_t> threads = parse_int_list(o.threads, "--threads", 1, 4096);
   const int reps = static_cast<int>(parse_int(o.reps, "--reps", 1, 1000));
@@ -647,8 +668,9 @@ void run_bench(const Options& o) {
   std::vector<Row> rows;
   for (const BenchShape* s : shapes)
     for (const DType d : dtypes)
-      for (Row& r : run_shape(*s, d, tokens, threads, reps, seed, limits, progress))
-        rows.push_back(std::move(r));
+      for (const std::string& lay : layouts)
+        for (Row& r : run_shape(*s, d, lay, tokens, threads, reps, seed, limits, progress))
+          rows.push_back(std::move(r));
 
   if (o.output == "md")
     print_md(h, limits, shapes, rows);
@@ -674,6 +696,9 @@ void register_bench(CLI::App& app) {
                   "(= qwen3,deepseek); a comma list is accepted (default all)");
   cmd->add_option("--dtype", opt->dtype,
                   "Weight dtypes, comma list of f32, bf16, f16 (default f32,bf16)");
+  cmd->add_option("--layout", opt->layout,
+                  "Expert weight layouts, comma list of panels (repacked at load for the outer-product "
+                  "kernel) and rows (as stored, read in place: mapped checkpoints) (default panels)");
   cmd->add_option("--tokens", opt->tokens, "Token counts T, comma list (default 1,32,512)");
   cmd->add_option("--threads", opt->threads,
                   "Thread counts, comma list (default 1 and the hardware thread count)");

@@ -24,6 +24,10 @@ struct ExpertMatrix {
   std::int64_t cols = 0;     ///< in
   std::int64_t row_stride = 0;            ///< elements between consecutive rows (>= cols)
   std::vector<const void*> experts;      ///< E pointers to row 0 of each expert
+  /// false: rows as above, read in place. true: repacked by pack_panels(): per expert,
+  /// ceil(rows / 16) panels of [cols, 16] elements (16 consecutive output rows side by side for
+  /// each input index; rows past `rows` zero), in `dtype`; row_stride is then unused.
+  bool panels = false;
 
   std::int64_t num_experts() const noexcept { return static_cast<std::int64_t>(experts.size()); }
   bool defined() const noexcept { return !experts.empty(); }
@@ -44,7 +48,7 @@ struct ExpertWeights {
   std::int64_t num_experts() const noexcept { return down.num_experts(); }
   std::int64_t hidden_size() const noexcept { return down.rows; }  ///< D
   std::int64_t width() const noexcept { return down.cols; }        ///< F
-  /// Bytes of the expert matrices (what a forward may read).
+  /// Bytes of the expert matrices (what a forward may read; whole panels when packed).
   std::size_t nbytes() const noexcept;
 };
 
@@ -70,6 +74,16 @@ struct DispatchPlan {
   /// [T * K] inverse: position of pair p in sorted_pairs.
   std::vector<std::int64_t> inverse;
 };
+
+/// Repacks gate, up and down of every expert into the forward kernel's panel layout, in the
+/// stored dtype (a bf16 model stays bf16), and makes `w` own the packed copy: afterwards the
+/// source memory (a mapped checkpoint, say) is no longer read. Costs one pass over the weights
+/// and their bytes rounded up to whole 16-row panels; the forward then runs the outer-product
+/// kernel, whose summation order differs from the in-place dot-product kernel's (docs/numerics.md)
+/// and is likewise fixed: bit-identical for any thread count and batch composition. A matrix
+/// already packed is left as it is. Throws std::invalid_argument if a matrix has an unsupported
+/// dtype.
+void pack_panels(ExpertWeights& w);
 
 /// Builds the plan from ids [..., K] i32. Throws std::invalid_argument for a wrong dtype and
 /// std::out_of_range naming the token and slot of an id outside [0, num_experts).

@@ -45,6 +45,12 @@ class MoeLayer {
   /// Throws std::invalid_argument for a wrong shape/dtype or non-finite logits.
   Tensor forward(const TensorView& x, ForwardInfo* info = nullptr) const;
 
+  /// Repacks the routed and shared experts into the forward kernel's panel layout (pack_panels
+  /// in experts.hpp): faster prefill, the weights' bytes resident in memory (rounded up to
+  /// whole panels) instead of read in place from a mapped file. Not thread-safe against
+  /// concurrent forwards; call it once after loading.
+  void pack_weights();
+
   const MoeConfig& config() const noexcept { return config_; }
   const MoeWeights& weights() const noexcept { return weights_; }
   ExpertBody body() const noexcept;         ///< the routed experts' body

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
 #include "util/error.hpp"
 
@@ -23,9 +24,47 @@ ExpertMatrix ExpertMatrix::stacked(const TensorView& t) {
 
 std::size_t ExpertWeights::nbytes() const noexcept {
   std::size_t n = 0;
-  for (const ExpertMatrix* m : {&gate, &up, &down})
-    n += static_cast<std::size_t>(m->num_experts() * m->rows * m->cols) * dtype_size(m->dtype);
+  for (const ExpertMatrix* m : {&gate, &up, &down}) {
+    const std::int64_t per = m->panels ? kernels::panel_elements(m->rows, m->cols) : m->rows * m->cols;
+    n += static_cast<std::size_t>(m->num_experts() * per) * dtype_size(m->dtype);
+  }
   return n;
+}
+
+void pack_panels(ExpertWeights& w) {
+  // A matrix packed before this call reads memory that keep_alive holds; then nothing is let go.
+  bool any_rows = false, any_panels = false;
+  for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
+    any_rows |= m->defined() && !m->panels;
+    any_panels |= m->defined() && m->panels;
+  }
+  if (!any_rows) return;
+  for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down})
+    if (m->defined() && m->dtype != DType::f32 && m->dtype != DType::bf16 && m->dtype != DType::f16)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::pack_panels] dtype " << dtype_name(m->dtype)
+                                                                          << " is not f32, bf16 or f16"));
+  std::vector<std::shared_ptr<const void>> holders;
+  for (ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
+    if (!m->defined() || m->panels) continue;
+    const std::int64_t per = kernels::panel_elements(m->rows, m->cols);
+    const std::size_t es = dtype_size(m->dtype);
+    const Tensor packed = Tensor::uninitialized({m->num_experts(), per}, m->dtype);
+    auto* base = static_cast<char*>(packed.data());
+    for (std::int64_t e = 0; e < m->num_experts(); ++e) {
+      char* dst = base + static_cast<std::size_t>(e * per) * es;
+      kernels::pack_panels({m->experts[e], m->dtype, m->row_stride}, m->rows, m->cols, dst);
+      m->experts[e] = dst;
+    }
+    m->panels = true;
+    m->row_stride = m->cols;
+    holders.push_back(std::make_shared<Tensor>(packed));
+  }
+  // Every matrix now reads its packed copy, so the source (owned tensors or a mapping) is let
+  // go: its pages are no longer touched, and owned ones are freed.
+  if (any_panels) {
+    for (auto& h : w.keep_alive) holders.push_back(std::move(h));
+  }
+  w.keep_alive = std::move(holders);
 }
 
 namespace {
@@ -43,7 +82,7 @@ void check_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, std:
   if (m.num_experts() != E) fail(MOEKIT_MSG("has " << m.num_experts() << " experts, expected " << E));
   if (m.rows != rows || m.cols != cols)
     fail(MOEKIT_MSG("is [" << m.rows << ", " << m.cols << "] per expert, expected [" << rows << ", " << cols << "]"));
-  if (m.row_stride < m.cols) fail(MOEKIT_MSG("row_stride " << m.row_stride << " < cols " << m.cols));
+  if (!m.panels && m.row_stride < m.cols) fail(MOEKIT_MSG("row_stride " << m.row_stride << " < cols " << m.cols));
   if (m.dtype != DType::f32 && m.dtype != DType::bf16 && m.dtype != DType::f16)
     fail(MOEKIT_MSG("dtype " << dtype_name(m.dtype) << " is not f32, bf16 or f16"));
   const std::size_t align = dtype_size(m.dtype);

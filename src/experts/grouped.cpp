@@ -37,7 +37,9 @@ Scratch& scratch() {
   return s;
 }
 
-kernels::WeightMatrix matrix(const ExpertMatrix& m, std::int64_t e) { return {m.experts[e], m.dtype, m.row_stride}; }
+kernels::WeightMatrix matrix(const ExpertMatrix& m, std::int64_t e) {
+  return {m.experts[e], m.dtype, m.row_stride, m.panels ? kernels::WeightLayout::panels : kernels::WeightLayout::rows};
+}
 
 // r rows of xin (read in place: gathered and scaled as the RowSource says) -> out [r, D] (+)=
 // body(rows) · out_scale for expert e. `split` spreads each GEMM's columns over the pool (for

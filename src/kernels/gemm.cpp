@@ -13,7 +13,7 @@ namespace moekit::kernels {
 namespace {
 
 // Columns are handed out in blocks of 64 so a thread's share is whole register tiles on every
-// target (AVX-512's widest tile is 4 × 16 lanes).
+// target (AVX-512's widest tile is 4 × 16 lanes) and whole weight panels.
 constexpr std::int64_t kColumnBlock = 64;
 
 // Splits C[M, N] over the pool along its larger side; `run(m0, m1, n0, n1)` computes a block.
@@ -38,9 +38,11 @@ Output block_of(const Output& C, std::int64_t m0, std::int64_t n0) {
   return c;
 }
 
-WeightMatrix rows_of(const WeightMatrix& B, std::int64_t first) {
+// Rows [first, ...) of an [N, K] weight matrix; in panels `first` is a multiple of kPanelRows.
+WeightMatrix rows_of(const WeightMatrix& B, std::int64_t first, std::int64_t K) {
   WeightMatrix b = B;
-  b.data = static_cast<const char*>(B.data) + first * B.ld * static_cast<std::int64_t>(dtype_size(B.dtype));
+  const std::int64_t stride = B.layout == WeightLayout::panels ? K : B.ld;
+  b.data = static_cast<const char*>(B.data) + first * stride * static_cast<std::int64_t>(dtype_size(B.dtype));
   return b;
 }
 
@@ -58,10 +60,38 @@ RowSource columns_of(const RowSource& A, std::int64_t first) {
 
 }  // namespace
 
+namespace {
+template <typename T>
+void pack_typed(const T* src, std::int64_t ld, std::int64_t N, std::int64_t K, T* dst) {
+  for (std::int64_t p = 0; p * kPanelRows < N; ++p) {
+    T* panel = dst + p * kPanelRows * K;
+    const std::int64_t rows = std::min(kPanelRows, N - p * kPanelRows);
+    for (std::int64_t r = 0; r < kPanelRows; ++r) {
+      const T* row = src + (p * kPanelRows + r) * ld;
+      if (r < rows) {
+        for (std::int64_t k = 0; k < K; ++k) panel[k * kPanelRows + r] = row[k];
+      } else {
+        for (std::int64_t k = 0; k < K; ++k) panel[k * kPanelRows + r] = T{0};
+      }
+    }
+  }
+}
+}  // namespace
+
+void pack_panels(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* dst) {
+  // Bit patterns are moved, never converted: 2-byte dtypes as uint16, f32 as uint32.
+  if (dtype_size(B.dtype) == 2) {
+    pack_typed(static_cast<const std::uint16_t*>(B.data), B.ld, N, K, static_cast<std::uint16_t*>(dst));
+  } else {
+    pack_typed(static_cast<const std::uint32_t*>(B.data), B.ld, N, K, static_cast<std::uint32_t*>(dst));
+  }
+}
+
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads) {
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-    detail::gemm_nt_kernel(A.from(m0), rows_of(B, n0), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
+    const auto kernel = B.layout == WeightLayout::panels ? detail::gemm_nt_panel_kernel : detail::gemm_nt_kernel;
+    kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
   });
 }
 

@@ -48,12 +48,29 @@ struct RowSource {
   }
 };
 
-/// A weight matrix as stored: row-major, `ld` elements between rows, dtype f32, bf16 or f16.
+/// How a weight matrix [N, K] (out, in) is laid out in memory.
+///  rows:   row-major as stored in a checkpoint, `ld` elements between rows (read in place).
+///  panels: repacked for the outer-product forward kernel: ceil(N / kPanelRows) panels, each
+///          [K, kPanelRows] (element (n, k) at (n / 16)·16·K + k·16 + n % 16), rows past N zero.
+///          Same dtype as the source: a bf16 model stays bf16. `ld` is unused.
+enum class WeightLayout { rows, panels };
+constexpr std::int64_t kPanelRows = 16;
+
+/// A weight matrix: dtype f32, bf16 or f16, in one of the layouts above.
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::f32;
   std::int64_t ld = 0;
+  WeightLayout layout = WeightLayout::rows;
 };
+
+/// Elements of the panel layout of an [N, K] matrix (N rounded up to whole panels).
+inline std::int64_t panel_elements(std::int64_t N, std::int64_t K) {
+  return (N + kPanelRows - 1) / kPanelRows * kPanelRows * K;
+}
+
+/// Repacks a rows-layout [N, K] matrix into `dst` (panel_elements(N, K) elements of B.dtype).
+void pack_panels(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* dst);
 
 /// The f32 output: C[m, n] = data[m * ld + n]. With `row_scale` each row's result is multiplied by
 /// row_scale[m] (after the full sum, before it is stored or added); with `accumulate` it is added
@@ -70,7 +87,10 @@ struct Output {
 enum class Threads { pool, caller };
 
 /// C[M, N] (+)= A[M, K] · B[N, K]ᵀ. Preconditions (not checked): M, N, K >= 0; rows hold K
-/// elements; B.dtype in {f32, bf16, f16}.
+/// elements; B.dtype in {f32, bf16, f16}. B in rows layout runs the dot-product kernel (each
+/// element a lane-strided dot product); B in panels runs the outer-product kernel (each element
+/// one sequential FMA chain over k, as gemm_nn): the layout, fixed when the weights are loaded,
+/// decides the summation order — never M, the batch or the thread count.
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads = Threads::pool);
 
@@ -92,6 +112,8 @@ namespace detail {
 // The single-threaded kernels behind the drivers, one per micro-kernel family.
 void gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
+void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                          std::int64_t N, std::int64_t K);
 void gemm_nn_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
 void gemm_tn_kernel(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,

@@ -22,6 +22,11 @@ void check_vector(const Tensor& t, bool wanted, std::int64_t E, const char* name
 
 }  // namespace
 
+void MoeLayer::pack_weights() {
+  pack_panels(weights_.experts);
+  if (weights_.shared.down.defined()) pack_panels(weights_.shared);
+}
+
 ExpertBody MoeLayer::body() const noexcept {
   return ExpertBody{config_.body, config_.swiglu_limit, config_.swiglu_alpha};
 }

@@ -54,30 +54,30 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 TEST(BenchCli, CsvHasAHeaderAndOneRowPerCombination) {
   const BenchRun r = run_bench(
-      tiny({"--dtype", "f32,bf16", "--tokens", "1,128", "--threads", "1,2", "-o", "csv"}));
+      tiny({"--dtype", "f32,bf16", "--layout", "panels,rows", "--tokens", "1,128", "--threads", "1,2", "-o", "csv"}));
   ASSERT_TRUE(r.exited);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   const std::vector<std::string> lines = split(r.out, '\n');
-  ASSERT_EQ(lines.size(), 1u + 2 * 2 * 2) << r.out;
+  ASSERT_EQ(lines.size(), 1u + 2 * 2 * 2 * 2) << r.out;
   const std::vector<std::string> header = split(lines[0], ',');
-  const std::vector<std::string> expected = {"shape",      "dtype",  "tokens",       "threads",
+  const std::vector<std::string> expected = {"shape",      "dtype",  "layout", "tokens",       "threads",
                                              "median_ms",  "min_ms", "tokens_per_s", "gflops",
                                              "weight_gbs", "limit",  "limit_value",  "limit_pct",
                                              "cpu",        "simd",   "commit"};
   EXPECT_EQ(header, expected);
-  std::set<std::tuple<std::string, std::string, std::string>> combos;
+  std::set<std::tuple<std::string, std::string, std::string, std::string>> combos;
   for (std::size_t i = 1; i < lines.size(); ++i) {
     const std::vector<std::string> f = split(lines[i], ',');
     ASSERT_GE(f.size(), expected.size()) << lines[i];  // a CPU name may hold a quoted comma
     EXPECT_EQ(f[0], "tiny");
-    combos.insert({f[1], f[2], f[3]});
-    for (int c : {4, 5, 6, 7, 8, 10})
+    combos.insert({f[1], f[2], f[3], f[4]});
+    for (int c : {5, 6, 7, 8, 9, 11})
       EXPECT_GT(std::stod(f[c]), 0.0) << expected[c] << " in " << lines[i];
-    EXPECT_LE(std::stod(f[5]), std::stod(f[4])) << "min > median in " << lines[i];
-    EXPECT_EQ(f[9], f[2] == "128" ? "gemm_peak" : "dram_read") << lines[i];
+    EXPECT_LE(std::stod(f[6]), std::stod(f[5])) << "min > median in " << lines[i];
+    EXPECT_EQ(f[10], f[3] == "128" ? "gemm_peak" : "dram_read") << lines[i];
   }
-  EXPECT_EQ(combos.size(), 8u) << "a (dtype, T, threads) combination is missing or repeated";
+  EXPECT_EQ(combos.size(), 16u) << "a (dtype, layout, T, threads) combination is missing or repeated";
 }
 
 TEST(BenchCli, JsonParsesWithLimitsAndResults) {
@@ -100,6 +100,7 @@ TEST(BenchCli, JsonParsesWithLimitsAndResults) {
   for (const auto& row : j["results"]) {
     EXPECT_EQ(row["shape"], "tiny");
     EXPECT_EQ(row["dtype"], "bf16");
+    EXPECT_EQ(row["layout"], "panels");  // the default
     EXPECT_EQ(row["threads"], 1);
     for (const char* key : {"median_ms", "min_ms", "tokens_per_s", "gflops", "weight_gbs",
                             "limit_value", "limit_pct"})
@@ -117,13 +118,13 @@ TEST(BenchCli, MarkdownIsAHeaderTheLimitsAndATable) {
   EXPECT_NE(r.out.find("machine: "), std::string::npos);
   EXPECT_NE(r.out.find("| DRAM read | 1 |"), std::string::npos);
   EXPECT_NE(r.out.find("| moekit GEMM peak (cached) | 1 |"), std::string::npos);
-  EXPECT_NE(r.out.find("| shape | dtype | T | threads | median ms | min ms | tokens/s | GFLOP/s | "
+  EXPECT_NE(r.out.find("| shape | dtype | layout | T | threads | median ms | min ms | tokens/s | GFLOP/s | "
                        "weight GB/s | vs. limit |"),
             std::string::npos)
       << r.out;
   int rows = 0;
   for (const std::string& line : split(r.out, '\n'))
-    if (line.rfind("| tiny | f32 |", 0) == 0) {
+    if (line.rfind("| tiny | f32 | panels |", 0) == 0) {
       ++rows;
       EXPECT_NE(line.find(line.find("| 130 |") != std::string::npos ? "of GEMM peak |"
                                                                     : "of DRAM read |"),
@@ -136,6 +137,7 @@ TEST(BenchCli, MarkdownIsAHeaderTheLimitsAndATable) {
 TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
   const std::vector<std::vector<std::string>> bad = {
       {"--shape", "llama"}, {"--shape", ""},       {"--dtype", "i8"},   {"--dtype", "f32,f32"},
+      {"--layout", "tiles"}, {"--layout", "rows,rows"}, {"--layout", ""},
       {"--tokens", "1,,2"}, {"--tokens", "0"},     {"--tokens", "abc"}, {"--tokens", "3x"},
       {"--threads", "0"},   {"--threads", "1,-2"}, {"--reps", "0"},     {"--reps", "many"},
       {"--seed", "-1"},     {"-o", "xml"},

@@ -107,6 +107,14 @@ void run_case(const Case& c, std::uint32_t seed) {
   const auto ref = testing::dense_moe(w, body, x.data_as<float>(), c.T, ids.data_as<std::int32_t>(),
                                       wts.data_as<float>(), c.K, c.weight_on_input);
   expect_close(y, ref, 2e-5);
+  // The same experts repacked into panels (the outer-product forward kernel).
+  ExpertWeights packed = w;
+  pack_panels(packed);
+  ASSERT_TRUE(packed.up.panels && packed.down.panels);
+  Tensor yp({c.T, c.D}, DType::f32);
+  run_experts(packed, body, x, ids, wts, c.weight_on_input, yp);
+  SCOPED_TRACE("panels");
+  expect_close(yp, ref, 2e-5);
 }
 
 TEST(GroupedExperts, MatchesDenseReferenceOnRandomConfigs) {
@@ -213,11 +221,16 @@ TEST(GroupedExperts, PermutingTokensPermutesOutputs) {
     EXPECT_EQ(std::memcmp(yp.data_as<float>() + t * D, y.data_as<float>() + perm[t] * D, D * 4), 0) << t;
 }
 
-TEST(GroupedExperts, ThreadCountDoesNotChangeABit) {
+class GroupedLayouts : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(RowsAndPanels, GroupedLayouts, ::testing::Values(false, true),
+                         [](const auto& p) { return p.param ? "panels" : "rows"; });
+
+TEST_P(GroupedLayouts, ThreadCountDoesNotChangeABit) {
   std::mt19937 rng(10);
   const std::int64_t T = 300, K = 4, E = 8, D = 40, F = 24;
   const ExpertBody body{};
-  const ExpertWeights w = make_experts(E, D, F, BodyKind::swiglu, DType::f32, false, false, rng);
+  ExpertWeights w = make_experts(E, D, F, BodyKind::swiglu, DType::f32, false, false, rng);
+  if (GetParam()) pack_panels(w);
   Tensor x = randn({T, D}, rng, 1.0f), ids, wts;
   make_routing(T, K, E, rng, ids, wts);
   const int saved = num_threads();
@@ -231,6 +244,27 @@ TEST(GroupedExperts, ThreadCountDoesNotChangeABit) {
   set_num_threads(saved);
   EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.nbytes()), 0);
   EXPECT_EQ(std::memcmp(y1.data(), y3.data(), y1.nbytes()), 0);
+}
+
+// A token's output does not depend on which other tokens share the batch (or its experts):
+// both kernels compute each element the same way for any number of rows.
+TEST_P(GroupedLayouts, BatchCompositionDoesNotChangeABit) {
+  std::mt19937 rng(12);
+  const std::int64_t T = 70, K = 2, E = 4, D = 48, F = 40;
+  const ExpertBody body{};
+  ExpertWeights w = make_experts(E, D, F, BodyKind::swiglu, DType::bf16, false, false, rng);
+  if (GetParam()) pack_panels(w);
+  Tensor x = randn({T, D}, rng, 1.0f), ids, wts;
+  make_routing(T, K, E, rng, ids, wts);
+  Tensor y({T, D}, DType::f32);
+  run_experts(w, body, x, ids, wts, false, y);
+  for (std::int64_t t : {0, 33, 69}) {
+    Tensor y1({1, D}, DType::f32);
+    run_experts(w, body, TensorView(x.data_as<float>() + t * D, {1, D}, DType::f32),
+                TensorView(ids.data_as<std::int32_t>() + t * K, {1, K}, DType::i32),
+                TensorView(wts.data_as<float>() + t * K, {1, K}, DType::f32), false, y1);
+    EXPECT_EQ(std::memcmp(y1.data(), y.data_as<float>() + t * D, static_cast<std::size_t>(D) * 4), 0) << "token " << t;
+  }
 }
 
 TEST(DispatchPlan, StableCountingSortAndInverse) {

@@ -77,9 +77,12 @@ double src_at(const RowSource& s, std::int64_t i, std::int64_t k) {
   return s.scale ? static_cast<double>(v * s.scale[i]) : v;
 }
 
-enum class Layout { nt, nn, tn };
+enum class Layout { nt, nt_panels, nn, tn };
 
-const char* layout_name(Layout l) { return l == Layout::nt ? "nt" : l == Layout::nn ? "nn" : "tn"; }
+const char* layout_name(Layout l) {
+  return l == Layout::nt ? "nt" : l == Layout::nt_panels ? "nt_panels" : l == Layout::nn ? "nn" : "tn";
+}
+bool is_nt(Layout l) { return l == Layout::nt || l == Layout::nt_panels; }
 
 // One random case of `layout`: fast kernel vs reference, every element within the bound (or
 // bitwise, for the outer-product kernels on fused targets); columns past N untouched.
@@ -93,13 +96,16 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
   const Gathered ga = make_gather(a_rows, a_src, rng);
   const RowSource A = ga.source(a, gather, scaled);
   // B: nt [N, K] weights; nn [K, N] weights; tn K f32 rows of N (gathered and scaled like A).
-  const std::int64_t b_rows = layout == Layout::nt ? N : K, b_len = layout == Layout::nt ? K : N;
+  const std::int64_t b_rows = is_nt(layout) ? N : K, b_len = is_nt(layout) ? K : N;
   const std::int64_t b_src = layout == Layout::tn && gather ? 2 * b_rows + 1 : b_rows;
   Tensor b32 = randn({b_src, b_len + pad + 2}, rng);
   Tensor b = layout == Layout::tn ? b32 : to_dtype(b32, dt);
   Tensor bw = to_dtype(b, DType::f32);
   const Gathered gb = make_gather(b_rows, b_src, rng);
   const WeightMatrix Bw{b.data(), b.dtype(), b.dim(1)};
+  Tensor panels = Tensor::uninitialized({std::max<std::int64_t>(1, kernels::panel_elements(N, K))}, b.dtype());
+  if (layout == Layout::nt_panels) kernels::pack_panels(Bw, N, K, panels.data());
+  const WeightMatrix Bp{panels.data(), b.dtype(), K, kernels::WeightLayout::panels};
   const RowSource Bt = gb.source(b, gather, scaled), Bt_wide = gb.source(bw, gather, scaled);
   std::vector<float> rs(static_cast<std::size_t>(M));
   for (auto& v : rs) v = std::uniform_real_distribution<float>(0.25f, 2.0f)(rng);
@@ -112,6 +118,10 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
       kernels::gemm_nt(A, Bw, C, M, N, K);
       kernels::ref::gemm_nt(A, Bw, C_ref, M, N, K);
       break;
+    case Layout::nt_panels:
+      kernels::gemm_nt(A, Bp, C, M, N, K);
+      kernels::ref::gemm_nt_fma(A, Bw, C_ref, M, N, K);
+      break;
     case Layout::nn:
       kernels::gemm_nn(A, Bw, C, M, N, K);
       kernels::ref::gemm_nn(A, Bw, C_ref, M, N, K);
@@ -121,7 +131,7 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
       kernels::ref::gemm_tn(A, Bt, C_ref, M, N, K);
       break;
   }
-  const bool bitwise = layout != Layout::nt && fused(target);
+  const bool bitwise = layout != Layout::nt && fused(target);  // nt_panels, nn, tn: one FMA chain
   for (std::int64_t m = 0; m < M; ++m) {
     for (std::int64_t n = 0; n < ldc; ++n) {
       const float got = c.data_as<float>()[m * ldc + n], want = c_ref.data_as<float>()[m * ldc + n];
@@ -136,7 +146,7 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
       double mag = 0;
       for (std::int64_t k = 0; k < K; ++k) {
         const double av = layout == Layout::tn ? src_at(A, k, m) : src_at(A, m, k);
-        const double bv = layout == Layout::nt   ? bw.data_as<float>()[n * bw.dim(1) + k]
+        const double bv = is_nt(layout)         ? bw.data_as<float>()[n * bw.dim(1) + k]
                           : layout == Layout::nn ? bw.data_as<float>()[k * bw.dim(1) + n]
                                                  : src_at(Bt_wide, k, n);
         mag += std::fabs(av * bv);
@@ -154,9 +164,9 @@ void check_against_reference(Layout layout, std::int64_t target) {
   std::mt19937 rng(1);
   // Sizes around every target's tiles: rows 1..7, 13 (3/4/6-row tiles); columns around 4-wide
   // dot tiles and 1-, 3- and 4-vector outer tiles of 4, 8 and 16 lanes; K around lane counts.
-  const std::vector<std::int64_t> Ms = {1, 2, 3, 4, 5, 6, 7, 13};
+  const std::vector<std::int64_t> Ms = {1, 2, 3, 4, 5, 6, 7, 13, 25};
   const std::vector<std::int64_t> Ns = layout == Layout::nt ? std::vector<std::int64_t>{1, 3, 4, 5, 9}
-                                                            : std::vector<std::int64_t>{1, 7, 8, 9, 17, 24, 25, 65};
+                                                            : std::vector<std::int64_t>{1, 7, 8, 9, 17, 24, 25, 33, 65};
   const std::vector<std::int64_t> Ks = {0, 1, 7, 8, 9, 16, 17, 33};
   const std::vector<DType> dts = layout == Layout::tn ? std::vector<DType>{DType::f32}
                                                       : std::vector<DType>{DType::f32, DType::bf16, DType::f16};
@@ -176,6 +186,9 @@ void check_against_reference(Layout layout, std::int64_t target) {
 TEST(Gemm, NtMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::nt, t); });
 }
+TEST(Gemm, NtOnPanelsMatchesReferenceOnEveryTarget) {
+  for_each_target([](std::int64_t t) { check_against_reference(Layout::nt_panels, t); });
+}
 TEST(Gemm, NnMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::nn, t); });
 }
@@ -189,17 +202,26 @@ void check_split_invariance(Layout layout) {
   const std::int64_t M = 37, N = 157, K = 301;
   const std::int64_t a_rows = layout == Layout::tn ? K : M, a_len = layout == Layout::tn ? M : K;
   Tensor a = randn({a_rows, a_len}, rng);
-  Tensor b = layout == Layout::nt ? to_dtype(randn({N, K}, rng), DType::bf16)
+  Tensor b = is_nt(layout) ? to_dtype(randn({N, K}, rng), DType::bf16)
              : layout == Layout::nn ? to_dtype(randn({K, N}, rng), DType::bf16)
                                     : randn({K, N}, rng);
   const RowSource A{a.data_as<const float>(), a_len};
   const RowSource Bt{b.data_as<const float>(), N};
+  Tensor packed = Tensor::uninitialized({kernels::panel_elements(N, K)}, DType::bf16);
+  if (layout == Layout::nt_panels) kernels::pack_panels({b.data(), DType::bf16, K}, N, K, packed.data());
   const auto run = [&](const Output& C, std::int64_t m0, std::int64_t m, std::int64_t n0, std::int64_t n,
                        kernels::Threads th) {
     const Output c{C.data + m0 * C.ld + n0, C.ld};
     switch (layout) {
       case Layout::nt: {
         const WeightMatrix bb{static_cast<const std::uint16_t*>(b.data()) + n0 * K, DType::bf16, K};
+        return kernels::gemm_nt(A.from(m0), bb, c, m, n, K, th);
+      }
+      case Layout::nt_panels: {
+        // Splits of a packed matrix fall on whole panels.
+        if (n0 % kernels::kPanelRows != 0) return;
+        const WeightMatrix bb{static_cast<const std::uint16_t*>(packed.data()) + n0 * K, DType::bf16, K,
+                              kernels::WeightLayout::panels};
         return kernels::gemm_nt(A.from(m0), bb, c, m, n, K, th);
       }
       case Layout::nn: {
@@ -212,8 +234,11 @@ void check_split_invariance(Layout layout) {
   };
   Tensor whole({M, N}, DType::f32), pieces({M, N}, DType::f32);
   run({whole.data_as<float>(), N}, 0, M, 0, N, kernels::Threads::caller);
+  // Element by element (whole panels at a time for a packed matrix).
+  const std::int64_t step = layout == Layout::nt_panels ? kernels::kPanelRows : 1;
   for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t n = 0; n < N; ++n) run({pieces.data_as<float>(), N}, m, 1, n, 1, kernels::Threads::caller);
+    for (std::int64_t n = 0; n < N; n += step)
+      run({pieces.data_as<float>(), N}, m, 1, n, std::min(step, N - n), kernels::Threads::caller);
   EXPECT_EQ(std::memcmp(whole.data(), pieces.data(), whole.nbytes()), 0) << layout_name(layout) << " by element";
   const int saved = num_threads();
   for (int t : {1, 2, 3}) {
@@ -227,7 +252,7 @@ void check_split_invariance(Layout layout) {
 
 TEST(Gemm, SplitAndThreadCountDoNotChangeABitOnEveryTarget) {
   for_each_target([](std::int64_t) {
-    for (Layout l : {Layout::nt, Layout::nn, Layout::tn}) check_split_invariance(l);
+    for (Layout l : {Layout::nt, Layout::nt_panels, Layout::nn, Layout::tn}) check_split_invariance(l);
   });
 }
 

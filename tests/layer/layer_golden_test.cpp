@@ -36,7 +36,11 @@ TEST(LayerGolden, EveryFamilyMatchesItsReference) {
     SCOPED_TRACE(name);
     MoeConfig cfg = load_hf_config(dir);
     apply_overrides(cfg.router, c["overrides"]);
-    const MoeLayer layer = load_moe_layer(dir, cfg, c["layer"].get<std::int64_t>());
+    for (const bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "panels" : "rows");
+    MoeLayer layer = load_moe_layer(dir, cfg, c["layer"].get<std::int64_t>());
+    if (packed) layer.pack_weights();
+    EXPECT_EQ(layer.weights().experts.up.panels, packed);
     const std::map<std::string, std::string> layout_names = {
         {"per_expert", "per_expert"},
         {"mixtral_w1w3w2", "per_expert"},
@@ -78,6 +82,7 @@ TEST(LayerGolden, EveryFamilyMatchesItsReference) {
     }
     const double tol = c["tolerance"].get<double>();
     EXPECT_LE(max_err, tol * max_ref) << "max |y - y_ref| = " << max_err << ", max |y_ref| = " << max_ref;
+    }
   }
 }
 

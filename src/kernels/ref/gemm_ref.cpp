@@ -44,6 +44,17 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
   }
 }
 
+void gemm_nt_fma(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                 std::int64_t K) {
+  for (std::int64_t m = 0; m < M; ++m) {
+    for (std::int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (std::int64_t k = 0; k < K; ++k) acc = std::fma(at(A, m, k), load(B, n, k), acc);
+      store(C, m, n, acc);
+    }
+  }
+}
+
 void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K) {
   for (std::int64_t m = 0; m < M; ++m) {

@@ -1,0 +1,118 @@
+// The forward kernel on packed weight panels (Highway, dynamic dispatch per CPU target).
+//
+// C[M, N] (+)= A[M, K] · B[N, K]ᵀ with B repacked once at load into [K, 16] panels (gemm.hpp,
+// WeightLayout::panels) in its stored dtype. Each k step reads 16 consecutive weights of a
+// panel — one contiguous stream per panel instead of one per output row — and broadcasts A, as
+// gemm_nn does (outer-inl.h). Measured against the dot-product kernel on rows: see
+// docs/performance.md. The rows past N in the last panel are zeros, so loads never need a mask;
+// only the stores of a column tail are partial.
+#include <algorithm>
+
+#include "kernels/gemm.hpp"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/gemm_panel.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "kernels/outer-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Tiles: AVX2 / SSE4 / NEON (16 registers) 6 rows × 16 columns (2 or 4 vectors: 12 accumulators);
+// AVX-512 (32 registers) 12 rows × 32 columns (two panels: 24 accumulators).
+constexpr int kPanelVectorsPerTile = HWY_LANES(float) >= 16 ? 2 : static_cast<int>(kPanelRows / HWY_LANES(float));
+constexpr int kPanelNv = kPanelVectorsPerTile > 4 ? 4 : kPanelVectorsPerTile;
+constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 6 : 3);
+
+template <int MR, bool kScaled, typename TB>
+struct PanelOps {
+  const float* a[MR];
+  float s[MR];
+  const TB* b[kPanelNv];  // vector j's first weight at k = 0
+  struct Step {
+    int64_t k;
+  };
+  Step step(int64_t k) const { return {k}; }
+  float a_at(const Step& st, int i) const { return kScaled ? a[i][st.k] * s[i] : a[i][st.k]; }
+  template <bool kTail>
+  hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t) const {
+    return WidenLoad(df, b[j] + st.k * kPanelRows);  // whole vector: panels are zero-padded
+  }
+};
+
+template <bool kScaled, typename TB>
+struct PanelMaker {
+  const RowSource* A;
+  const TB* B;
+  int64_t N, K;
+  template <int MR>
+  PanelOps<MR, kScaled, TB> make(int64_t m, int64_t n) const {
+    PanelOps<MR, kScaled, TB> ops;
+    for (int i = 0; i < MR; ++i) {
+      ops.a[i] = A->row(m + i);
+      ops.s[i] = A->factor(m + i);
+    }
+    const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
+    const int64_t last = (N + kPanelRows - 1) / kPanelRows * kPanelRows - L;
+    for (int j = 0; j < kPanelNv; ++j) {
+      // Vector j covers columns c .. c + L - 1 of one panel (L divides 16). A vector past the
+      // last panel is never read (only j = 0 is, in a narrower tile), so it is clamped in bounds.
+      const int64_t c = std::min(n + j * L, last);
+      ops.b[j] = B + (c / kPanelRows) * kPanelRows * K + c % kPanelRows;
+    }
+    return ops;
+  }
+};
+
+// Column blocks of 64 (four panels, 64·K weights: 512 KB at K = 2048 f32) stay in L2 while
+// every row tile passes over them.
+template <bool kScaled, typename TB>
+void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  const PanelMaker<kScaled, TB> make{&A, B, N, K};
+  constexpr int64_t kBlock = 4 * kPanelRows;
+  for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+    const int64_t n1 = std::min(N, n0 + kBlock);
+    for (int64_t m = 0; m < M; m += kPanelMr)
+      OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), make, K, C, m, n0, n1);
+  }
+}
+
+template <typename TB>
+void PanelTyped(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  if (A.scale) {
+    PanelGemm<true>(A, B, C, M, N, K);
+  } else {
+    PanelGemm<false>(A, B, C, M, N, K);
+  }
+}
+
+void GemmNtPanels(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  switch (B.dtype) {
+    case DType::bf16:
+      return PanelTyped(A, static_cast<const hwy::bfloat16_t*>(B.data), C, M, N, K);
+    case DType::f16:
+      return PanelTyped(A, static_cast<const hwy::float16_t*>(B.data), C, M, N, K);
+    default:
+      return PanelTyped(A, static_cast<const float*>(B.data), C, M, N, K);
+  }
+}
+
+}  // namespace moekit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace moekit::kernels {
+
+HWY_EXPORT(GemmNtPanels);
+
+void detail::gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                  std::int64_t N, std::int64_t K) {
+  if (M <= 0 || N <= 0) return;
+  HWY_DYNAMIC_DISPATCH(GemmNtPanels)(A, B, C, M, N, K);
+}
+
+}  // namespace moekit::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,115 @@
+// Outer-product register tiles shared by the kernels that read B along N (gemm_outer.cpp:
+// A·B and Aᵀ·B; gemm_panel.cpp: A·Bᵀ on packed panels). Per-target Highway header: included
+// once per target from a translation unit that uses foreach_target.
+//
+// A tile is MR rows × NV vectors of C. Each step k loads NV vectors of B's row k (widened to f32
+// in registers when B is bf16 or f16), broadcasts MR scalars of A, and adds their products
+// with one fused multiply-add per accumulator: every C element is a single sequential FMA
+// chain over k = 0, 1, ..., K-1 from +0, whatever tile or thread computed it.
+#if defined(MOEKIT_KERNELS_OUTER_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MOEKIT_KERNELS_OUTER_INL_H_
+#undef MOEKIT_KERNELS_OUTER_INL_H_
+#else
+#define MOEKIT_KERNELS_OUTER_INL_H_
+#endif
+
+#include <cstring>
+
+#include "kernels/gemm.hpp"
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+template <typename TB>
+HWY_INLINE hn::Vec<DF> WidenLoad(DF df, const TB* p) {
+  if constexpr (std::is_same_v<TB, float>) {
+    return hn::LoadU(df, p);
+  } else if constexpr (std::is_same_v<TB, hwy::bfloat16_t>) {
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<uint32_t, DF> du32;
+    const auto bits = hn::PromoteTo(du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
+    return hn::BitCast(df, hn::ShiftLeft<16>(bits));
+  } else {
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    return hn::PromoteTo(df, hn::LoadU(df16, p));
+  }
+}
+
+// Loads vector j of a B row at p (its first column is the tile's), or, in a column tail, the
+// first `cols` elements through a zero-padded copy so nothing past the row is read.
+template <bool kTail, typename TB>
+HWY_INLINE hn::Vec<DF> LoadRow(DF df, const TB* p, int j, int64_t cols) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  if constexpr (kTail) {
+    HWY_ALIGN TB buf[HWY_MAX_BYTES / sizeof(float)] = {};
+    std::memcpy(buf, p, static_cast<size_t>(cols) * sizeof(TB));
+    return WidenLoad(df, buf);
+  } else {
+    return WidenLoad(df, p + j * L);
+  }
+}
+
+// One tile: MR rows × NV full vectors, or (kTail) MR rows × `cols` < lanes columns.
+template <int MR, int NV, bool kTail, class Ops>
+HWY_INLINE void OuterTile(const Ops& ops, int64_t K, const Output& C, int64_t m, int64_t n, int64_t cols) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = hn::Zero(df);
+  for (int64_t k = 0; k < K; ++k) {
+    const auto st = ops.step(k);
+    hn::Vec<DF> b[NV];
+    for (int j = 0; j < NV; ++j) b[j] = ops.template b_at<kTail>(df, st, j, cols);
+    for (int i = 0; i < MR; ++i) {
+      const auto a = hn::Set(df, ops.a_at(st, i));
+      for (int j = 0; j < NV; ++j) acc[i][j] = hn::MulAdd(a, b[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* c = C.data + (m + i) * C.ld + n;
+    for (int j = 0; j < NV; ++j) {
+      auto v = acc[i][j];
+      if (C.row_scale) v = hn::Mul(v, hn::Set(df, C.row_scale[m + i]));
+      if constexpr (kTail) {
+        HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+        hn::Store(v, df, buf);
+        for (int64_t x = 0; x < cols; ++x) c[x] = C.accumulate ? c[x] + buf[x] : buf[x];
+      } else {
+        if (C.accumulate) v = hn::Add(hn::LoadU(df, c + j * L), v);
+        hn::StoreU(v, df, c + j * L);
+      }
+    }
+  }
+}
+
+// All columns [n0, n1) of MR rows starting at m: NV-vector tiles, then single vectors, then the
+// column tail.
+template <int NV, int MR, class MakeOps>
+HWY_INLINE void OuterStrip(const MakeOps& make, int64_t K, const Output& C, int64_t m, int64_t n0, int64_t n1) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  int64_t n = n0;
+  for (; n + NV * L <= n1; n += NV * L) OuterTile<MR, NV, false>(make.template make<MR>(m, n), K, C, m, n, 0);
+  for (; n + L <= n1; n += L) OuterTile<MR, 1, false>(make.template make<MR>(m, n), K, C, m, n, 0);
+  if (n < n1) OuterTile<MR, 1, true>(make.template make<MR>(m, n), K, C, m, n, n1 - n);
+}
+
+// `rows` (1..MRmax) rows from m: picks the tile height at run time, the shapes at compile time.
+template <int NV, int MRmax, int R = 1, class MakeOps>
+HWY_INLINE void OuterRows(int rows, const MakeOps& make, int64_t K, const Output& C, int64_t m, int64_t n0,
+                          int64_t n1) {
+  if constexpr (R <= MRmax) {
+    if (rows == R) return OuterStrip<NV, R>(make, K, C, m, n0, n1);
+    OuterRows<NV, MRmax, R + 1>(rows, make, K, C, m, n0, n1);
+  }
+}
+
+}  // namespace moekit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // MOEKIT_KERNELS_OUTER_INL_H_
