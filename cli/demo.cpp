@@ -168,7 +168,9 @@ MoeLayer build_demo_layer(std::uint64_t seed) {
   w.experts = random_experts(rng, E, cfg.expert_width, D);
   if (cfg.shared_width > 0) w.shared = random_experts(rng, 1, cfg.shared_width, D);
   w.layout = "stacked (random, in memory)";
-  return MoeLayer(std::move(cfg), std::move(w));
+  MoeLayer layer(std::move(cfg), std::move(w));
+  layer.pack_weights();  // owned weights: the panel kernel is the faster forward
+  return layer;
 }
 
 void run_layer_demo(std::int64_t tokens, int runs, std::uint64_t seed) {

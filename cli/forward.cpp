@@ -31,6 +31,7 @@ struct ForwardOptions {
   std::int64_t layer = -1;
   std::string input, output, ids_out, weights_out;
   std::vector<std::string> router_knobs;  // KEY=VALUE
+  bool pack = false;
   int threads = 0;
   CLI::Option* threads_option = nullptr;
 };
@@ -155,7 +156,8 @@ void run_forward(const ForwardOptions& opt) {
     set_router_knob(config.router, kv.substr(0, eq), kv.substr(eq + 1));
   }
   validate(config.router);
-  const MoeLayer layer = load_moe_layer(opt.model, config, opt.layer);
+  MoeLayer layer = load_moe_layer(opt.model, config, opt.layer);
+  if (opt.pack) layer.pack_weights();
   const Tensor x = read_input(opt.input, layer.config().hidden_size, opt.model, opt.layer);
   ForwardInfo info;
   const Tensor y = layer.forward(x, &info);
@@ -182,6 +184,9 @@ void register_forward(CLI::App& app) {
   cmd->add_option("--router", opt->router_knobs,
                   "Override a routing knob, KEY=VALUE (repeatable), e.g. mask_fill=legacy_zero to reproduce "
                   "mlx-lm; see docs/routing.md");
+  cmd->add_flag("--pack", opt->pack,
+                "Repack the experts into the forward kernel's panels first (faster prefill; the expert "
+                "bytes become resident instead of read in place from the mapped file)");
   opt->threads_option = add_threads_option(*cmd, opt->threads);
   cmd->callback([opt] { run_forward(*opt); });
 }
