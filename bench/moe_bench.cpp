@@ -132,26 +132,41 @@ void BM_GemmNtColdB(benchmark::State& state) {
 //   fwd_up  nt: [R, D] · W[F, D]ᵀ      fwd_down nt: [R, F] · W[D, F]ᵀ
 //   dx_up   nn: dh[R, F] · W[F, D]     dx_down  nn: dy[R, D] · W[D, F]
 //   dw_up   tn: dh[R, F]ᵀ · x[R, D]    dw_down  tn: dy[R, D]ᵀ · h[R, F]
-enum class Op { fwd_up, fwd_down, dx_up, dx_down, dw_up, dw_down };
+//   fwdp_* / dxp_*: the same on the weights packed in panels (MoeLayer::pack_weights)
+enum class Op { fwd_up, fwd_down, fwdp_up, fwdp_down, dx_up, dx_down, dxp_up, dxp_down, dw_up, dw_down };
 void BM_GemmLayout(benchmark::State& state, Op op, bool cold) {
   const std::int64_t R = state.range(0), F = state.range(1), D = state.range(2);
   const std::int64_t copies = cold ? 64 : 1;
   std::mt19937 rng(6);
-  const bool up = op == Op::fwd_up || op == Op::dx_up || op == Op::dw_up;
+  const bool up = op == Op::fwd_up || op == Op::fwdp_up || op == Op::dx_up || op == Op::dxp_up || op == Op::dw_up;
   const std::int64_t out = up ? F : D, in = up ? D : F;  // W [out, in]
   Tensor w = randn({copies, out, in}, rng, 0.02f);
   Tensor x = randn({R, in}, rng, 1.0f), dh = randn({R, out}, rng, 1.0f);
+  // The same weights packed in panels (MoeLayer::pack_weights), for the fwdp / dxp cases.
+  const std::int64_t per = kernels::panel_elements(out, in);
+  Tensor wp = Tensor::uninitialized({copies, per}, DType::f32);
+  for (std::int64_t e = 0; e < copies; ++e)
+    kernels::pack_panels({w.data_as<float>() + e * out * in, DType::f32, in}, out, in, wp.data_as<float>() + e * per);
   const bool dw = op == Op::dw_up || op == Op::dw_down;
   Tensor c = dw ? Tensor({copies, out, in}, DType::f32) : Tensor({R, std::max(out, in)}, DType::f32);
   std::int64_t i = 0;
   for (auto _ : state) {
     const std::int64_t e = i++ % copies;
     const float* we = w.data_as<float>() + e * out * in;
+    const kernels::WeightMatrix wpe{wp.data_as<float>() + e * per, DType::f32, in, kernels::WeightLayout::panels};
     switch (op) {
       case Op::fwd_up:
       case Op::fwd_down:
         kernels::gemm_nt({x.data_as<float>(), in}, {we, DType::f32, in}, {c.data_as<float>(), out}, R, out, in,
                          kernels::Threads::caller);
+        break;
+      case Op::fwdp_up:
+      case Op::fwdp_down:
+        kernels::gemm_nt({x.data_as<float>(), in}, wpe, {c.data_as<float>(), out}, R, out, in, kernels::Threads::caller);
+        break;
+      case Op::dxp_up:
+      case Op::dxp_down:
+        kernels::gemm_nn({dh.data_as<float>(), out}, wpe, {c.data_as<float>(), in}, R, in, out, kernels::Threads::caller);
         break;
       case Op::dx_up:
       case Op::dx_down:
@@ -225,7 +240,11 @@ BENCHMARK(BM_GemmNtColdB)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseR
       ->Args({32, 768, 2048})->Args({48, 1408, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
 MOEKIT_LAYOUT(fwd_up, Op::fwd_up)
 MOEKIT_LAYOUT(fwd_down, Op::fwd_down)
+MOEKIT_LAYOUT(fwdp_up, Op::fwdp_up)
+MOEKIT_LAYOUT(fwdp_down, Op::fwdp_down)
 MOEKIT_LAYOUT(dx_up, Op::dx_up)
+MOEKIT_LAYOUT(dxp_up, Op::dxp_up)
+MOEKIT_LAYOUT(dxp_down, Op::dxp_down)
 MOEKIT_LAYOUT(dx_down, Op::dx_down)
 MOEKIT_LAYOUT(dw_up, Op::dw_up)
 MOEKIT_LAYOUT(dw_down, Op::dw_down)

@@ -52,6 +52,9 @@ WeightMatrix columns_of(const WeightMatrix& B, std::int64_t first) {
   return b;
 }
 
+// The full column count of a panel-packed gemm_nn operand: its ld, or N when unset.
+std::int64_t N_total(const WeightMatrix& B, std::int64_t N) { return B.ld > 0 ? B.ld : N; }
+
 RowSource columns_of(const RowSource& A, std::int64_t first) {
   RowSource a = A;
   a.data += first;
@@ -98,7 +101,14 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
 void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads) {
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-    detail::gemm_nn_kernel(A.from(m0), columns_of(B, n0), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
+    if (B.layout == WeightLayout::panels) {
+      // Column n0 of a panel-packed [K, N]: its 16 k of panel 0 start at n0 · 16.
+      WeightMatrix b = B;
+      b.data = static_cast<const char*>(B.data) + n0 * kPanelRows * static_cast<std::int64_t>(dtype_size(B.dtype));
+      detail::gemm_nn_panel_kernel(A.from(m0), b, block_of(C, m0, n0), m1 - m0, n1 - n0, K, N_total(B, N));
+    } else {
+      detail::gemm_nn_kernel(A.from(m0), columns_of(B, n0), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
+    }
   });
 }
 

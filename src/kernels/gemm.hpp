@@ -94,8 +94,11 @@ enum class Threads { pool, caller };
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads = Threads::pool);
 
-/// C[M, N] (+)= A[M, K] · B[K, N]. B is a weight matrix read along its rows (dx = dh · W with W
-/// stored [out, in]: K = out, N = in).
+/// C[M, N] (+)= A[M, K] · B[K, N]. B is a weight matrix (dx = dh · W with W [out, in]: K = out,
+/// N = in). In rows layout: the outer-product kernel on per-call panels (one FMA chain per
+/// element). In panels (the forward's packing of W, over K = out; B.ld = N): the dot-product
+/// kernel reading 16 consecutive k of a panel per column, no packing (lane-strided order, as
+/// gemm_nt on rows).
 void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads = Threads::pool);
 
@@ -114,6 +117,10 @@ void gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, 
                     std::int64_t K);
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
+// n_total: the packed matrix's full column count (its panel stride); B.data points at column 0
+// of the call's first column.
+void gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                          std::int64_t N, std::int64_t K, std::int64_t n_total);
 void gemm_nn_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
 void gemm_tn_kernel(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,

@@ -56,11 +56,32 @@ HWY_INLINE hn::Vec<DF> LoadA(DF df, const ARows<MR>& a, int i, const float* p) {
   return v;
 }
 
+// Where B's element (n, k) lives. RowsB: the weights as stored, [N, K] rows (gemm_nt). PanelsT:
+// a panel-packed [K, N] weight read transposed (gemm_nn on packed weights: W [out, in] packed
+// over out, so for one input column n the reduction's 16 consecutive k of a panel are
+// contiguous). Lanes divide 16, so a vector of k never straddles a panel.
+template <typename TB>
+struct RowsB {
+  using T = TB;
+  const TB* base;
+  int64_t ldb;
+  const TB* at(int64_t n, int64_t k) const { return base + n * ldb + k; }
+};
+template <typename TB>
+struct PanelsT {
+  using T = TB;
+  const TB* base;
+  int64_t panel_stride;  // kPanelRows · N
+  const TB* at(int64_t n, int64_t k) const {
+    return base + (k / kPanelRows) * panel_stride + n * kPanelRows + k % kPanelRows;
+  }
+};
+
 // One MR x NR tile over the full K. Tail lanes (K % lanes) come from zero-padded copies, so
 // they add exact zeros and never read past the rows.
-template <bool kScaled, int MR, int NR, typename TB>
-HWY_INLINE void Tile(const ARows<MR>& a_rows, const TB* HWY_RESTRICT B, int64_t ldb, const Output& C, int64_t m,
-                     int64_t n, int64_t K) {
+template <bool kScaled, int MR, int NR, class BV>
+HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int64_t m, int64_t n, int64_t K) {
+  using TB = typename BV::T;
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   hn::Vec<DF> acc[MR][NR];
@@ -71,7 +92,7 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const TB* HWY_RESTRICT B, int64_t 
     hn::Vec<DF> a[MR];
     for (int i = 0; i < MR; ++i) a[i] = LoadA<kScaled>(df, a_rows, i, a_rows.p[i] + k);
     for (int j = 0; j < NR; ++j) {
-      const auto b = LoadB(df, B + j * ldb + k);
+      const auto b = LoadB(df, B.at(n + j, k));
       for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], b, acc[i][j]);
     }
   }
@@ -86,7 +107,7 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const TB* HWY_RESTRICT B, int64_t 
     }
     for (int j = 0; j < NR; ++j) {
       std::memset(bbuf, 0, sizeof(bbuf));
-      std::memcpy(bbuf, B + j * ldb + k, static_cast<size_t>(r) * sizeof(TB));
+      std::memcpy(bbuf, B.at(n + j, k), static_cast<size_t>(r) * sizeof(TB));
       const auto b = LoadB(df, bbuf);
       for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], b, acc[i][j]);
     }
@@ -102,33 +123,33 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const TB* HWY_RESTRICT B, int64_t 
   }
 }
 
-template <bool kScaled, int MR, typename TB>
-HWY_INLINE void RowStrip(const ARows<MR>& a, const TB* B, int64_t ldb, const Output& C, int64_t m, int64_t n0,
+template <bool kScaled, int MR, class BV>
+HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64_t m, int64_t n0,
                          int64_t n1, int64_t K) {
   int64_t n = n0;
   // A single row (decode) has no A reuse to gain from tall tiles; 8 columns give 8 independent
   // FMA chains and 8 weight streams in flight instead of 4.
   if constexpr (MR == 1) {
-    for (; n + 8 <= n1; n += 8) Tile<kScaled, 1, 8>(a, B + n * ldb, ldb, C, m, n, K);
+    for (; n + 8 <= n1; n += 8) Tile<kScaled, 1, 8>(a, B, C, m, n, K);
   }
-  for (; n + 4 <= n1; n += 4) Tile<kScaled, MR, 4>(a, B + n * ldb, ldb, C, m, n, K);
+  for (; n + 4 <= n1; n += 4) Tile<kScaled, MR, 4>(a, B, C, m, n, K);
   switch (n1 - n) {
     case 3:
-      Tile<kScaled, MR, 3>(a, B + n * ldb, ldb, C, m, n, K);
+      Tile<kScaled, MR, 3>(a, B, C, m, n, K);
       break;
     case 2:
-      Tile<kScaled, MR, 2>(a, B + n * ldb, ldb, C, m, n, K);
+      Tile<kScaled, MR, 2>(a, B, C, m, n, K);
       break;
     case 1:
-      Tile<kScaled, MR, 1>(a, B + n * ldb, ldb, C, m, n, K);
+      Tile<kScaled, MR, 1>(a, B, C, m, n, K);
       break;
     default:
       break;
   }
 }
 
-template <int MR, typename TB>
-HWY_INLINE void StripOf(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t m, int64_t n0,
+template <int MR, class BV>
+HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_t m, int64_t n0,
                         int64_t n1, int64_t K) {
   ARows<MR> a;
   for (int i = 0; i < MR; ++i) {
@@ -136,9 +157,9 @@ HWY_INLINE void StripOf(const RowSource& A, const TB* B, int64_t ldb, const Outp
     a.s[i] = A.factor(m + i);
   }
   if (A.scale) {
-    RowStrip<true, MR>(a, B, ldb, C, m, n0, n1, K);
+    RowStrip<true, MR>(a, B, C, m, n0, n1, K);
   } else {
-    RowStrip<false, MR>(a, B, ldb, C, m, n0, n1, K);
+    RowStrip<false, MR>(a, B, C, m, n0, n1, K);
   }
 }
 
@@ -147,55 +168,65 @@ HWY_INLINE void StripOf(const RowSource& A, const TB* B, int64_t ldb, const Outp
 // M = 32, N = 768, K = 2048 (OpenBLAS sgemm: 104 in the same run).
 constexpr int kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 3;
 
-template <typename TB>
-HWY_INLINE void Strip(int rows, const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t m,
+template <class BV>
+HWY_INLINE void Strip(int rows, const RowSource& A, const BV& B, const Output& C, int64_t m,
                       int64_t n0, int64_t n1, int64_t K) {
   switch (rows) {
     case 1:
-      return StripOf<1>(A, B, ldb, C, m, n0, n1, K);
+      return StripOf<1>(A, B, C, m, n0, n1, K);
     case 2:
-      return StripOf<2>(A, B, ldb, C, m, n0, n1, K);
+      return StripOf<2>(A, B, C, m, n0, n1, K);
     case 3:
-      return StripOf<3>(A, B, ldb, C, m, n0, n1, K);
+      return StripOf<3>(A, B, C, m, n0, n1, K);
 #if HWY_MAX_BYTES >= 64
     case 4:
-      return StripOf<4>(A, B, ldb, C, m, n0, n1, K);
+      return StripOf<4>(A, B, C, m, n0, n1, K);
     case 5:
-      return StripOf<5>(A, B, ldb, C, m, n0, n1, K);
+      return StripOf<5>(A, B, C, m, n0, n1, K);
     case 6:
-      return StripOf<6>(A, B, ldb, C, m, n0, n1, K);
+      return StripOf<6>(A, B, C, m, n0, n1, K);
 #endif
     default:
       return;
   }
 }
 
-template <typename TB>
-void GemmTyped(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K) {
-  // A block of B rows is reused by every row strip of A while it sits in L2 (≈ 256 KB).
-  const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(TB)));
+// A block of B's columns is reused by every row strip of A while it sits in L2 (≈ 256 KB).
+template <class BV>
+void GemmBlocks(const RowSource& A, const BV& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(typename BV::T)));
   const int64_t block_n = std::max<int64_t>(4, (256 * 1024 / row_bytes) / 4 * 4);
   for (int64_t n0 = 0; n0 < N; n0 += block_n) {
     const int64_t n1 = std::min(N, n0 + block_n);
     for (int64_t m = 0; m < M; m += kMaxRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, M - m));
-      Strip(rows, A, B, ldb, C, m, n0, n1, K);
+      Strip(rows, A, B, C, m, n0, n1, K);
     }
   }
 }
 
-void GemmNt(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+template <template <typename> class BV, class... Args>
+void ByDtype(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K,
+             int64_t stride) {
   switch (B.dtype) {
     case DType::bf16:
-      GemmTyped(A, static_cast<const hwy::bfloat16_t*>(B.data), B.ld, C, M, N, K);
-      break;
+      return GemmBlocks(A, BV<hwy::bfloat16_t>{static_cast<const hwy::bfloat16_t*>(B.data), stride}, C, M, N, K);
     case DType::f16:
-      GemmTyped(A, static_cast<const hwy::float16_t*>(B.data), B.ld, C, M, N, K);
-      break;
+      return GemmBlocks(A, BV<hwy::float16_t>{static_cast<const hwy::float16_t*>(B.data), stride}, C, M, N, K);
     default:
-      GemmTyped(A, static_cast<const float*>(B.data), B.ld, C, M, N, K);
-      break;
+      return GemmBlocks(A, BV<float>{static_cast<const float*>(B.data), stride}, C, M, N, K);
   }
+}
+
+void GemmNt(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  ByDtype<RowsB>(A, B, C, M, N, K, B.ld);
+}
+
+// gemm_nn with B = W [K, N] packed in panels over K (the forward's packing of W [out, in]).
+// `n_total` is W's full column count (the panel stride), N the columns of this call.
+void GemmNnPanels(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K,
+                  int64_t n_total) {
+  ByDtype<PanelsT>(A, B, C, M, N, K, kPanelRows * n_total);
 }
 
 // The name of the target this translation unit was compiled for ("AVX3", "AVX2", ...).
@@ -208,6 +239,7 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::kernels {
 
 HWY_EXPORT(GemmNt);
+HWY_EXPORT(GemmNnPanels);
 HWY_EXPORT(TargetNameOfThisTarget);
 
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetNameOfThisTarget)(); }
@@ -216,6 +248,12 @@ void detail::gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Out
                             std::int64_t N, std::int64_t K) {
   if (M <= 0 || N <= 0) return;
   HWY_DYNAMIC_DISPATCH(GemmNt)(A, B, C, M, N, K);
+}
+
+void detail::gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                  std::int64_t N, std::int64_t K, std::int64_t n_total) {
+  if (M <= 0 || N <= 0) return;
+  HWY_DYNAMIC_DISPATCH(GemmNnPanels)(A, B, C, M, N, K, n_total);
 }
 
 }  // namespace moekit::kernels

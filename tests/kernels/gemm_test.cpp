@@ -77,10 +77,11 @@ double src_at(const RowSource& s, std::int64_t i, std::int64_t k) {
   return s.scale ? static_cast<double>(v * s.scale[i]) : v;
 }
 
-enum class Layout { nt, nt_panels, nn, tn };
+enum class Layout { nt, nt_panels, nn, nn_panels, tn };
 
 const char* layout_name(Layout l) {
-  return l == Layout::nt ? "nt" : l == Layout::nt_panels ? "nt_panels" : l == Layout::nn ? "nn" : "tn";
+  return l == Layout::nt ? "nt" : l == Layout::nt_panels ? "nt_panels" : l == Layout::nn ? "nn"
+         : l == Layout::nn_panels ? "nn_panels" : "tn";
 }
 bool is_nt(Layout l) { return l == Layout::nt || l == Layout::nt_panels; }
 
@@ -106,6 +107,10 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
   Tensor panels = Tensor::uninitialized({std::max<std::int64_t>(1, kernels::panel_elements(N, K))}, b.dtype());
   if (layout == Layout::nt_panels) kernels::pack_panels(Bw, N, K, panels.data());
   const WeightMatrix Bp{panels.data(), b.dtype(), K, kernels::WeightLayout::panels};
+  // nn on packed weights: W [K, N] packed over its K rows, as the forward packs [out, in].
+  Tensor panels_nn = Tensor::uninitialized({std::max<std::int64_t>(1, kernels::panel_elements(K, N))}, b.dtype());
+  if (layout == Layout::nn_panels) kernels::pack_panels(Bw, K, N, panels_nn.data());
+  const WeightMatrix Bpn{panels_nn.data(), b.dtype(), N, kernels::WeightLayout::panels};
   const RowSource Bt = gb.source(b, gather, scaled), Bt_wide = gb.source(bw, gather, scaled);
   std::vector<float> rs(static_cast<std::size_t>(M));
   for (auto& v : rs) v = std::uniform_real_distribution<float>(0.25f, 2.0f)(rng);
@@ -126,12 +131,16 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
       kernels::gemm_nn(A, Bw, C, M, N, K);
       kernels::ref::gemm_nn(A, Bw, C_ref, M, N, K);
       break;
+    case Layout::nn_panels:
+      kernels::gemm_nn(A, Bpn, C, M, N, K);
+      kernels::ref::gemm_nn(A, Bw, C_ref, M, N, K);
+      break;
     case Layout::tn:
       kernels::gemm_tn(A, Bt, C, M, N, K);
       kernels::ref::gemm_tn(A, Bt, C_ref, M, N, K);
       break;
   }
-  const bool bitwise = layout != Layout::nt && fused(target);  // nt_panels, nn, tn: one FMA chain
+  const bool bitwise = layout != Layout::nt && layout != Layout::nn_panels && fused(target);  // nt_panels, nn, tn: one FMA chain
   for (std::int64_t m = 0; m < M; ++m) {
     for (std::int64_t n = 0; n < ldc; ++n) {
       const float got = c.data_as<float>()[m * ldc + n], want = c_ref.data_as<float>()[m * ldc + n];
@@ -147,7 +156,7 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
       for (std::int64_t k = 0; k < K; ++k) {
         const double av = layout == Layout::tn ? src_at(A, k, m) : src_at(A, m, k);
         const double bv = is_nt(layout)         ? bw.data_as<float>()[n * bw.dim(1) + k]
-                          : layout == Layout::nn ? bw.data_as<float>()[k * bw.dim(1) + n]
+                          : layout != Layout::tn ? bw.data_as<float>()[k * bw.dim(1) + n]
                                                  : src_at(Bt_wide, k, n);
         mag += std::fabs(av * bv);
       }
@@ -189,6 +198,9 @@ TEST(Gemm, NtMatchesReferenceOnEveryTarget) {
 TEST(Gemm, NtOnPanelsMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::nt_panels, t); });
 }
+TEST(Gemm, NnOnPanelsMatchesReferenceOnEveryTarget) {
+  for_each_target([](std::int64_t t) { check_against_reference(Layout::nn_panels, t); });
+}
 TEST(Gemm, NnMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::nn, t); });
 }
@@ -203,12 +215,14 @@ void check_split_invariance(Layout layout) {
   const std::int64_t a_rows = layout == Layout::tn ? K : M, a_len = layout == Layout::tn ? M : K;
   Tensor a = randn({a_rows, a_len}, rng);
   Tensor b = is_nt(layout) ? to_dtype(randn({N, K}, rng), DType::bf16)
-             : layout == Layout::nn ? to_dtype(randn({K, N}, rng), DType::bf16)
+             : layout != Layout::tn ? to_dtype(randn({K, N}, rng), DType::bf16)
                                     : randn({K, N}, rng);
   const RowSource A{a.data_as<const float>(), a_len};
   const RowSource Bt{b.data_as<const float>(), N};
   Tensor packed = Tensor::uninitialized({kernels::panel_elements(N, K)}, DType::bf16);
   if (layout == Layout::nt_panels) kernels::pack_panels({b.data(), DType::bf16, K}, N, K, packed.data());
+  Tensor packed_nn = Tensor::uninitialized({kernels::panel_elements(K, N)}, DType::bf16);
+  if (layout == Layout::nn_panels) kernels::pack_panels({b.data(), DType::bf16, N}, K, N, packed_nn.data());
   const auto run = [&](const Output& C, std::int64_t m0, std::int64_t m, std::int64_t n0, std::int64_t n,
                        kernels::Threads th) {
     const Output c{C.data + m0 * C.ld + n0, C.ld};
@@ -223,6 +237,11 @@ void check_split_invariance(Layout layout) {
         const WeightMatrix bb{static_cast<const std::uint16_t*>(packed.data()) + n0 * K, DType::bf16, K,
                               kernels::WeightLayout::panels};
         return kernels::gemm_nt(A.from(m0), bb, c, m, n, K, th);
+      }
+      case Layout::nn_panels: {
+        const WeightMatrix bb{static_cast<const std::uint16_t*>(packed_nn.data()) + n0 * kernels::kPanelRows,
+                              DType::bf16, N, kernels::WeightLayout::panels};
+        return kernels::gemm_nn(A.from(m0), bb, c, m, n, K, th);
       }
       case Layout::nn: {
         const WeightMatrix bb{static_cast<const std::uint16_t*>(b.data()) + n0, DType::bf16, N};
@@ -252,7 +271,8 @@ void check_split_invariance(Layout layout) {
 
 TEST(Gemm, SplitAndThreadCountDoNotChangeABitOnEveryTarget) {
   for_each_target([](std::int64_t) {
-    for (Layout l : {Layout::nt, Layout::nt_panels, Layout::nn, Layout::tn}) check_split_invariance(l);
+    for (Layout l : {Layout::nt, Layout::nt_panels, Layout::nn, Layout::nn_panels, Layout::tn})
+      check_split_invariance(l);
   });
 }
 
