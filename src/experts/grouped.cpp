@@ -7,7 +7,6 @@
 // element is a fixed-order dot product, so neither the chunking nor the thread that ran it can
 // change a bit. The combine then sums each token's K rows in slot order.
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <vector>

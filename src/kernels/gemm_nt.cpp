@@ -19,34 +19,11 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "kernels/outer-inl.h"  // WidenLoad, ARows, DF
+
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-using DF = hn::ScalableTag<float>;
-
-// Loads lanes(df) elements of B starting at p, widened to f32.
-template <typename TB>
-HWY_INLINE hn::Vec<DF> LoadB(DF df, const TB* p) {
-  if constexpr (std::is_same_v<TB, float>) {
-    return hn::LoadU(df, p);
-  } else if constexpr (std::is_same_v<TB, hwy::bfloat16_t>) {
-    const hn::Rebind<uint16_t, DF> du16;
-    const hn::Rebind<uint32_t, DF> du32;
-    const auto bits = hn::PromoteTo(du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
-    return hn::BitCast(df, hn::ShiftLeft<16>(bits));
-  } else {
-    const hn::Rebind<hwy::float16_t, DF> df16;
-    return hn::PromoteTo(df, hn::LoadU(df16, p));
-  }
-}
-
-// Rows of A for one tile: pointers and per-row factors (1 when the source has no scale).
-template <int MR>
-struct ARows {
-  const float* p[MR];
-  float s[MR];
-};
 
 // A's row scale is a template flag: an unscaled product must not pay a multiply per load.
 template <bool kScaled, int MR>
@@ -92,7 +69,7 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int6
     hn::Vec<DF> a[MR];
     for (int i = 0; i < MR; ++i) a[i] = LoadA<kScaled>(df, a_rows, i, a_rows.p[i] + k);
     for (int j = 0; j < NR; ++j) {
-      const auto b = LoadB(df, B.at(n + j, k));
+      const auto b = WidenLoad(df, B.at(n + j, k));
       for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], b, acc[i][j]);
     }
   }
@@ -108,7 +85,7 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int6
     for (int j = 0; j < NR; ++j) {
       std::memset(bbuf, 0, sizeof(bbuf));
       std::memcpy(bbuf, B.at(n + j, k), static_cast<size_t>(r) * sizeof(TB));
-      const auto b = LoadB(df, bbuf);
+      const auto b = WidenLoad(df, bbuf);
       for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], b, acc[i][j]);
     }
   }
@@ -151,11 +128,7 @@ HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64
 template <int MR, class BV>
 HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_t m, int64_t n0,
                         int64_t n1, int64_t K) {
-  ARows<MR> a;
-  for (int i = 0; i < MR; ++i) {
-    a.p[i] = A.row(m + i);
-    a.s[i] = A.factor(m + i);
-  }
+  const auto a = ARows<MR>::Of(A, m);
   if (A.scale) {
     RowStrip<true, MR>(a, B, C, m, n0, n1, K);
   } else {

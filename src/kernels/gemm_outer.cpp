@@ -27,15 +27,14 @@ namespace hn = hwy::HWY_NAMESPACE;
 // gemm_nn: a(i, k) = A row (m + i) at k (times its scale); B row k = B + k * ldb.
 template <int MR, bool kScaled, typename TB>
 struct NnOps {
-  const float* a[MR];
-  float s[MR];
+  ARows<MR> a;
   const TB* b;
   int64_t ldb;
   struct Step {
     int64_t k;
   };
   Step step(int64_t k) const { return {k}; }
-  float a_at(const Step& st, int i) const { return kScaled ? a[i][st.k] * s[i] : a[i][st.k]; }
+  float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
   template <bool kTail>
   hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t cols) const {
     return LoadRow<kTail>(df, b + st.k * ldb, j, cols);
@@ -94,10 +93,7 @@ struct NnMaker {
   template <int MR>
   NnOps<MR, kScaled, float> make(int64_t m, int64_t n) const {
     NnOps<MR, kScaled, float> ops;
-    for (int i = 0; i < MR; ++i) {
-      ops.a[i] = A->row(m + i);
-      ops.s[i] = A->factor(m + i);
-    }
+    ops.a = ARows<MR>::Of(*A, m);
     ops.b = panel + (n - n0);
     ops.ldb = width;
     return ops;

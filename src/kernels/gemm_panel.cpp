@@ -29,14 +29,13 @@ constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 
 
 template <int MR, bool kScaled, typename TB>
 struct PanelOps {
-  const float* a[MR];
-  float s[MR];
+  ARows<MR> a;
   const TB* b[kPanelNv];  // vector j's first weight at k = 0
   struct Step {
     int64_t k;
   };
   Step step(int64_t k) const { return {k}; }
-  float a_at(const Step& st, int i) const { return kScaled ? a[i][st.k] * s[i] : a[i][st.k]; }
+  float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
   template <bool kTail>
   hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t) const {
     return WidenLoad(df, b[j] + st.k * kPanelRows);  // whole vector: panels are zero-padded
@@ -51,10 +50,7 @@ struct PanelMaker {
   template <int MR>
   PanelOps<MR, kScaled, TB> make(int64_t m, int64_t n) const {
     PanelOps<MR, kScaled, TB> ops;
-    for (int i = 0; i < MR; ++i) {
-      ops.a[i] = A->row(m + i);
-      ops.s[i] = A->factor(m + i);
-    }
+    ops.a = ARows<MR>::Of(*A, m);
     const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t last = (N + kPanelRows - 1) / kPanelRows * kPanelRows - L;
     for (int j = 0; j < kPanelNv; ++j) {

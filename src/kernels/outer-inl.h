@@ -1,5 +1,6 @@
 // Outer-product register tiles shared by the kernels that read B along N (gemm_outer.cpp:
-// A·B and Aᵀ·B; gemm_panel.cpp: A·Bᵀ on packed panels). Per-target Highway header: included
+// A·B and Aᵀ·B; gemm_panel.cpp: A·Bᵀ on packed panels), and the widening load of a weight vector
+// that every kernel uses (gemm_nt.cpp's dot-product tiles too). Per-target Highway header: included
 // once per target from a translation unit that uses foreach_target.
 //
 // A tile is MR rows × NV vectors of C. Each step k loads NV vectors of B's row k (widened to f32
@@ -38,6 +39,26 @@ HWY_INLINE hn::Vec<DF> WidenLoad(DF df, const TB* p) {
     return hn::PromoteTo(df, hn::LoadU(df16, p));
   }
 }
+
+// Rows m .. m + MR - 1 of A for one tile: pointers and per-row factors (1 without a scale).
+template <int MR>
+struct ARows {
+  const float* p[MR];
+  float s[MR];
+  static ARows Of(const RowSource& A, int64_t m) {
+    ARows r;
+    for (int i = 0; i < MR; ++i) {
+      r.p[i] = A.row(m + i);
+      r.s[i] = A.factor(m + i);
+    }
+    return r;
+  }
+  // Element k of row i as the products see it: times the row's factor when scaled.
+  template <bool kScaled>
+  float at(int i, int64_t k) const {
+    return kScaled ? p[i][k] * s[i] : p[i][k];
+  }
+};
 
 // Loads vector j of a B row at p (its first column is the tile's), or, in a column tail, the
 // first `cols` elements through a zero-padded copy so nothing past the row is read.
