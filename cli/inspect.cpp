@@ -97,13 +97,7 @@ void run_inspect(const InspectOptions& opt) {
     if ((w.shared.num_experts() > 0))
       out << "  shared experts: " << describe_experts(w.shared) << "\n";
     // What `forward --pack` (MoeLayer::pack_weights) would hold resident: the experts in panels.
-    ExpertWeights routed = w.experts, shared = w.shared;
-    std::size_t packed = 0;
-    for (ExpertWeights* e : {&routed, &shared}) {
-      if (e->num_experts() == 0) continue;
-      for (ExpertMatrix* m : {&e->gate, &e->up, &e->down}) m->panels = m->defined();
-      packed += e->nbytes();
-    }
+    const std::size_t packed = w.experts.packed_nbytes() + w.shared.packed_nbytes();
     out << "  resident expert bytes: " << (w.mapped ? "mapped, only the pages a batch touches; " : "")
         << format_bytes(packed) << " when packed (forward --pack)\n";
     if (w.shared_gate.defined())

@@ -50,6 +50,8 @@ struct ExpertWeights {
   std::int64_t width() const noexcept { return down.cols; }        ///< F
   /// Bytes of the expert matrices (what a forward may read; whole panels when packed).
   std::size_t nbytes() const noexcept;
+  /// Bytes the matrices take once packed by pack_panels() (rows rounded up to whole panels).
+  std::size_t packed_nbytes() const noexcept;
 };
 
 /// The expert body, with its constants.

@@ -22,12 +22,23 @@ ExpertMatrix ExpertMatrix::stacked(const TensorView& t) {
   return m;
 }
 
+namespace {
+// Bytes of one matrix of every expert, in panels or as rows.
+std::size_t matrix_bytes(const ExpertMatrix& m, bool panels) {
+  const std::int64_t per = panels ? kernels::panel_elements(m.rows, m.cols) : m.rows * m.cols;
+  return static_cast<std::size_t>(m.num_experts() * per) * dtype_size(m.dtype);
+}
+}  // namespace
+
 std::size_t ExpertWeights::nbytes() const noexcept {
   std::size_t n = 0;
-  for (const ExpertMatrix* m : {&gate, &up, &down}) {
-    const std::int64_t per = m->panels ? kernels::panel_elements(m->rows, m->cols) : m->rows * m->cols;
-    n += static_cast<std::size_t>(m->num_experts() * per) * dtype_size(m->dtype);
-  }
+  for (const ExpertMatrix* m : {&gate, &up, &down}) n += matrix_bytes(*m, m->panels);
+  return n;
+}
+
+std::size_t ExpertWeights::packed_nbytes() const noexcept {
+  std::size_t n = 0;
+  for (const ExpertMatrix* m : {&gate, &up, &down}) n += matrix_bytes(*m, true);
   return n;
 }
 
