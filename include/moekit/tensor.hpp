@@ -13,8 +13,9 @@
 namespace moekit {
 
 /// Element types moekit stores. f32 is the compute type; bf16/f16 are storage types;
-/// i32 carries expert ids; u8 carries raw bytes (npy files, packed quantized blocks).
-enum class DType : std::uint8_t { f32, bf16, f16, i32, u8 };
+/// i32 carries expert ids; u8 carries raw bytes (npy files); u32 carries packed quantized codes
+/// (MLX affine weights, docs/formats.md).
+enum class DType : std::uint8_t { f32, bf16, f16, i32, u8, u32 };
 
 /// Bytes per element.
 std::size_t dtype_size(DType dtype) noexcept;

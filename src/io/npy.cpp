@@ -229,6 +229,7 @@ const char* descr_of(DType dtype) {
     case DType::u8:
       return "|u1";
     case DType::bf16:
+    case DType::u32:
       break;
   }
   return nullptr;

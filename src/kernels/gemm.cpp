@@ -43,6 +43,11 @@ WeightMatrix rows_of(const WeightMatrix& B, std::int64_t first, std::int64_t K) 
   WeightMatrix b = B;
   const std::int64_t stride = B.layout == WeightLayout::panels ? K : B.ld;
   b.data = static_cast<const char*>(B.data) + first * stride * static_cast<std::int64_t>(dtype_size(B.dtype));
+  if (B.quantized()) {
+    const std::int64_t step = first * B.affine.scale_ld * static_cast<std::int64_t>(dtype_size(B.affine.scale_dtype));
+    b.affine.scales = static_cast<const char*>(B.affine.scales) + step;
+    b.affine.biases = static_cast<const char*>(B.affine.biases) + step;
+  }
   return b;
 }
 
@@ -93,7 +98,9 @@ void pack_panels(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* ds
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads) {
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-    const auto kernel = B.layout == WeightLayout::panels ? detail::gemm_nt_panel_kernel : detail::gemm_nt_kernel;
+    const auto kernel = B.quantized()                     ? detail::gemm_nt_affine_kernel
+                        : B.layout == WeightLayout::panels ? detail::gemm_nt_panel_kernel
+                                                           : detail::gemm_nt_kernel;
     kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
   });
 }

@@ -56,13 +56,46 @@ struct RowSource {
 enum class WeightLayout { rows, panels };
 constexpr std::int64_t kPanelRows = 16;
 
-/// A weight matrix: dtype f32, bf16 or f16, in one of the layouts above.
+/// MLX affine quantization of a weight matrix [N, K] (docs/formats.md): each row holds K codes
+/// of `bits` bits packed little-endian into K · bits / 32 uint32 words (element 0 in the lowest
+/// bits; 3-, 5- and 6-bit codes one continuous bit stream), and each group of `group_size`
+/// consecutive elements of a row shares a scale and a bias (f32, bf16 or f16, [N, K / group_size]
+/// with `scale_ld` elements between rows). The weight is w = fma(scale, q, bias) in fp32: the
+/// exact affine value rounded once.
+struct AffineQuant {
+  int bits = 0;  ///< 0: not quantized; else 2, 3, 4, 5, 6 or 8
+  int group_size = 0;  ///< 32, 64 or 128 (any multiple of 16 the kernels accept)
+  DType scale_dtype = DType::f32;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  std::int64_t scale_ld = 0;
+};
+
+/// A weight matrix: dtype f32, bf16 or f16, in one of the layouts above; or, with affine.bits
+/// set, MLX affine codes (dtype u32, rows layout, `ld` counted in uint32 words).
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::f32;
   std::int64_t ld = 0;
   WeightLayout layout = WeightLayout::rows;
+  AffineQuant affine{};
+
+  bool quantized() const noexcept { return affine.bits != 0; }
 };
+
+/// Element i of an f32, bf16 or f16 array, widened to f32 (scales, biases, scalar paths).
+inline float load_f32(const void* base, DType dtype, std::int64_t i) {
+  if (dtype == DType::bf16) return bf16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+  if (dtype == DType::f16) return f16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+  return static_cast<const float*>(base)[i];
+}
+
+/// uint32 words of one row of K codes of `bits` bits (K · bits must be a multiple of 32).
+inline std::int64_t affine_words(std::int64_t K, int bits) { return K * bits / 32; }
+
+/// Dequantizes rows [n0, n0 + rows) of an affine-quantized [N, K] matrix into dst [rows, K] f32,
+/// with exactly the values the kernels multiply by (w = fma(scale, q, bias)).
+void dequantize_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst);
 
 /// Elements of the panel layout of an [N, K] matrix (N rounded up to whole panels).
 inline std::int64_t panel_elements(std::int64_t N, std::int64_t K) {
@@ -87,10 +120,15 @@ struct Output {
 enum class Threads { pool, caller };
 
 /// C[M, N] (+)= A[M, K] · B[N, K]ᵀ. Preconditions (not checked): M, N, K >= 0; rows hold K
-/// elements; B.dtype in {f32, bf16, f16}. B in rows layout runs the dot-product kernel (each
-/// element a lane-strided dot product); B in panels runs the outer-product kernel (each element
-/// one sequential FMA chain over k, as gemm_nn): the layout, fixed when the weights are loaded,
-/// decides the summation order — never M, the batch or the thread count.
+/// elements; B.dtype in {f32, bf16, f16}, or B affine-quantized with K a multiple of its group
+/// size. B in rows layout runs the dot-product kernel (each element a lane-strided dot product);
+/// B in panels runs the outer-product kernel (each element one sequential FMA chain over k, as
+/// gemm_nn): the layout, fixed when the weights are loaded, decides the summation order — never
+/// M, the batch or the thread count. An affine-quantized B runs the dot-product kernel's order on
+/// its dequantized values: for few rows of A dequantized in registers from the packed stream, for
+/// many rows dequantized a block of B at a time into a cache-resident scratch that every row of A
+/// reuses; either way the result equals gemm_nt on the materialised dequantized matrix in rows
+/// layout, bit for bit.
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads = Threads::pool);
 
@@ -115,6 +153,8 @@ namespace detail {
 // The single-threaded kernels behind the drivers, one per micro-kernel family.
 void gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
+void gemm_nt_affine_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                           std::int64_t N, std::int64_t K);
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
 // n_total: the packed matrix's full column count (its panel stride); B.data points at column 0

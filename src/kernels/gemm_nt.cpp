@@ -19,19 +19,11 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "kernels/outer-inl.h"  // WidenLoad, ARows, DF
+#include "kernels/outer-inl.h"  // WidenLoad, ARows, LoadA, DF
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// A's row scale is a template flag: an unscaled product must not pay a multiply per load.
-template <bool kScaled, int MR>
-HWY_INLINE hn::Vec<DF> LoadA(DF df, const ARows<MR>& a, int i, const float* p) {
-  const auto v = hn::LoadU(df, p);
-  if constexpr (kScaled) return hn::Mul(v, hn::Set(df, a.s[i]));
-  return v;
-}
 
 // Where B's element (n, k) lives. RowsB: the weights as stored, [N, K] rows (gemm_nt). PanelsT:
 // a panel-packed [K, N] weight read transposed (gemm_nn on packed weights: W [out, in] packed

@@ -60,6 +60,15 @@ struct ARows {
   }
 };
 
+// A vector of A's row i at p as the dot products see it (gemm_nt.cpp, gemm_affine.cpp). The row
+// scale is a template flag: an unscaled product must not pay a multiply per load.
+template <bool kScaled, int MR>
+HWY_INLINE hn::Vec<DF> LoadA(DF df, const ARows<MR>& a, int i, const float* p) {
+  const auto v = hn::LoadU(df, p);
+  if constexpr (kScaled) return hn::Mul(v, hn::Set(df, a.s[i]));
+  return v;
+}
+
 // Loads vector j of a B row at p (its first column is the tile's), or, in a column tail, the
 // first `cols` elements through a zero-padded copy so nothing past the row is read.
 template <bool kTail, typename TB>

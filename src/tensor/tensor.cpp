@@ -15,6 +15,7 @@ std::size_t dtype_size(DType dtype) noexcept {
   switch (dtype) {
     case DType::f32:
     case DType::i32:
+    case DType::u32:
       return 4;
     case DType::bf16:
     case DType::f16:
@@ -37,6 +38,8 @@ const char* dtype_name(DType dtype) noexcept {
       return "i32";
     case DType::u8:
       return "u8";
+    case DType::u32:
+      return "u32";
   }
   return "?";
 }

@@ -145,7 +145,7 @@ TEST(SafetensorsTest, NonComputableDtypeListedButViewThrows) {
     EXPECT_EQ(std::string(e.what()),
               "[moekit::safetensors] fp8.safetensors: tensor 'w8' has dtype F8_E4M3, which moekit "
               "cannot compute on "
-              "(supported: F32, BF16, F16, I32, U8)");
+              "(supported: F32, BF16, F16, I32, U8, U32)");
   }
   expect_runtime_error([&] { f->view("packed"); }, {name, "'packed'", "F4"});
 }

@@ -14,6 +14,7 @@
 
 #include "kernels/gemm.hpp"
 #include "kernels/ref/gemm_ref.hpp"
+#include "kernels/targets.hpp"
 #include "moekit/threading.hpp"
 #include "util/random.hpp"
 
@@ -23,32 +24,11 @@ namespace {
 using kernels::Output;
 using kernels::RowSource;
 using kernels::WeightMatrix;
+using testing::for_each_target;
+using testing::fused;
 using testing::randn;
 
 constexpr double kEps = 1.1920929e-7;
-
-// Targets whose MulAdd is one fused multiply-add: there the outer-product kernels (gemm_nn,
-// gemm_tn) must equal their std::fma reference bit for bit. Elsewhere (SSE4, SSSE3, scalar)
-// a product and a sum round separately, so they are held to the error bound instead.
-bool fused(std::int64_t target) {
-  return target == HWY_AVX2 || target == HWY_AVX3 || target == HWY_AVX3_DL || target == HWY_NEON;
-}
-
-// Every CPU target Highway compiled and this CPU supports (e.g. AVX3, AVX2, SSE4), one after
-// another, so each target's tile shapes are checked; the log names the targets that ran.
-template <typename Fn>
-void for_each_target(Fn fn) {
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  for (const std::int64_t target : targets) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-    fn(target);
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-}
 
 // A gathered, scaled view of `rows` rows out of `src` ([n_src, ld]): indices in a scrambled
 // order with repeats, as the dispatch plan hands them to the kernels.

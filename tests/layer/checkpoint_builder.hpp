@@ -34,6 +34,8 @@ inline const char* safetensors_dtype(DType dtype) {
       return "I32";
     case DType::u8:
       return "U8";
+    case DType::u32:
+      return "U32";
   }
   throw std::invalid_argument("safetensors_dtype: unknown dtype");
 }

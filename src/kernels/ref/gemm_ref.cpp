@@ -7,15 +7,8 @@ namespace moekit::kernels::ref {
 namespace {
 
 float load(const WeightMatrix& B, std::int64_t row, std::int64_t col) {
-  const std::int64_t i = row * B.ld + col;
-  switch (B.dtype) {
-    case DType::bf16:
-      return bf16_to_f32(static_cast<const std::uint16_t*>(B.data)[i]);
-    case DType::f16:
-      return f16_to_f32(static_cast<const std::uint16_t*>(B.data)[i]);
-    default:
-      return static_cast<const float*>(B.data)[i];
-  }
+  if (B.quantized()) return affine_value(B, row, col);
+  return load_f32(B.data, B.dtype, row * B.ld + col);
 }
 
 // A's element (row i, column k) as the kernels see it: the row's value times its scale.
@@ -75,6 +68,27 @@ void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64
       store(C, m, n, acc);
     }
   }
+}
+
+std::uint32_t affine_code(const std::uint32_t* row, std::int64_t i, int bits) {
+  const std::int64_t bit = i * bits;
+  const std::int64_t word = bit / 32, off = bit % 32;
+  std::uint64_t v = row[word] >> off;
+  if (off + bits > 32) v |= static_cast<std::uint64_t>(row[word + 1]) << (32 - off);
+  return static_cast<std::uint32_t>(v & ((1u << bits) - 1u));
+}
+
+float affine_value(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
+  const AffineQuant& q = B.affine;
+  const std::int64_t g = n * q.scale_ld + k / q.group_size;
+  const auto* row = static_cast<const std::uint32_t*>(B.data) + n * B.ld;
+  return std::fma(load_f32(q.scales, q.scale_dtype, g), static_cast<float>(affine_code(row, k, q.bits)),
+                  load_f32(q.biases, q.scale_dtype, g));
+}
+
+void dequantize_affine(const WeightMatrix& B, std::int64_t N, std::int64_t K, float* dst) {
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t k = 0; k < K; ++k) dst[n * K + k] = affine_value(B, n, k);
 }
 
 }  // namespace moekit::kernels::ref

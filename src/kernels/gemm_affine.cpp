@@ -1,0 +1,251 @@
+// gemm_nt on MLX affine-quantized weights (Highway, dynamic dispatch per CPU target).
+//
+// C[M, N] (+)= A[M, K] · Bᵀ with B [N, K] stored as mlx-lm writes it (kernels/gemm.hpp,
+// AffineQuant): packed codes read in place, per-group scales and biases. Every weight is
+// dequantized to w = fma(scale, q, bias) and enters the dot-product kernel's order (gemm_nt.cpp):
+// each C element owns one vector accumulator whose lane j sums k ≡ j (mod lanes) with FMA, reduced
+// by SumOfLanes. Two paths compute that same order, so the result never depends on M:
+//  - few rows of A (decode): the codes are unpacked and dequantized in registers, one pass over
+//    the packed stream (2, 4 and 8 bits);
+//  - many rows (prefill), and 3, 5, 6 bits: a block of B's rows is dequantized once into a
+//    per-thread f32 scratch (≤ 256 KB, L2-resident) and gemm_nt's f32 kernel runs every row of
+//    A over it, so the unpacking is amortised over the rows.
+// On targets without a fused multiply-add the dequantization is scalar std::fma, so the values
+// are the same on every target.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/gemm.hpp"
+#include "kernels/ref/gemm_ref.hpp"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/gemm_affine.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "kernels/outer-inl.h"  // ARows, LoadA, DF
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DU = hn::RebindToUnsigned<DF>;
+
+// Lanes of this target, when known at compile time (0 on scalable targets).
+#if HWY_HAVE_SCALABLE
+constexpr int kLanes = 0;
+#else
+constexpr int kLanes = static_cast<int>(HWY_MAX_BYTES / sizeof(float));
+#endif
+
+// Whether codes of kBits bits are unpacked in registers on this target: a vector's codes must be
+// whole bytes and fit one 64-bit load, and the dequantization must be a fused multiply-add.
+template <int kBits>
+constexpr bool kInRegisters = HWY_NATIVE_FMA && kLanes > 0 &&
+                              (kBits == 8 || ((kBits == 2 || kBits == 4) && kLanes * kBits % 8 == 0 &&
+                                              kLanes * kBits <= 64));
+
+// Codes k .. k + lanes - 1 of a row (k a multiple of the lane count) as f32.
+template <int kBits>
+HWY_INLINE hn::Vec<DF> Codes(DF df, const std::uint32_t* row, int64_t k) {
+  const DU du;
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(row);
+  if constexpr (kBits == 8) {
+    const hn::Rebind<std::uint8_t, DF> d8;
+    return hn::ConvertTo(df, hn::PromoteTo(du, hn::LoadU(d8, bytes + k)));
+  } else {
+    constexpr int kBytes = kLanes * kBits / 8;
+    constexpr int kPerWord = 32 / kBits;
+    const auto lane = hn::Iota(du, 0);
+    const auto shift = hn::Mul(hn::And(lane, hn::Set(du, kPerWord - 1)), hn::Set(du, kBits));
+    hn::Vec<DU> words;
+    if constexpr (kBytes <= 4) {
+      std::uint32_t w = 0;
+      std::memcpy(&w, bytes + k * kBits / 8, kBytes);
+      words = hn::Set(du, w);
+    } else {
+#if HWY_TARGET != HWY_SCALAR
+      // Lanes 0 .. 32/bits - 1 take the first word, the rest the second (AVX-512, 4 bits).
+      std::uint32_t w[2];
+      std::memcpy(w, bytes + k * kBits / 8, 8);
+      words = hn::ConcatLowerLower(du, hn::Set(du, w[1]), hn::Set(du, w[0]));
+#endif
+    }
+    const auto q = hn::And(hn::Shr(words, shift), hn::Set(du, (1u << kBits) - 1u));
+    return hn::ConvertTo(df, q);
+  }
+}
+
+// The scale and bias of row n's group containing column k.
+HWY_INLINE void GroupOf(const WeightMatrix& B, int64_t n, int64_t k, float& s, float& b) {
+  const AffineQuant& q = B.affine;
+  const int64_t g = n * q.scale_ld + k / q.group_size;
+  s = load_f32(q.scales, q.scale_dtype, g);
+  b = load_f32(q.biases, q.scale_dtype, g);
+}
+
+HWY_INLINE const std::uint32_t* RowOf(const WeightMatrix& B, int64_t n) {
+  return static_cast<const std::uint32_t*>(B.data) + n * B.ld;
+}
+
+// One MR x NR tile over the full K, dequantizing B's rows in registers: gemm_nt.cpp's Tile with
+// the weight vector computed instead of loaded (same accumulators, same order, same reduction).
+template <bool kScaled, int MR, int NR, int kBits>
+HWY_INLINE void QTile(const ARows<MR>& a_rows, const WeightMatrix& B, const Output& C, int64_t m, int64_t n,
+                      int64_t K) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t gs = B.affine.group_size;
+  const std::uint32_t* rows[NR];
+  for (int j = 0; j < NR; ++j) rows[j] = RowOf(B, n + j);
+  hn::Vec<DF> acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = hn::Zero(df);
+  for (int64_t g0 = 0; g0 < K; g0 += gs) {
+    float s[NR], b[NR];
+    for (int j = 0; j < NR; ++j) GroupOf(B, n + j, g0, s[j], b[j]);
+    for (int64_t k = g0; k < g0 + gs; k += L) {
+      hn::Vec<DF> a[MR];
+      for (int i = 0; i < MR; ++i) a[i] = LoadA<kScaled>(df, a_rows, i, a_rows.p[i] + k);
+      for (int j = 0; j < NR; ++j) {
+        const auto w = hn::MulAdd(hn::Set(df, s[j]), Codes<kBits>(df, rows[j], k), hn::Set(df, b[j]));
+        for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], w, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* c = C.data + (m + i) * C.ld + n;
+    const float sc = C.row_scale ? C.row_scale[m + i] : 1.0f;
+    for (int j = 0; j < NR; ++j) {
+      float v = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
+      if (C.row_scale) v *= sc;
+      c[j] = C.accumulate ? c[j] + v : v;
+    }
+  }
+}
+
+template <bool kScaled, int MR, int kBits>
+HWY_INLINE void QStrip(const ARows<MR>& a, const WeightMatrix& B, const Output& C, int64_t m, int64_t N,
+                       int64_t K) {
+  int64_t n = 0;
+  if constexpr (MR == 1) {
+    for (; n + 8 <= N; n += 8) QTile<kScaled, 1, 8, kBits>(a, B, C, m, n, K);
+  }
+  for (; n + 4 <= N; n += 4) QTile<kScaled, MR, 4, kBits>(a, B, C, m, n, K);
+  switch (N - n) {
+    case 3:
+      return QTile<kScaled, MR, 3, kBits>(a, B, C, m, n, K);
+    case 2:
+      return QTile<kScaled, MR, 2, kBits>(a, B, C, m, n, K);
+    case 1:
+      return QTile<kScaled, MR, 1, kBits>(a, B, C, m, n, K);
+    default:
+      return;
+  }
+}
+
+template <int MR, int kBits>
+HWY_INLINE void QStripOf(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t m, int64_t N,
+                         int64_t K) {
+  const auto a = ARows<MR>::Of(A, m);
+  if (A.scale) {
+    QStrip<true, MR, kBits>(a, B, C, m, N, K);
+  } else {
+    QStrip<false, MR, kBits>(a, B, C, m, N, K);
+  }
+}
+
+// Rows of A the in-register path takes, one strip per row: beyond them every strip would unpack
+// the codes again, and the scratch path's single dequantization is cheaper.
+constexpr int kFusedRows = 3;
+
+template <int kBits>
+void FusedRows(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  switch (M) {
+    case 1:
+      return QStripOf<1, kBits>(A, B, C, 0, N, K);
+    case 2:
+      return QStripOf<2, kBits>(A, B, C, 0, N, K);
+    default:
+      return QStripOf<3, kBits>(A, B, C, 0, N, K);
+  }
+}
+
+// Dequantizes one row of codes [K] into dst with the registers path's values.
+template <int kBits>
+HWY_INLINE void DequantRowSimd(const WeightMatrix& B, int64_t n, int64_t K, float* dst) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const std::uint32_t* row = RowOf(B, n);
+  for (int64_t g0 = 0; g0 < K; g0 += B.affine.group_size) {
+    float s, b;
+    GroupOf(B, n, g0, s, b);
+    const auto sv = hn::Set(df, s), bv = hn::Set(df, b);
+    for (int64_t k = g0; k < g0 + B.affine.group_size; k += L)
+      hn::StoreU(hn::MulAdd(sv, Codes<kBits>(df, row, k), bv), df, dst + k);
+  }
+}
+
+void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
+  const bool aligned_groups = B.affine.group_size % L == 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * K;
+    const int64_t n = n0 + r;
+    if (aligned_groups && B.affine.bits == 4 && kInRegisters<4>) {
+      DequantRowSimd<4>(B, n, K, d);
+    } else if (aligned_groups && B.affine.bits == 8 && kInRegisters<8>) {
+      DequantRowSimd<8>(B, n, K, d);
+    } else if (aligned_groups && B.affine.bits == 2 && kInRegisters<2>) {
+      DequantRowSimd<2>(B, n, K, d);
+    } else {
+      for (int64_t k = 0; k < K; ++k) d[k] = ref::affine_value(B, n, k);
+    }
+  }
+}
+
+void GemmNtAffine(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
+  if (M <= kFusedRows && B.affine.group_size % L == 0) {
+    if (B.affine.bits == 4 && kInRegisters<4>) return FusedRows<4>(A, B, C, M, N, K);
+    if (B.affine.bits == 8 && kInRegisters<8>) return FusedRows<8>(A, B, C, M, N, K);
+    if (B.affine.bits == 2 && kInRegisters<2>) return FusedRows<2>(A, B, C, M, N, K);
+  }
+  // A block of B's rows as f32, reused by every row of A while it sits in L2.
+  const int64_t block = std::max<int64_t>(4, (256 * 1024 / (K * 4)) / 4 * 4);
+  thread_local std::vector<float> scratch;
+  const int64_t nb = std::min(block, N);
+  if (scratch.size() < static_cast<size_t>(nb * K)) scratch.resize(static_cast<size_t>(nb * K));
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t r = std::min(nb, N - n0);
+    DequantRows(B, n0, r, K, scratch.data());
+    Output c = C;
+    c.data += n0;
+    detail::gemm_nt_kernel(A, {scratch.data(), DType::f32, K}, c, M, r, K);
+  }
+}
+
+}  // namespace moekit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace moekit::kernels {
+
+HWY_EXPORT(GemmNtAffine);
+HWY_EXPORT(DequantRows);
+
+void dequantize_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst) {
+  if (rows <= 0 || K <= 0) return;
+  HWY_DYNAMIC_DISPATCH(DequantRows)(B, n0, rows, K, dst);
+}
+
+void detail::gemm_nt_affine_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                   std::int64_t N, std::int64_t K) {
+  if (M <= 0 || N <= 0) return;
+  HWY_DYNAMIC_DISPATCH(GemmNtAffine)(A, B, C, M, N, K);
+}
+
+}  // namespace moekit::kernels
+#endif  // HWY_ONCE
