@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +46,26 @@ struct WeightNames {
   bool fused_interleaved = false;
 };
 
+/// One module's quantization as config.json states it (mlx-lm's `quantization`).
+struct QuantParams {
+  int bits = 0;        ///< 0: the module is not quantized
+  int group_size = 0;  ///< elements per scale/bias group
+  std::string mode = "affine";  ///< only "affine" can be computed on
+};
+
+/// config.json's `quantization` (or its mirror `quantization_config`), as mlx-lm writes it:
+/// top-level bits / group_size / mode, and per-module entries keyed by module path (the tensor
+/// name without `.weight`) that override them (`false`: that module is not quantized; a
+/// `group_size` of null means 64, as mlx's QuantizedLinear defaults).
+struct QuantConfig {
+  bool present = false;
+  QuantParams defaults;
+  std::map<std::string, QuantParams> modules;
+
+  /// The parameters for module `path`: its entry, else the defaults; bits == 0 if none apply.
+  QuantParams of(const std::string& path) const;
+};
+
 struct MoeConfig {
   std::string model_type;       ///< as in config.json ("deepseek_v3", "mixtral", ...)
   std::int64_t hidden_size = 0;  ///< D
@@ -69,6 +90,7 @@ struct MoeConfig {
   std::vector<std::int64_t> moe_layers;       ///< explicit list (Llama-4 `moe_layers`); wins if set
 
   WeightNames names;
+  QuantConfig quantization;  ///< present for mlx-quantized checkpoints
 
   /// True if decoder layer `layer` has an MoE block. Throws std::out_of_range if layer is not in
   /// [0, num_layers).

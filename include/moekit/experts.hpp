@@ -28,7 +28,19 @@ struct ExpertMatrix {
   /// ceil(rows / 16) panels of [cols, 16] elements (16 consecutive output rows side by side for
   /// each input index; rows past `rows` zero), in `dtype`; row_stride is then unused.
   bool panels = false;
+  /// MLX affine quantization (docs/formats.md), bits != 0: `experts` point at each expert's
+  /// packed codes (dtype u32, row_stride counted in uint32 words, cols · bits / 32 per row) and
+  /// scales / biases at its [rows, cols / group_size] scales and biases (scale_dtype f32, bf16 or
+  /// f16, scale_stride elements between rows). Used in place; never expanded to float.
+  struct Affine {
+    int bits = 0;
+    int group_size = 0;
+    DType scale_dtype = DType::f32;
+    std::int64_t scale_stride = 0;
+    std::vector<const void*> scales, biases;
+  } affine;
 
+  bool quantized() const noexcept { return affine.bits != 0; }
   std::int64_t num_experts() const noexcept { return static_cast<std::int64_t>(experts.size()); }
   bool defined() const noexcept { return !experts.empty(); }
   /// A stacked, contiguous [E, rows, cols] tensor viewed as an ExpertMatrix.
@@ -48,9 +60,11 @@ struct ExpertWeights {
   std::int64_t num_experts() const noexcept { return down.num_experts(); }
   std::int64_t hidden_size() const noexcept { return down.rows; }  ///< D
   std::int64_t width() const noexcept { return down.cols; }        ///< F
-  /// Bytes of the expert matrices (what a forward may read; whole panels when packed).
+  /// Bytes of the expert matrices (what a forward may read; whole panels when packed; codes,
+  /// scales and biases when quantized).
   std::size_t nbytes() const noexcept;
-  /// Bytes the matrices take once packed by pack_panels() (rows rounded up to whole panels).
+  /// Bytes the matrices take once packed by pack_panels() (rows rounded up to whole panels;
+  /// quantized matrices stay as they are).
   std::size_t packed_nbytes() const noexcept;
 };
 
@@ -60,6 +74,12 @@ struct ExpertBody {
   float swiglu_limit = 7.0f;
   float swiglu_alpha = 1.702f;
 };
+
+/// Checks one projection of E experts of shape [rows, cols]: pointers set and aligned, strides,
+/// a float dtype or a consistent affine quantization. Throws std::invalid_argument naming
+/// `what`.`name`.
+void validate_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, std::int64_t cols, const char* what,
+                     const char* name);
 
 /// Checks that `w` is consistent for `body` with hidden size D: all E pointers set, shapes
 /// [F, D] / [D, F], strides >= cols, dtypes f32/bf16/f16, biases f32 of the right shape, gate
@@ -83,7 +103,7 @@ struct DispatchPlan {
 /// and their bytes rounded up to whole 16-row panels; the forward then runs the outer-product
 /// kernel, whose summation order differs from the in-place dot-product kernel's (docs/numerics.md)
 /// and is likewise fixed: bit-identical for any thread count and batch composition. A matrix
-/// already packed is left as it is. Throws std::invalid_argument if a matrix has an unsupported
+/// already packed, and a quantized one (already in its packed format), is left as it is. Throws std::invalid_argument if a matrix has an unsupported
 /// dtype.
 void pack_panels(ExpertWeights& w);
 

@@ -15,12 +15,16 @@ namespace moekit {
 /// Everything one MoE block reads. Matrices may point into mapped checkpoint memory; whatever
 /// owns it is held in keep_alive (of the ExpertWeights) or router_keep_alive.
 struct MoeWeights {
-  TensorView router;       ///< [E, D] f32 or bf16
+  TensorView router;       ///< [E, D] f32 or bf16; undefined when router_quantized is set
+  /// The router as one [E, D] affine-quantized matrix (mlx-lm quantizes it as any nn.Linear);
+  /// its logits equal those of the dequantized router bit for bit.
+  ExpertMatrix router_quantized;
   Tensor router_bias;      ///< [E] f32 when config.router.has_router_bias
   Tensor selection_bias;   ///< [E] f32 when config.router.has_selection_bias
   ExpertWeights experts;   ///< E routed experts
   ExpertWeights shared;    ///< E = 1 holding all shared experts side by side (width = shared_width); or empty
-  TensorView shared_gate;  ///< [1, D] when config.shared_gated
+  TensorView shared_gate;  ///< [1, D] when config.shared_gated (and not quantized)
+  ExpertMatrix shared_gate_quantized;  ///< [1, D] affine-quantized, instead of shared_gate
   std::vector<std::shared_ptr<const void>> keep_alive;
   /// Where the routed experts came from (e.g. "per_expert", "fused_gate_up", "switch_mlp"),
   /// and whether they are used in place from the mapped file ("mapped") or were copied.

@@ -25,6 +25,12 @@ ExpertMatrix ExpertMatrix::stacked(const TensorView& t) {
 namespace {
 // Bytes of one matrix of every expert, in panels or as rows.
 std::size_t matrix_bytes(const ExpertMatrix& m, bool panels) {
+  if (m.quantized()) {
+    const std::int64_t codes = m.rows * kernels::affine_words(m.cols, m.affine.bits) * 4;
+    const std::int64_t groups = 2 * m.rows * (m.cols / m.affine.group_size) *
+                                static_cast<std::int64_t>(dtype_size(m.affine.scale_dtype));
+    return static_cast<std::size_t>(m.num_experts() * (codes + groups));
+  }
   const std::int64_t per = panels ? kernels::panel_elements(m.rows, m.cols) : m.rows * m.cols;
   return static_cast<std::size_t>(m.num_experts() * per) * dtype_size(m.dtype);
 }
@@ -44,19 +50,21 @@ std::size_t ExpertWeights::packed_nbytes() const noexcept {
 
 void pack_panels(ExpertWeights& w) {
   // A matrix packed before this call reads memory that keep_alive holds; then nothing is let go.
-  bool any_rows = false, any_panels = false;
+  // A quantized matrix keeps reading its codes in place, so then nothing is let go either.
+  bool any_rows = false, any_kept = false;
   for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
-    any_rows |= m->defined() && !m->panels;
-    any_panels |= m->defined() && m->panels;
+    any_rows |= m->defined() && !m->panels && !m->quantized();
+    any_kept |= m->defined() && (m->panels || m->quantized());
   }
   if (!any_rows) return;
   for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down})
-    if (m->defined() && m->dtype != DType::f32 && m->dtype != DType::bf16 && m->dtype != DType::f16)
+    if (m->defined() && !m->quantized() && m->dtype != DType::f32 && m->dtype != DType::bf16 &&
+        m->dtype != DType::f16)
       throw std::invalid_argument(MOEKIT_MSG("[moekit::pack_panels] dtype " << dtype_name(m->dtype)
                                                                           << " is not f32, bf16 or f16"));
   std::vector<std::shared_ptr<const void>> holders;
   for (ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
-    if (!m->defined() || m->panels) continue;
+    if (!m->defined() || m->panels || m->quantized()) continue;
     const std::int64_t per = kernels::panel_elements(m->rows, m->cols);
     const std::size_t es = dtype_size(m->dtype);
     const Tensor packed = Tensor::uninitialized({m->num_experts(), per}, m->dtype);
@@ -72,7 +80,7 @@ void pack_panels(ExpertWeights& w) {
   }
   // Every matrix now reads its packed copy, so the source (owned tensors or a mapping) is let
   // go: its pages are no longer touched, and owned ones are freed.
-  if (any_panels) {
+  if (any_kept) {
     for (auto& h : w.keep_alive) holders.push_back(std::move(h));
   }
   w.keep_alive = std::move(holders);
@@ -85,24 +93,34 @@ bool is_gated(BodyKind k) {
          k == BodyKind::geglu_tanh;
 }
 
-void check_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, std::int64_t cols, const char* what,
-                  const char* name) {
-  const auto fail = [&](const std::string& msg) {
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what << "." << name << ": " << msg));
-  };
-  if (m.num_experts() != E) fail(MOEKIT_MSG("has " << m.num_experts() << " experts, expected " << E));
-  if (m.rows != rows || m.cols != cols)
-    fail(MOEKIT_MSG("is [" << m.rows << ", " << m.cols << "] per expert, expected [" << rows << ", " << cols << "]"));
-  if (!m.panels && m.row_stride < m.cols) fail(MOEKIT_MSG("row_stride " << m.row_stride << " < cols " << m.cols));
-  if (m.dtype != DType::f32 && m.dtype != DType::bf16 && m.dtype != DType::f16)
-    fail(MOEKIT_MSG("dtype " << dtype_name(m.dtype) << " is not f32, bf16 or f16"));
-  const std::size_t align = dtype_size(m.dtype);
+bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+template <typename Fail>
+void check_affine(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
+  const ExpertMatrix::Affine& q = m.affine;
+  const int b = q.bits;
+  if (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8) fail(MOEKIT_MSG("bits " << b << " not in 2-6, 8"));
+  if (q.group_size < 16 || q.group_size % 16 != 0 || m.cols % q.group_size != 0)
+    fail(MOEKIT_MSG("group_size " << q.group_size << " does not divide cols " << m.cols << " in multiples of 16"));
+  if (m.dtype != DType::u32) fail(MOEKIT_MSG("quantized codes must be u32, got " << dtype_name(m.dtype)));
+  if (m.panels) fail("a quantized matrix cannot be in panels layout");
+  if (m.row_stride < kernels::affine_words(m.cols, b))
+    fail(MOEKIT_MSG("row_stride " << m.row_stride << " words < " << kernels::affine_words(m.cols, b)));
+  if (!is_float(q.scale_dtype)) fail(MOEKIT_MSG("scale dtype " << dtype_name(q.scale_dtype) << " is not a float"));
+  if (q.scale_stride < m.cols / q.group_size)
+    fail(MOEKIT_MSG("scale_stride " << q.scale_stride << " < groups " << m.cols / q.group_size));
+  if (static_cast<std::int64_t>(q.scales.size()) != E || static_cast<std::int64_t>(q.biases.size()) != E)
+    fail("needs scales and biases for every expert");
   for (std::int64_t e = 0; e < E; ++e) {
-    if (m.experts[e] == nullptr) fail(MOEKIT_MSG("expert " << e << " has no data"));
-    if (reinterpret_cast<std::uintptr_t>(m.experts[e]) % align != 0)
-      fail(MOEKIT_MSG("expert " << e << " is not " << align << "-byte aligned"));
+    if (m.experts[e] == nullptr || q.scales[e] == nullptr || q.biases[e] == nullptr)
+      fail(MOEKIT_MSG("expert " << e << " has no data"));
+    if (reinterpret_cast<std::uintptr_t>(m.experts[e]) % 4 != 0 ||
+        reinterpret_cast<std::uintptr_t>(q.scales[e]) % dtype_size(q.scale_dtype) != 0 ||
+        reinterpret_cast<std::uintptr_t>(q.biases[e]) % dtype_size(q.scale_dtype) != 0)
+      fail(MOEKIT_MSG("expert " << e << " is not aligned"));
   }
 }
+
 
 void check_bias(const Tensor& b, std::int64_t E, std::int64_t n, const char* what, const char* name) {
   if (b.rank() != 2 || b.dim(0) != E || b.dim(1) != n || b.dtype() != DType::f32)
@@ -114,14 +132,37 @@ void check_bias(const Tensor& b, std::int64_t E, std::int64_t n, const char* wha
 
 }  // namespace
 
+void validate_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, std::int64_t cols, const char* what,
+                  const char* name) {
+  const auto fail = [&](const std::string& msg) {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what << "." << name << ": " << msg));
+  };
+  if (m.num_experts() != E) fail(MOEKIT_MSG("has " << m.num_experts() << " experts, expected " << E));
+  if (m.rows != rows || m.cols != cols)
+    fail(MOEKIT_MSG("is [" << m.rows << ", " << m.cols << "] per expert, expected [" << rows << ", " << cols << "]"));
+  if (m.quantized()) {
+    check_affine(m, E, fail);
+    return;
+  }
+  if (!m.panels && m.row_stride < m.cols) fail(MOEKIT_MSG("row_stride " << m.row_stride << " < cols " << m.cols));
+  if (m.dtype != DType::f32 && m.dtype != DType::bf16 && m.dtype != DType::f16)
+    fail(MOEKIT_MSG("dtype " << dtype_name(m.dtype) << " is not f32, bf16 or f16"));
+  const std::size_t align = dtype_size(m.dtype);
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (m.experts[e] == nullptr) fail(MOEKIT_MSG("expert " << e << " has no data"));
+    if (reinterpret_cast<std::uintptr_t>(m.experts[e]) % align != 0)
+      fail(MOEKIT_MSG("expert " << e << " is not " << align << "-byte aligned"));
+  }
+}
+
 void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what) {
   const std::int64_t E = w.down.num_experts();
   if (E < 1) throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what << " has no experts"));
   const std::int64_t F = w.down.cols;
-  check_matrix(w.down, E, D, F, what, "down");
-  check_matrix(w.up, E, F, D, what, "up");
+  validate_matrix(w.down, E, D, F, what, "down");
+  validate_matrix(w.up, E, F, D, what, "up");
   if (is_gated(body.kind)) {
-    check_matrix(w.gate, E, F, D, what, "gate");
+    validate_matrix(w.gate, E, F, D, what, "gate");
   } else if (w.gate.defined()) {
     throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what
                                                                         << ".gate given for an ungated MLP body"));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/activation.hpp"
+#include "experts/weight_matrix.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
 #include "moekit/threading.hpp"
@@ -36,9 +37,6 @@ Scratch& scratch() {
   return s;
 }
 
-kernels::WeightMatrix matrix(const ExpertMatrix& m, std::int64_t e) {
-  return {m.experts[e], m.dtype, m.row_stride, m.panels ? kernels::WeightLayout::panels : kernels::WeightLayout::rows};
-}
 
 // r rows of xin (read in place: gathered and scaled as the RowSource says) -> out [r, D] (+)=
 // body(rows) · out_scale for expert e. `split` spreads each GEMM's columns over the pool (for
@@ -49,22 +47,22 @@ void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e,
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
   s.up.resize(static_cast<std::size_t>(r * F));
-  kernels::gemm_nt(xin, matrix(w.up, e), {s.up.data(), F}, r, F, D, threads);
+  kernels::gemm_nt(xin, weight_matrix(w.up, e), {s.up.data(), F}, r, F, D, threads);
   if (has(w.up_bias)) kernels::add_row_bias(s.up.data(), r, F, w.up_bias.data_as<const float>() + e * F);
   const float* g = nullptr;
   if (w.gate.defined()) {
     s.gate.resize(static_cast<std::size_t>(r * F));
-    kernels::gemm_nt(xin, matrix(w.gate, e), {s.gate.data(), F}, r, F, D, threads);
+    kernels::gemm_nt(xin, weight_matrix(w.gate, e), {s.gate.data(), F}, r, F, D, threads);
     if (has(w.gate_bias)) kernels::add_row_bias(s.gate.data(), r, F, w.gate_bias.data_as<const float>() + e * F);
     g = s.gate.data();
   }
   kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, g, s.up.data(), s.up.data(), r * F);
   if (!has(w.down_bias)) {
-    kernels::gemm_nt({s.up.data(), F}, matrix(w.down, e), {out, D, out_scale, accumulate}, r, D, F, threads);
+    kernels::gemm_nt({s.up.data(), F}, weight_matrix(w.down, e), {out, D, out_scale, accumulate}, r, D, F, threads);
     return;
   }
   // The bias sits inside the weighted body, (h·Wᵀ + b)·w, so here the weight comes after it.
-  kernels::gemm_nt({s.up.data(), F}, matrix(w.down, e), {out, D, nullptr, accumulate}, r, D, F, threads);
+  kernels::gemm_nt({s.up.data(), F}, weight_matrix(w.down, e), {out, D, nullptr, accumulate}, r, D, F, threads);
   kernels::add_row_bias(out, r, D, w.down_bias.data_as<const float>() + e * D);
   if (out_scale)
     for (std::int64_t i = 0; i < r; ++i)

@@ -262,6 +262,64 @@ std::string supported_model_types() {
   return out;
 }
 
+namespace {
+
+// One `quantization` entry: {"bits": b, "group_size": g|null, "mode": m} (missing bits / group
+// size take mlx's defaults for affine: 4 and 64), or true / false.
+QuantParams quant_entry(const json& j, const std::string& model_type, const std::string& where,
+                        const QuantParams& defaults) {
+  const auto bad = [&](const std::string& what) {
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type << ": quantization" << where
+                                                                        << ": " << what << ", got " << j.dump()));
+  };
+  if (j.is_boolean()) return j.get<bool>() ? defaults : QuantParams{};
+  if (!j.is_object()) bad("must be an object or a boolean");
+  QuantParams q;
+  q.mode = "affine";
+  if (j.contains("mode") && !j.at("mode").is_null()) {
+    if (!j.at("mode").is_string()) bad("'mode' must be a string");
+    q.mode = j.at("mode").get<std::string>();
+  }
+  const auto int_field = [&](const char* key, int dflt) {
+    if (!j.contains(key) || j.at(key).is_null()) return dflt;
+    if (!j.at(key).is_number_integer()) bad(std::string("'") + key + "' must be an integer");
+    return j.at(key).get<int>();
+  };
+  q.bits = int_field("bits", 4);
+  q.group_size = int_field("group_size", 64);
+  if (q.mode == "affine") {
+    if (q.bits != 2 && q.bits != 3 && q.bits != 4 && q.bits != 5 && q.bits != 6 && q.bits != 8)
+      bad(MOEKIT_MSG("bits " << q.bits << " is not one of 2, 3, 4, 5, 6, 8"));
+    if (q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
+      bad(MOEKIT_MSG("group_size " << q.group_size << " is not one of 32, 64, 128"));
+  }
+  return q;
+}
+
+QuantConfig parse_quantization(const json& root, const std::string& model_type) {
+  QuantConfig qc;
+  const json* q = nullptr;
+  for (const char* key : {"quantization", "quantization_config"})
+    if (q == nullptr && root.contains(key) && root.at(key).is_object() &&
+        (std::string(key) == "quantization" || root.at(key).contains("bits")))
+      q = &root.at(key);
+  if (q == nullptr) return qc;
+  qc.present = true;
+  qc.defaults = quant_entry(*q, model_type, "", QuantParams{});
+  for (const auto& [key, value] : q->items())
+    if (value.is_object() || value.is_boolean())
+      qc.modules[key] = quant_entry(value, model_type, "['" + key + "']", qc.defaults);
+  return qc;
+}
+
+}  // namespace
+
+QuantParams QuantConfig::of(const std::string& path) const {
+  if (!present) return {};
+  const auto it = modules.find(path);
+  return it != modules.end() ? it->second : defaults;
+}
+
 MoeConfig parse_hf_config(std::string_view json_text) {
   json root;
   try {
@@ -299,6 +357,7 @@ MoeConfig parse_hf_config(std::string_view json_text) {
   c.router.top_k = f.integer_any({"num_experts_per_tok", "experts_per_token"});
   c.body = body_from_act(f, true);
   family->read(f, c);
+  c.quantization = parse_quantization(root, model_type);
 
   const auto positive = [&](const char* what, std::int64_t v) {
     if (v < 1)

@@ -1,11 +1,13 @@
 // load_moe_layer: one MoE block of a checkpoint folder -> MoeLayer. The family's names come
 // from MoeConfig::names (data); the expert layout is detected from which tensors exist.
+#include <cmath>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 
 #include "moekit/model.hpp"
 #include "moekit/safetensors.hpp"
+#include "kernels/gemm.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
@@ -24,14 +26,20 @@ bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DTyp
 // Reads tensors of one block, with messages that name the file, the tensor and the expectation.
 class BlockReader {
  public:
-  BlockReader(std::shared_ptr<const Checkpoint> ckpt, std::string prefix)
-      : ckpt_(std::move(ckpt)), prefix_(std::move(prefix)) {}
+  BlockReader(std::shared_ptr<const Checkpoint> ckpt, std::string prefix, const QuantConfig& quant)
+      : ckpt_(std::move(ckpt)), prefix_(std::move(prefix)), quant_(quant) {}
 
   std::string full(const std::string& rel) const { return prefix_ + "." + rel; }
   bool has(const std::string& rel) const { return ckpt_->contains(full(rel)); }
 
-  // A float view of `rel`, checked against `shape`.
-  TensorView get(const std::string& rel, const Shape& shape) const {
+  [[noreturn]] void fail(const std::string& rel, const std::string& what) const {
+    const std::string name = full(rel);
+    const std::string file = ckpt_->contains(name) ? ckpt_->info(name).file : ckpt_->path();
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": tensor '" << name << "' " << what));
+  }
+
+  // A float view of `rel`, checked against `shape` (or, with `codes`, a U32 view).
+  TensorView get(const std::string& rel, const Shape& shape, bool codes = false) const {
     const std::string name = full(rel);
     if (!ckpt_->contains(name))
       throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << ckpt_->path() << ": missing tensor '" << name
@@ -41,6 +49,10 @@ class BlockReader {
       throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << info.file << ": tensor '" << name
                                                                       << "' has shape " << shape_str(info.shape)
                                                                       << ", expected " << shape_str(shape)));
+    if (codes) {
+      if (info.dtype_name != "U32") fail(rel, "has dtype " + info.dtype_name + ", expected U32 (packed codes)");
+      return ckpt_->view(name);
+    }
     TensorView v = ckpt_->view(name);  // throws for dtypes moekit cannot compute on
     if (!is_float(v.dtype()))
       throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << info.file << ": tensor '" << name
@@ -54,8 +66,8 @@ class BlockReader {
 
   // `get` usable in place when aligned; otherwise an owned aligned copy (recorded in `copied`).
   TensorView get_aligned(const std::string& rel, const Shape& shape, std::vector<std::shared_ptr<const void>>& keep,
-                         bool& copied) const {
-    TensorView v = get(rel, shape);
+                         bool& copied, bool codes = false) const {
+    TensorView v = get(rel, shape, codes);
     if (reinterpret_cast<std::uintptr_t>(v.data()) % dtype_size(v.dtype()) == 0) return v;
     auto t = std::make_shared<Tensor>(v.shape(), v.dtype());
     std::memcpy(t->data(), v.data(), v.nbytes());
@@ -66,9 +78,87 @@ class BlockReader {
 
   const std::shared_ptr<const Checkpoint>& checkpoint() const { return ckpt_; }
 
+  // Projection module `rel` (relative to the block, without ".weight") of E experts stacked
+  // [E, out, in] (E > 0) or one [out, in] matrix (E == 0): float as stored, or MLX
+  // affine-quantized when `<rel>.scales` exists (codes, scales and biases used in place).
+  ExpertMatrix matrix(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
+                      std::vector<std::shared_ptr<const void>>& keep, bool& copied) const {
+    const auto shape = [&](std::int64_t last) { return E > 0 ? Shape{E, out, last} : Shape{out, last}; };
+    const std::string module = full(rel);
+    const QuantParams q = quant_.of(module);
+    if (!has(rel + ".scales")) {
+      if (quant_.modules.count(module) && q.bits != 0)
+        fail(rel + ".weight", MOEKIT_MSG("is quantized in config.json (" << q.bits << " bits, group "
+                                                                         << q.group_size << ") but '" << module
+                                                                         << ".scales' is missing"));
+      const TensorView v = get_aligned(rel + ".weight", shape(in), keep, copied);
+      return E > 0 ? ExpertMatrix::stacked(v) : matrix_of(v, out, in);
+    }
+    if (!quant_.present)
+      fail(rel + ".scales", "marks an mlx-quantized module, but config.json has no 'quantization' entry");
+    if (q.bits == 0) fail(rel + ".scales", "marks a quantized module that config.json's 'quantization' excludes");
+    if (q.mode != "affine")
+      fail(rel + ".weight", "uses quantization mode '" + q.mode + "', which moekit cannot compute on (supported: affine)");
+    if (in % q.group_size != 0)
+      fail(rel + ".weight", MOEKIT_MSG("has input dimension " << in << ", not a multiple of group_size "
+                                                              << q.group_size));
+    const std::int64_t words = in * q.bits / 32, groups = in / q.group_size;
+    const std::string ctx = MOEKIT_MSG(" for " << q.bits << "-bit codes, group " << q.group_size << " of " << in
+                                               << " inputs");
+    const auto expect_shape = [&](const std::string& t, std::int64_t last) {
+      if (!has(t)) fail(t, MOEKIT_MSG("is missing, expected shape " << shape_str(shape(last)) << ctx));
+      if (ckpt_->info(full(t)).shape != shape(last))
+        fail(t, MOEKIT_MSG("has shape " << shape_str(ckpt_->info(full(t)).shape) << ", expected "
+                                        << shape_str(shape(last)) << ctx));
+    };
+    expect_shape(rel + ".weight", words);
+    expect_shape(rel + ".scales", groups);
+    expect_shape(rel + ".biases", groups);
+    const TensorView codes = get_aligned(rel + ".weight", shape(words), keep, copied, true);
+    const TensorView scales = get_aligned(rel + ".scales", shape(groups), keep, copied);
+    const TensorView biases = get_aligned(rel + ".biases", shape(groups), keep, copied);
+    if (scales.dtype() != biases.dtype())
+      fail(rel + ".biases", MOEKIT_MSG("has dtype " << dtype_name(biases.dtype()) << " but the scales are "
+                                                    << dtype_name(scales.dtype())));
+    for (const auto& [t, v] : {std::pair{rel + ".scales", scales}, std::pair{rel + ".biases", biases}})
+      for (std::int64_t i = 0; i < v.numel(); ++i) {
+        const float x = kernels::load_f32(v.data(), v.dtype(), i);
+        if (!std::isfinite(x))
+          fail(t, MOEKIT_MSG("has a non-finite value " << x << " at flat index " << i << " (row " << i / groups
+                                                       << ", group " << i % groups << ")"));
+      }
+    ExpertMatrix m;
+    m.dtype = DType::u32;
+    m.rows = out;
+    m.cols = in;
+    m.row_stride = words;
+    m.affine.bits = q.bits;
+    m.affine.group_size = q.group_size;
+    m.affine.scale_dtype = scales.dtype();
+    m.affine.scale_stride = groups;
+    const std::size_t es = dtype_size(scales.dtype());
+    for (std::int64_t e = 0; e < std::max<std::int64_t>(E, 1); ++e) {
+      m.experts.push_back(static_cast<const char*>(codes.data()) + static_cast<std::size_t>(e * out * words) * 4);
+      m.affine.scales.push_back(static_cast<const char*>(scales.data()) + static_cast<std::size_t>(e * out * groups) * es);
+      m.affine.biases.push_back(static_cast<const char*>(biases.data()) + static_cast<std::size_t>(e * out * groups) * es);
+    }
+    return m;
+  }
+
+  static ExpertMatrix matrix_of(const TensorView& v, std::int64_t rows, std::int64_t cols) {
+    ExpertMatrix m;
+    m.dtype = v.dtype();
+    m.rows = rows;
+    m.cols = cols;
+    m.row_stride = cols;
+    m.experts.push_back(v.data());
+    return m;
+  }
+
  private:
   std::shared_ptr<const Checkpoint> ckpt_;
   std::string prefix_;
+  const QuantConfig& quant_;
 };
 
 // Gathers src[e][i][j] (row-major, element size es) into dst[e][out][in] with out/in chosen by
@@ -87,36 +177,39 @@ Tensor gather_copy(const TensorView& src, std::int64_t E, std::int64_t rows, std
   return dst;
 }
 
-ExpertMatrix matrix_from_views(const std::vector<TensorView>& per_expert, std::int64_t rows, std::int64_t cols) {
-  ExpertMatrix m;
-  m.dtype = per_expert.front().dtype();
-  m.rows = rows;
-  m.cols = cols;
-  m.row_stride = cols;
-  for (const TensorView& v : per_expert) m.experts.push_back(v.data());
-  return m;
+// Appends the experts of `part` (one expert's matrix) to `all`, which must agree on the format.
+void append_expert(ExpertMatrix& all, const ExpertMatrix& part, const std::string& what, const std::string& file) {
+  if (!all.defined()) {
+    all = part;
+    return;
+  }
+  const auto format = [](const ExpertMatrix& m) {
+    if (!m.quantized()) return std::string(dtype_name(m.dtype));
+    return MOEKIT_MSG(m.affine.bits << "-bit affine, group " << m.affine.group_size << ", "
+                                    << dtype_name(m.affine.scale_dtype) << " scales");
+  };
+  if (format(part) != format(all))
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": " << what << " mixes "
+                                                                    << (part.quantized() || all.quantized() ? "formats"
+                                                                                                             : "dtypes")
+                                                                    << " across experts (expert 0: " << format(all)
+                                                                    << ", expert " << all.num_experts() << ": "
+                                                                    << format(part) << ")"));
+  all.experts.push_back(part.experts.front());
+  if (part.quantized()) {
+    all.affine.scales.push_back(part.affine.scales.front());
+    all.affine.biases.push_back(part.affine.biases.front());
+  }
 }
 
-void check_same_dtype(const std::vector<TensorView>& views, const std::string& what, const std::string& file) {
-  for (const TensorView& v : views)
-    if (v.dtype() != views.front().dtype())
-      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": " << what
-                                                                      << " mixes dtypes across experts ("
-                                                                      << dtype_name(views.front().dtype()) << " and "
-                                                                      << dtype_name(v.dtype()) << ")"));
-}
-
-// Quantized checkpoints are recognised and refused before anything else is read.
-void reject_quantized(const BlockReader& r, const WeightNames& n) {
-  const std::vector<std::string> markers = {n.router + ".scales", "switch_mlp.up_proj.scales",
-                                            "switch_mlp.up_proj.biases", n.experts + ".0." + n.up_proj + ".scales",
-                                            n.experts + ".gate_up_proj_blocks", n.experts + ".gate_up_proj_scales"};
-  for (const std::string& q : markers)
+// MXFP4 experts (GPT-OSS as OpenAI ships it) are recognised and refused before anything else is read.
+void reject_mxfp4(const BlockReader& r, const WeightNames& n) {
+  for (const std::string& q : {n.experts + ".gate_up_proj_blocks", n.experts + ".gate_up_proj_scales"})
     if (r.has(q))
       throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path() << ": '" << r.full(q)
-                                                                      << "' marks an mlx-quantized or MXFP4 checkpoint, "
-                                                                         "which this version cannot load (experts must "
-                                                                         "be F32, BF16 or F16)"));
+                                                                      << "' marks an MXFP4 checkpoint, which this "
+                                                                         "version cannot load (experts must be F32, "
+                                                                         "BF16, F16 or MLX affine-quantized)"));
 }
 
 void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
@@ -138,9 +231,9 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
   if (!stacked.empty()) {
     w.layout = "switch_mlp";
     const std::string s = stacked + ".";
-    if (gated) ex.gate = ExpertMatrix::stacked(r.get_aligned(s + "gate_proj.weight", {E, F, D}, ex.keep_alive, copied));
-    ex.up = ExpertMatrix::stacked(r.get_aligned(s + "up_proj.weight", {E, F, D}, ex.keep_alive, copied));
-    ex.down = ExpertMatrix::stacked(r.get_aligned(s + "down_proj.weight", {E, D, F}, ex.keep_alive, copied));
+    if (gated) ex.gate = r.matrix(s + "gate_proj", E, F, D, ex.keep_alive, copied);
+    ex.up = r.matrix(s + "up_proj", E, F, D, ex.keep_alive, copied);
+    ex.down = r.matrix(s + "down_proj", E, D, F, ex.keep_alive, copied);
     if (c.expert_bias) {
       if (gated) ex.gate_bias = r.get_f32(s + "gate_proj.bias", {E, F});
       ex.up_bias = r.get_f32(s + "up_proj.bias", {E, F});
@@ -210,22 +303,13 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
                                                                       << r.full("switch_mlp.up_proj.weight")
                                                                       << "' (switch_mlp)"));
     w.layout = "per_expert";
-    std::vector<TensorView> gate, up, down;
+    const std::string& file = r.checkpoint()->path();
     for (std::int64_t e = 0; e < E; ++e) {
       const std::string p = n.experts + "." + std::to_string(e) + ".";
-      if (gated) gate.push_back(r.get_aligned(p + n.gate_proj + ".weight", {F, D}, ex.keep_alive, copied));
-      up.push_back(r.get_aligned(p + n.up_proj + ".weight", {F, D}, ex.keep_alive, copied));
-      down.push_back(r.get_aligned(p + n.down_proj + ".weight", {D, F}, ex.keep_alive, copied));
+      if (gated) append_expert(ex.gate, r.matrix(p + n.gate_proj, 0, F, D, ex.keep_alive, copied), "gate", file);
+      append_expert(ex.up, r.matrix(p + n.up_proj, 0, F, D, ex.keep_alive, copied), "up", file);
+      append_expert(ex.down, r.matrix(p + n.down_proj, 0, D, F, ex.keep_alive, copied), "down", file);
     }
-    const std::string& file = r.checkpoint()->path();
-    check_same_dtype(up, "up", file);
-    check_same_dtype(down, "down", file);
-    if (gated) {
-      check_same_dtype(gate, "gate", file);
-      ex.gate = matrix_from_views(gate, F, D);
-    }
-    ex.up = matrix_from_views(up, F, D);
-    ex.down = matrix_from_views(down, D, F);
     if (c.expert_bias) {
       ex.up_bias = Tensor({E, F}, DType::f32);
       ex.down_bias = Tensor({E, D}, DType::f32);
@@ -277,13 +361,18 @@ MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::i
                                                                     << replace_layer(n.block, layer) << "." << n.router
                                                                     << ".weight' (the router of layer " << layer
                                                                     << "), expected shape " << shape_str({E, D})));
-  const BlockReader r(ckpt, block);
-  reject_quantized(r, n);
+  const BlockReader r(ckpt, block, config.quantization);
+  reject_mxfp4(r, n);
   MoeWeights w;
   w.keep_alive.push_back(ckpt);
   bool copied = false;
-  w.router = r.get_aligned(n.router + ".weight", {E, D}, w.keep_alive, copied);
-  if (w.router.dtype() == DType::f16) {
+  const ExpertMatrix router = r.matrix(n.router, 0, E, D, w.keep_alive, copied);
+  if (router.quantized()) {
+    w.router_quantized = router;
+  } else {
+    w.router = TensorView(router.experts.front(), {E, D}, router.dtype);
+  }
+  if (w.router.defined() && w.router.dtype() == DType::f16) {
     auto t = std::make_shared<Tensor>(to_dtype(w.router, DType::f32));
     w.keep_alive.push_back(t);
     w.router = t->view();
@@ -297,15 +386,21 @@ MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::i
     ExpertWeights& sh = w.shared;
     sh.keep_alive.push_back(ckpt);
     bool shared_copied = false;
-    const auto one = [&](const std::string& rel, const Shape& s) {
-      TensorView v = r.get_aligned(n.shared + "." + rel, s, sh.keep_alive, shared_copied);
-      return matrix_from_views({v}, s[0], s[1]);
+    const auto one = [&](const std::string& rel, std::int64_t out, std::int64_t in) {
+      return r.matrix(n.shared + "." + rel, 0, out, in, sh.keep_alive, shared_copied);
     };
-    sh.gate = one("gate_proj.weight", {S, D});
-    sh.up = one("up_proj.weight", {S, D});
-    sh.down = one("down_proj.weight", {D, S});
+    sh.gate = one("gate_proj", S, D);
+    sh.up = one("up_proj", S, D);
+    sh.down = one("down_proj", D, S);
     if (config.shared_gated) {
-      w.shared_gate = r.get_aligned(n.shared_gate + ".weight", {1, D}, w.keep_alive, copied);
+      const ExpertMatrix g = r.matrix(n.shared_gate, 0, 1, D, w.keep_alive, copied);
+      if (g.quantized()) {
+        w.shared_gate_quantized = g;
+      } else {
+        w.shared_gate = TensorView(g.experts.front(), {1, D}, g.dtype);
+      }
+    }
+    if (w.shared_gate.defined()) {
       if (w.shared_gate.dtype() == DType::f16) {
         auto t = std::make_shared<Tensor>(to_dtype(w.shared_gate, DType::f32));
         w.keep_alive.push_back(t);

@@ -3,6 +3,9 @@
 #include <stdexcept>
 
 #include "moekit/layer.hpp"
+
+#include "experts/weight_matrix.hpp"
+#include "kernels/activation.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
@@ -18,6 +21,16 @@ void check_vector(const Tensor& t, bool wanted, std::int64_t E, const char* name
                                                                  << shape_str(t.shape())));
   if (!wanted && present)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] " << name << " given but the config has none"));
+}
+
+// x [T, D] · Wᵀ (+ bias) for a quantized [N, D] matrix: router_logits()'s computation (the same
+// kernel order, then the bias), so it equals router_logits on the dequantized matrix.
+Tensor quantized_logits(const TensorView& x, const ExpertMatrix& m, const Tensor& bias) {
+  const std::int64_t T = x.dim(0), N = m.rows;
+  Tensor out({T, N}, DType::f32);
+  kernels::gemm_nt({x.data_as<const float>(), m.cols}, weight_matrix(m, 0), {out.data_as<float>(), N}, T, N, m.cols);
+  if (bias.numel() > 0) kernels::add_row_bias(out.data_as<float>(), T, N, bias.data_as<const float>());
+  return out;
 }
 
 }  // namespace
@@ -40,8 +53,11 @@ MoeLayer::MoeLayer(MoeConfig config, MoeWeights weights) : config_(std::move(con
   validate(config_.router);
   const std::int64_t D = config_.hidden_size, E = config_.router.num_experts, F = config_.expert_width;
   const MoeWeights& w = weights_;
-  if (!w.router.defined() || w.router.rank() != 2 || w.router.dim(0) != E || w.router.dim(1) != D ||
-      (w.router.dtype() != DType::f32 && w.router.dtype() != DType::bf16))
+  if (w.router_quantized.defined()) {
+    if (w.router.defined()) throw std::invalid_argument("[moekit::MoeLayer] both router and router_quantized given");
+    validate_matrix(w.router_quantized, 1, E, D, "MoeLayer", "router_quantized");
+  } else if (!w.router.defined() || w.router.rank() != 2 || w.router.dim(0) != E || w.router.dim(1) != D ||
+             (w.router.dtype() != DType::f32 && w.router.dtype() != DType::bf16))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] router must be f32/bf16 [" << E << ", " << D
                                                                                          << "], got "
                                                                                          << dtype_name(w.router.dtype())
@@ -75,7 +91,9 @@ MoeLayer::MoeLayer(MoeConfig config, MoeWeights weights) : config_(std::move(con
   } else if (w.shared.num_experts() != 0) {
     throw std::invalid_argument("[moekit::MoeLayer] shared expert given but config.shared_width is 0");
   }
-  if (config_.shared_gated) {
+  if (config_.shared_gated && w.shared_gate_quantized.defined()) {
+    validate_matrix(w.shared_gate_quantized, 1, 1, D, "MoeLayer", "shared_gate_quantized");
+  } else if (config_.shared_gated) {
     if (!w.shared_gate.defined() || w.shared_gate.shape() != Shape{1, D} ||
         (w.shared_gate.dtype() != DType::f32 && w.shared_gate.dtype() != DType::bf16))
       throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] shared_gate must be f32/bf16 [1, " << D << "], got "
@@ -110,7 +128,8 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
                                                                                                    << ", column " << i % D));
   const MoeWeights& w = weights_;
 
-  Tensor logits = router_logits(x32, w.router, w.router_bias.view());
+  Tensor logits = w.router_quantized.defined() ? quantized_logits(x32, w.router_quantized, w.router_bias)
+                                               : router_logits(x32, w.router, w.router_bias.view());
   Routing routing = route(config_.router, logits, w.selection_bias.view());
 
   Tensor y = Tensor::uninitialized({T, D}, DType::f32);  // run_experts overwrites every row
@@ -122,7 +141,8 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
     } else {
       Tensor s = Tensor::uninitialized({T, D}, DType::f32);
       run_dense_ffn(w.shared, shared_body(), x32, s, false);
-      const Tensor g = router_logits(x32, w.shared_gate);  // [T, 1] fp32
+      const Tensor g = w.shared_gate_quantized.defined() ? quantized_logits(x32, w.shared_gate_quantized, Tensor())
+                                                         : router_logits(x32, w.shared_gate);  // [T, 1] fp32
       float* ys = y.data_as<float>();
       const float* ss = s.data_as<const float>();
       const float* gs = g.data_as<const float>();

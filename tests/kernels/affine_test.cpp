@@ -14,6 +14,7 @@
 #include "kernels/ref/gemm_ref.hpp"
 #include "kernels/targets.hpp"
 #include "moekit/threading.hpp"
+#include "util/affine.hpp"
 #include "util/random.hpp"
 
 namespace moekit {
@@ -23,26 +24,8 @@ using kernels::Output;
 using kernels::RowSource;
 using kernels::WeightMatrix;
 using testing::for_each_target;
+using testing::pack_codes;
 using testing::randn;
-
-// Packs codes [N, K] of `bits` bits the way the format describes it, written independently of
-// the kernels: code i of a row occupies bits [i·bits, (i+1)·bits) of the row's little-endian byte
-// stream, rows padded to `ld` words.
-std::vector<std::uint32_t> pack_codes(const std::vector<std::uint32_t>& codes, std::int64_t N, std::int64_t K,
-                                      int bits, std::int64_t ld) {
-  std::vector<std::uint32_t> words(static_cast<std::size_t>(N * ld), 0xdeadbeefu);
-  for (std::int64_t n = 0; n < N; ++n) {
-    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(K * bits / 8), 0);
-    for (std::int64_t i = 0; i < K; ++i)
-      for (int b = 0; b < bits; ++b)
-        if ((codes[static_cast<std::size_t>(n * K + i)] >> b) & 1u) {
-          const std::int64_t bit = i * bits + b;
-          bytes[static_cast<std::size_t>(bit / 8)] |= static_cast<std::uint8_t>(1u << (bit % 8));
-        }
-    std::memcpy(words.data() + n * ld, bytes.data(), bytes.size());
-  }
-  return words;
-}
 
 // A random affine-quantized [N, K] matrix with padded rows and scale rows (strides > minimal).
 struct QuantMatrix {

@@ -4,6 +4,7 @@
 // Header-only so any test can include "layer/checkpoint_builder.hpp".
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

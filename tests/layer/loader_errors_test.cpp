@@ -243,54 +243,7 @@ TEST(LoaderErrors, IndexNamesAMissingShard) {
                                         {"model.safetensors.index.json", shard, "does not exist"});
 }
 
-// mlx-lm 4-bit, group size 8 (for these tiny sizes): weight U32 [..., in * 4 / 32], scales and
-// biases [..., in / 8].
-void add_mlx_quantized(CheckpointBuilder& b, const std::string& name, Shape out_in) {
-  const std::int64_t in = out_in.back();
-  Shape packed = out_in, groups = out_in;
-  packed.back() = in * 4 / 32;
-  groups.back() = in / 8;
-  b.add(testing::raw_entry(name + ".weight", "U32", packed,
-                           static_cast<std::size_t>(shape_numel(packed)) * 4));
-  b.add(name + ".scales", testing::random_f32(groups, 1, 0.01f));
-  b.add(name + ".biases", testing::random_f32(groups, 2, 0.01f));
-}
-
-nlohmann::json qwen3_config() {
-  return {{"model_type", "qwen3_moe"},
-          {"hidden_size", kD},
-          {"moe_intermediate_size", kF},
-          {"intermediate_size", 32},
-          {"num_hidden_layers", 2},
-          {"num_experts", kE},
-          {"num_experts_per_tok", 2},
-          {"norm_topk_prob", true},
-          {"decoder_sparse_step", 1},
-          {"hidden_act", "silu"},
-          {"quantization", {{"group_size", 8}, {"bits", 4}}}};
-}
-
-TEST(LoaderErrors, MlxQuantizedSwitchMlpIsAClearError) {
-  CheckpointBuilder b(qwen3_config());
-  b.add(kBlock + ".gate.weight", testing::random_f32({kE, kD}, 1));
-  add_mlx_quantized(b, kBlock + ".switch_mlp.gate_proj", {kE, kF, kD});
-  add_mlx_quantized(b, kBlock + ".switch_mlp.up_proj", {kE, kF, kD});
-  add_mlx_quantized(b, kBlock + ".switch_mlp.down_proj", {kE, kD, kF});
-  expect_throw_with<std::runtime_error>(
-      [&] { load(b); }, {"'model.layers.1.mlp.switch_mlp.up_proj.scales'", "mlx-quantized"});
-}
-
-// As mlx-lm writes them, quantized Qwen3-MoE checkpoints quantize the router too (it is an
-// nn.Linear): `mlp.gate.weight` U32 [E, D/8] + `mlp.gate.scales` / `.biases`.
-TEST(LoaderErrors, MlxQuantizedCheckpointWithQuantizedRouterIsAClearError) {
-  CheckpointBuilder b(qwen3_config());
-  add_mlx_quantized(b, kBlock + ".gate", {kE, kD});
-  add_mlx_quantized(b, kBlock + ".switch_mlp.gate_proj", {kE, kF, kD});
-  add_mlx_quantized(b, kBlock + ".switch_mlp.up_proj", {kE, kF, kD});
-  add_mlx_quantized(b, kBlock + ".switch_mlp.down_proj", {kE, kD, kF});
-  expect_throw_with<std::runtime_error>([&] { load(b); },
-                                        {"'model.layers.1.mlp.gate.scales'", "mlx-quantized"});
-}
+// mlx-quantized checkpoints load now: tests/layer/quantized_layer_test.cpp.
 
 // GPT-OSS as OpenAI ships it: MXFP4 experts (`gate_up_proj_blocks` U8 [E, 2F, D/32, 16] and
 // `gate_up_proj_scales` U8 [E, 2F, D/32]), which this version cannot compute on.
