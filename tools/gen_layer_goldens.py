@@ -97,6 +97,10 @@ def write_safetensors(path, tensors, metadata=None):
             raw = np.ascontiguousarray(arr, dtype="<f4").tobytes()
         elif dt == "I32":
             raw = np.ascontiguousarray(arr, dtype="<i4").tobytes()
+        elif dt == "U32":
+            raw = np.ascontiguousarray(arr, dtype="<u4").tobytes()
+        elif dt == "F16":
+            raw = np.ascontiguousarray(arr, dtype="<f2").tobytes()
         else:
             raise ValueError(dt)
         header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}
@@ -685,7 +689,7 @@ def mlx_block(c, cfg, w):
             inds, sc = mod.gate(mx.array(x)[None])
             mx.eval(inds, sc)
             return np.array(inds)[0], np.array(sc, dtype=np.float32)[0]
-    return SimpleNamespace(run=run, gate=gate, name=mname)
+    return SimpleNamespace(run=run, gate=gate, name=mname, module=mod)
 
 
 def rel_err(a, b):
