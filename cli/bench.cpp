@@ -95,22 +95,37 @@ std::vector<const BenchShape*> parse_shapes(const std::string& text) {
   return out;
 }
 
-std::vector<DType> parse_dtypes(const std::string& text) {
-  std::vector<DType> out;
+// A weight format of the benchmark: a float dtype, or MLX affine codes of `bits` bits
+// (group 64, bf16 scales and biases: what mlx-community's models use).
+struct WeightFormat {
+  DType dtype = DType::f32;
+  int bits = 0;
+  static constexpr int kGroup = 64;
+  bool quantized() const { return bits != 0; }
+  std::string name() const { return quantized() ? "q" + std::to_string(bits) : dtype_name(dtype); }
+};
+
+std::vector<WeightFormat> parse_dtypes(const std::string& text) {
+  std::vector<WeightFormat> out;
   for (const std::string& item : split_list(text, "--dtype")) {
-    DType d;
-    if (item == "f32")
-      d = DType::f32;
-    else if (item == "bf16")
-      d = DType::bf16;
-    else if (item == "f16")
-      d = DType::f16;
-    else
-      throw std::invalid_argument(
-          "--dtype '" + item + "' is not a weight dtype moekit runs (expected f32, bf16 or f16)");
-    if (std::find(out.begin(), out.end(), d) != out.end())
-      throw std::invalid_argument("--dtype '" + text + "' lists " + item + " twice");
-    out.push_back(d);
+    WeightFormat f;
+    if (item == "f32") {
+      f.dtype = DType::f32;
+    } else if (item == "bf16") {
+      f.dtype = DType::bf16;
+    } else if (item == "f16") {
+      f.dtype = DType::f16;
+    } else if (item.size() == 2 && item[0] == 'q' && std::string("234568").find(item[1]) != std::string::npos) {
+      f.dtype = DType::u32;
+      f.bits = item[1] - '0';
+    } else {
+      throw std::invalid_argument("--dtype '" + item +
+                                  "' is not a weight format moekit runs (expected f32, bf16, f16 or q2, q3, q4, q5, "
+                                  "q6, q8: MLX affine, group 64, bf16 scales)");
+    }
+    for (const WeightFormat& g : out)
+      if (g.name() == f.name()) throw std::invalid_argument("--dtype '" + text + "' lists " + item + " twice");
+    out.push_back(f);
   }
   return out;
 }
@@ -127,13 +142,15 @@ std::vector<std::string> parse_layouts(const std::string& text) {
   return out;
 }
 
-double expert_bytes(const BenchShape& s, DType dtype) {
-  return 3.0 * static_cast<double>(s.D) * static_cast<double>(s.F) *
-         static_cast<double>(dtype_size(dtype));
+// Bytes of one expert's three matrices (quantized: codes + bf16 scales and biases).
+double expert_bytes(const BenchShape& s, const WeightFormat& f) {
+  const double n = 3.0 * static_cast<double>(s.D) * static_cast<double>(s.F);
+  if (f.quantized()) return n * f.bits / 8.0 + n / WeightFormat::kGroup * 2.0 * 2.0;
+  return n * static_cast<double>(dtype_size(f.dtype));
 }
 
-double layer_weight_bytes(const BenchShape& s, DType dtype) {
-  return static_cast<double>(s.E + s.shared) * expert_bytes(s, dtype);
+double layer_weight_bytes(const BenchShape& s, const WeightFormat& f) {
+  return static_cast<double>(s.E + s.shared) * expert_bytes(s, f);
 }
 
 std::string gb(double bytes) {
@@ -223,7 +240,50 @@ void fill_random(const Tensor& t, float stddev, std::uint64_t stream) {
 // ---------------------------------------------------------------------------------------------
 // The layer
 
-std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, DType dtype, bool panels, std::uint64_t seed) {
+// A stacked [n, out, in] projection in format `f`: float weights, or random codes with small
+// random bf16 scales and biases around zero (values of the same spread as the float weights).
+ExpertMatrix random_matrix(const WeightFormat& f, std::int64_t n, std::int64_t out, std::int64_t in,
+                           std::uint64_t& stream, std::vector<std::shared_ptr<const void>>& keep) {
+  if (!f.quantized()) {
+    auto t = std::make_shared<Tensor>(Tensor::uninitialized({n, out, in}, f.dtype));
+    fill_random(*t, 0.02f, stream++);
+    keep.push_back(t);
+    return ExpertMatrix::stacked(*t);
+  }
+  const std::int64_t words = in * f.bits / 32, groups = in / WeightFormat::kGroup;
+  auto codes = std::make_shared<Tensor>(Tensor::uninitialized({n, out, words}, DType::u32));
+  auto scales = std::make_shared<Tensor>(Tensor::uninitialized({n, out, groups}, DType::bf16));
+  auto biases = std::make_shared<Tensor>(Tensor::uninitialized({n, out, groups}, DType::bf16));
+  std::uint64_t state = stream++ * 0xD1B54A32D192ED03ull;
+  auto* c = codes->data_as<std::uint32_t>();
+  for (std::int64_t i = 0; i < codes->numel(); ++i) c[i] = static_cast<std::uint32_t>(splitmix64(state));
+  const float top = static_cast<float>((1 << f.bits) - 1);
+  auto* sc = scales->data_as<std::uint16_t>();
+  auto* bi = biases->data_as<std::uint16_t>();
+  for (std::int64_t i = 0; i < scales->numel(); ++i) {
+    sc[i] = to_bf16_bits(0.07f / top);
+    bi[i] = to_bf16_bits(-0.035f);
+  }
+  ExpertMatrix m;
+  m.dtype = DType::u32;
+  m.rows = out;
+  m.cols = in;
+  m.row_stride = words;
+  m.affine.bits = f.bits;
+  m.affine.group_size = WeightFormat::kGroup;
+  m.affine.scale_dtype = DType::bf16;
+  m.affine.scale_stride = groups;
+  for (std::int64_t e = 0; e < n; ++e) {
+    m.experts.push_back(c + e * out * words);
+    m.affine.scales.push_back(sc + e * out * groups);
+    m.affine.biases.push_back(bi + e * out * groups);
+  }
+  keep.insert(keep.end(), {codes, scales, biases});
+  return m;
+}
+
+std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& format, bool panels,
+                                      std::uint64_t seed) {
   MoeConfig cfg = parse_hf_config(s.config_json);
   if (cfg.hidden_size != s.D || cfg.expert_width != s.F || cfg.router.num_experts != s.E ||
       cfg.router.top_k != s.K || cfg.shared_width != s.shared * s.F)
@@ -245,16 +305,9 @@ std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, DType dtype, bool pan
   }
   const auto experts = [&](std::int64_t n, std::int64_t F) {
     ExpertWeights ex;
-    auto g = std::make_shared<Tensor>(Tensor::uninitialized({n, F, D}, dtype));
-    auto u = std::make_shared<Tensor>(Tensor::uninitialized({n, F, D}, dtype));
-    auto d = std::make_shared<Tensor>(Tensor::uninitialized({n, D, F}, dtype));
-    fill_random(*g, 0.02f, stream++);
-    fill_random(*u, 0.02f, stream++);
-    fill_random(*d, 0.02f, stream++);
-    ex.gate = ExpertMatrix::stacked(*g);
-    ex.up = ExpertMatrix::stacked(*u);
-    ex.down = ExpertMatrix::stacked(*d);
-    ex.keep_alive = {g, u, d};
+    ex.gate = random_matrix(format, n, F, D, stream, ex.keep_alive);
+    ex.up = random_matrix(format, n, F, D, stream, ex.keep_alive);
+    ex.down = random_matrix(format, n, D, F, stream, ex.keep_alive);
     return ex;
   };
   w.experts = experts(E, s.F);
@@ -415,27 +468,27 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::vector<Row> run_shape(const BenchShape& s, DType dtype, const std::string& layout,
+std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, const std::string& layout,
                            const std::vector<std::int64_t>& tokens,
                            const std::vector<std::int64_t>& threads, int reps, std::uint64_t seed,
                            const Limits& limits, bool progress) {
-  const double needed = layer_weight_bytes(s, dtype);
+  const double needed = layer_weight_bytes(s, format);
   const double avail = available_memory();
   if (avail >= 0 && needed + 256e6 > avail)
-    throw std::runtime_error("out of memory: " + std::string(s.name) + " " + dtype_name(dtype) +
+    throw std::runtime_error("out of memory: " + std::string(s.name) + " " + format.name() +
                              " needs " + gb(needed) + " of weights but only " + gb(avail) +
                              " is available");
   if (progress)
-    std::fprintf(stderr, "moekit bench: building %s %s (%s)...\n", s.name, dtype_name(dtype),
+    std::fprintf(stderr, "moekit bench: building %s %s (%s)...\n", s.name, format.name().c_str(),
                  gb(needed).c_str());
   std::unique_ptr<MoeLayer> layer;
   try {
-    layer = build_layer(s, dtype, layout == "panels", seed);
+    layer = build_layer(s, format, layout == "panels", seed);
   } catch (const std::bad_alloc&) {
     throw std::runtime_error("out of memory building " + std::string(s.name) + " " +
-                             dtype_name(dtype) + " (" + gb(needed) + " of weights)");
+                             format.name() + " (" + gb(needed) + " of weights)");
   }
-  const double per_expert = expert_bytes(s, dtype);
+  const double per_expert = expert_bytes(s, format);
   std::vector<Row> rows;
   for (const std::int64_t T : tokens) {
     constexpr int kBatches = 8;
@@ -447,7 +500,7 @@ std::vector<Row> run_shape(const BenchShape& s, DType dtype, const std::string& 
     }
     for (const std::int64_t nt : threads) {
       if (progress)
-        std::fprintf(stderr, "moekit bench: %s %s T=%lld threads=%lld\n", s.name, dtype_name(dtype),
+        std::fprintf(stderr, "moekit bench: %s %s T=%lld threads=%lld\n", s.name, format.name().c_str(),
                      static_cast<long long>(T), static_cast<long long>(nt));
       set_num_threads(static_cast<int>(nt));
       std::size_t next = 0;
@@ -465,8 +518,8 @@ std::vector<Row> run_shape(const BenchShape& s, DType dtype, const std::string& 
       }
       Row row;
       row.shape = s.name;
-      row.dtype = dtype_name(dtype);
-      row.layout = layout;
+      row.dtype = format.name();
+      row.layout = format.quantized() ? "affine" : layout;
       row.tokens = T;
       row.threads = static_cast<int>(nt);
       const double med = median_of(secs);
@@ -630,7 +683,7 @@ struct Options {
 void run_bench(const Options& o) {
   // Everything is checked before anything is measured.
   const std::vector<const BenchShape*> shapes = parse_shapes(o.shape);
-  const std::vector<DType> dtypes = parse_dtypes(o.dtype);
+  const std::vector<WeightFormat> dtypes = parse_dtypes(o.dtype);
   const std::vector<std::string> layouts = parse_layouts(o.layout);
   const std::vector<std::int64_t> tokens = parse_int_list(o.tokens, "--tokens", 1, 1 << 20);
   const std::vector<std::int64_t> threads = parse_int_list(o.threads, "--threads", 1, 4096);
@@ -642,9 +695,9 @@ void run_bench(const Options& o) {
                                 "' is not an output format (expected md, csv or json)");
   const double avail = available_memory();
   for (const BenchShape* s : shapes)
-    for (const DType d : dtypes)
+    for (const WeightFormat& d : dtypes)
       if (avail >= 0 && layer_weight_bytes(*s, d) + 256e6 > avail)
-        throw std::runtime_error("out of memory: " + std::string(s->name) + " " + dtype_name(d) +
+        throw std::runtime_error("out of memory: " + std::string(s->name) + " " + d.name() +
                                  " needs " + gb(layer_weight_bytes(*s, d)) +
                                  " of weights but only " + gb(avail) + " is available");
 
@@ -667,10 +720,13 @@ void run_bench(const Options& o) {
 
   std::vector<Row> rows;
   for (const BenchShape* s : shapes)
-    for (const DType d : dtypes)
-      for (const std::string& lay : layouts)
+    for (const WeightFormat& d : dtypes)
+      for (const std::string& lay : layouts) {
+        // Quantized experts have one layout (MLX's, read in place): run them once.
+        if (d.quantized() && lay != layouts.front()) continue;
         for (Row& r : run_shape(*s, d, lay, tokens, threads, reps, seed, limits, progress))
           rows.push_back(std::move(r));
+      }
 
   if (o.output == "md")
     print_md(h, limits, shapes, rows);

@@ -22,18 +22,23 @@ struct InspectOptions {
   std::int64_t layer = -1;
 };
 
-// "f32" when all defined matrices share a dtype, else "gate bf16, up bf16, down f32".
-std::string matrix_dtypes(const ExpertWeights& w) {
+// "f32" when all defined matrices share a format, else per projection: "gate 4-bit affine,
+// group 64, bf16 scales (1.5 MB), up ..., down ...".
+std::string matrix_formats(const ExpertWeights& w) {
   std::vector<std::pair<const char*, const ExpertMatrix*>> ms;
   if (w.gate.defined()) ms.emplace_back("gate", &w.gate);
   ms.emplace_back("up", &w.up);
   ms.emplace_back("down", &w.down);
-  bool same = true;
-  for (const auto& m : ms) same = same && m.second->dtype == ms.front().second->dtype;
-  if (same) return dtype_name(ms.front().second->dtype);
+  bool same = true, quantized = false;
+  for (const auto& m : ms) {
+    same = same && m.second->format() == ms.front().second->format();
+    quantized = quantized || m.second->quantized();
+  }
+  if (same && !quantized) return ms.front().second->format();
   std::ostringstream os;
   for (std::size_t i = 0; i < ms.size(); ++i)
-    os << (i ? ", " : "") << ms[i].first << " " << dtype_name(ms[i].second->dtype);
+    os << (i ? "; " : "") << ms[i].first << " " << ms[i].second->format() << " ("
+       << format_bytes(ms[i].second->nbytes()) << ")";
   return os.str();
 }
 
@@ -41,7 +46,7 @@ std::string describe_experts(const ExpertWeights& w) {
   std::ostringstream os;
   os << w.num_experts() << " x " << (w.gate.defined() ? "gate, up " : "up ")
      << shape_str({w.width(), w.hidden_size()}) << ", down "
-     << shape_str({w.hidden_size(), w.width()}) << ", " << matrix_dtypes(w) << ", "
+     << shape_str({w.hidden_size(), w.width()}) << ", " << matrix_formats(w) << ", "
      << format_bytes(w.nbytes());
   if (w.up_bias.numel() > 0 || w.down_bias.numel() > 0) os << ", with f32 biases";
   return os.str();
@@ -87,7 +92,13 @@ void run_inspect(const InspectOptions& opt) {
     out << "\nlayer " << layer << ":\n";
     out << "  layout: " << (w.layout.empty() ? "(unnamed)" : w.layout) << ", "
         << (w.mapped ? "mapped (used in place)" : "copied") << "\n";
-    out << "  router: " << dtype_name(w.router.dtype()) << " " << shape_str(w.router.shape());
+    if (w.router_quantized.defined()) {
+      out << "  router: " << w.router_quantized.format() << " "
+          << shape_str({w.router_quantized.rows, w.router_quantized.cols}) << " ("
+          << format_bytes(w.router_quantized.nbytes()) << ")";
+    } else {
+      out << "  router: " << dtype_name(w.router.dtype()) << " " << shape_str(w.router.shape());
+    }
     if (w.router_bias.numel() > 0) out << " + bias " << dtype_name(w.router_bias.dtype());
     out << "\n";
     if (w.selection_bias.numel() > 0)
@@ -99,10 +110,13 @@ void run_inspect(const InspectOptions& opt) {
     // What `forward --pack` (MoeLayer::pack_weights) would hold resident: the experts in panels.
     const std::size_t packed = w.experts.packed_nbytes() + w.shared.packed_nbytes();
     out << "  resident expert bytes: " << (w.mapped ? "mapped, only the pages a batch touches; " : "")
-        << format_bytes(packed) << " when packed (forward --pack)\n";
+        << format_bytes(packed) << " when packed (forward --pack"
+        << (w.experts.up.quantized() ? "; quantized projections stay in their packed codes" : "") << ")\n";
     if (w.shared_gate.defined())
       out << "  shared gate: " << dtype_name(w.shared_gate.dtype()) << " "
           << shape_str(w.shared_gate.shape()) << "\n";
+    if (w.shared_gate_quantized.defined())
+      out << "  shared gate: " << w.shared_gate_quantized.format() << " " << shape_str({1, cfg.hidden_size}) << "\n";
     const std::size_t total =
         w.experts.nbytes() + ((w.shared.num_experts() > 0) ? w.shared.nbytes() : 0);
     out << "  expert weight bytes: " << format_bytes(total) << " (routed + shared)\n";

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "moekit/config.hpp"
@@ -41,6 +42,10 @@ struct ExpertMatrix {
   } affine;
 
   bool quantized() const noexcept { return affine.bits != 0; }
+  /// Bytes of every expert's matrix as stored now (codes + scales + biases when quantized).
+  std::size_t nbytes() const noexcept;
+  /// "bf16", or "4-bit affine, group 64, bf16 scales" (inspect, messages).
+  std::string format() const;
   std::int64_t num_experts() const noexcept { return static_cast<std::int64_t>(experts.size()); }
   bool defined() const noexcept { return !experts.empty(); }
   /// A stacked, contiguous [E, rows, cols] tensor viewed as an ExpertMatrix.

@@ -36,6 +36,14 @@ std::size_t matrix_bytes(const ExpertMatrix& m, bool panels) {
 }
 }  // namespace
 
+std::size_t ExpertMatrix::nbytes() const noexcept { return matrix_bytes(*this, panels); }
+
+std::string ExpertMatrix::format() const {
+  if (!quantized()) return dtype_name(dtype);
+  return MOEKIT_MSG(affine.bits << "-bit affine, group " << affine.group_size << ", " << dtype_name(affine.scale_dtype)
+                                << " scales");
+}
+
 std::size_t ExpertWeights::nbytes() const noexcept {
   std::size_t n = 0;
   for (const ExpertMatrix* m : {&gate, &up, &down}) n += matrix_bytes(*m, m->panels);

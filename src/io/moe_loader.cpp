@@ -183,18 +183,13 @@ void append_expert(ExpertMatrix& all, const ExpertMatrix& part, const std::strin
     all = part;
     return;
   }
-  const auto format = [](const ExpertMatrix& m) {
-    if (!m.quantized()) return std::string(dtype_name(m.dtype));
-    return MOEKIT_MSG(m.affine.bits << "-bit affine, group " << m.affine.group_size << ", "
-                                    << dtype_name(m.affine.scale_dtype) << " scales");
-  };
-  if (format(part) != format(all))
+  if (part.format() != all.format())
     throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": " << what << " mixes "
                                                                     << (part.quantized() || all.quantized() ? "formats"
                                                                                                              : "dtypes")
-                                                                    << " across experts (expert 0: " << format(all)
+                                                                    << " across experts (expert 0: " << all.format()
                                                                     << ", expert " << all.num_experts() << ": "
-                                                                    << format(part) << ")"));
+                                                                    << part.format() << ")"));
   all.experts.push_back(part.experts.front());
   if (part.quantized()) {
     all.affine.scales.push_back(part.affine.scales.front());

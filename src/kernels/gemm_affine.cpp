@@ -52,9 +52,12 @@ template <int kBits>
 HWY_INLINE hn::Vec<DF> Codes(DF df, const std::uint32_t* row, int64_t k) {
   const DU du;
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(row);
+  // Codes are < 2^8, so they convert as signed integers: one instruction, where an unsigned
+  // conversion has none on AVX2 and Highway emulates it with three more.
+  const hn::RebindToSigned<DF> di;
   if constexpr (kBits == 8) {
     const hn::Rebind<std::uint8_t, DF> d8;
-    return hn::ConvertTo(df, hn::PromoteTo(du, hn::LoadU(d8, bytes + k)));
+    return hn::ConvertTo(df, hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(d8, bytes + k))));
   } else {
     constexpr int kBytes = kLanes * kBits / 8;
     constexpr int kPerWord = 32 / kBits;
@@ -74,7 +77,7 @@ HWY_INLINE hn::Vec<DF> Codes(DF df, const std::uint32_t* row, int64_t k) {
 #endif
     }
     const auto q = hn::And(hn::Shr(words, shift), hn::Set(du, (1u << kBits) - 1u));
-    return hn::ConvertTo(df, q);
+    return hn::ConvertTo(df, hn::BitCast(di, q));
   }
 }
 
@@ -173,12 +176,30 @@ void FusedRows(const RowSource& A, const WeightMatrix& B, const Output& C, int64
   }
 }
 
-// Dequantizes one row of codes [K] into dst with the registers path's values.
+// Codes of any width as one byte each: a 64-bit window slides over the row's bit stream.
+HWY_INLINE void UnpackToBytes(const std::uint32_t* row, int64_t K, int bits, std::uint8_t* out) {
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(row);
+  const std::uint64_t mask = (std::uint64_t{1} << bits) - 1;
+  std::uint64_t window = 0;
+  int have = 0;
+  for (int64_t i = 0; i < K; ++i) {
+    while (have < bits) {
+      window |= static_cast<std::uint64_t>(*bytes++) << have;
+      have += 8;
+    }
+    out[i] = static_cast<std::uint8_t>(window & mask);
+    window >>= bits;
+    have -= bits;
+  }
+}
+
+// Dequantizes one row of codes [K] into dst with the registers path's values; `row` is B's row n
+// (or, with kBits = 8, its codes unpacked to bytes).
 template <int kBits>
-HWY_INLINE void DequantRowSimd(const WeightMatrix& B, int64_t n, int64_t K, float* dst) {
+HWY_INLINE void DequantRowSimd(const WeightMatrix& B, int64_t n, int64_t K, float* dst,
+                               const std::uint32_t* row) {
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  const std::uint32_t* row = RowOf(B, n);
   for (int64_t g0 = 0; g0 < K; g0 += B.affine.group_size) {
     float s, b;
     GroupOf(B, n, g0, s, b);
@@ -191,15 +212,22 @@ HWY_INLINE void DequantRowSimd(const WeightMatrix& B, int64_t n, int64_t K, floa
 void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
   const bool aligned_groups = B.affine.group_size % L == 0;
+  thread_local std::vector<std::uint32_t> unpacked;  // K codes as bytes, word-aligned
   for (int64_t r = 0; r < rows; ++r) {
     float* d = dst + r * K;
     const int64_t n = n0 + r;
-    if (aligned_groups && B.affine.bits == 4 && kInRegisters<4>) {
-      DequantRowSimd<4>(B, n, K, d);
-    } else if (aligned_groups && B.affine.bits == 8 && kInRegisters<8>) {
-      DequantRowSimd<8>(B, n, K, d);
-    } else if (aligned_groups && B.affine.bits == 2 && kInRegisters<2>) {
-      DequantRowSimd<2>(B, n, K, d);
+    const int bits = B.affine.bits;
+    if (aligned_groups && bits == 4 && kInRegisters<4>) {
+      DequantRowSimd<4>(B, n, K, d, RowOf(B, n));
+    } else if (aligned_groups && bits == 8 && kInRegisters<8>) {
+      DequantRowSimd<8>(B, n, K, d, RowOf(B, n));
+    } else if (aligned_groups && bits == 2 && kInRegisters<2>) {
+      DequantRowSimd<2>(B, n, K, d, RowOf(B, n));
+    } else if (aligned_groups && kInRegisters<8>) {
+      // 3, 5, 6 bits: unpacked to bytes first, then the 8-bit path (the codes are the same).
+      unpacked.resize(static_cast<size_t>((K + 3) / 4));
+      UnpackToBytes(RowOf(B, n), K, bits, reinterpret_cast<std::uint8_t*>(unpacked.data()));
+      DequantRowSimd<8>(B, n, K, d, unpacked.data());
     } else {
       for (int64_t k = 0; k < K; ++k) d[k] = ref::affine_value(B, n, k);
     }
