@@ -1,14 +1,71 @@
-// libFuzzer target: untrusted bytes into the safetensors and .npy parsers. Any input must either
-// parse or throw a std::exception (runtime_error by contract); a crash, sanitizer report, leak or
-// any other exception type is a bug. Run through scripts/fuzz.sh.
+// libFuzzer target: untrusted bytes into the safetensors and .npy parsers, and every image that
+// parses into the MoE loader's quantized paths (an MLX affine-quantized Qwen3-MoE block: codes,
+// scales, biases, quantized router) and one forward of what loads. Any input must either parse /
+// load or throw a std::exception; a crash, sanitizer report, leak or any other exception type is
+// a bug. Run through scripts/fuzz.sh, which first writes a valid quantized image as a seed
+// (MOEKIT_FUZZ_WRITE_SEED=path, see LLVMFuzzerInitialize).
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include <cstdlib>
+#include <fstream>
+
+#include "io/safetensors_writer.hpp"
+#include "moekit/model.hpp"
 #include "moekit/npy.hpp"
 #include "moekit/safetensors.hpp"
+
+namespace {
+
+constexpr std::int64_t kE = 2, kD = 32, kF = 32;
+
+// Qwen3-MoE, 4-bit group 32 experts and an 8-bit router, as mlx-lm's convert writes it.
+const moekit::MoeConfig& quantized_config() {
+  static const moekit::MoeConfig c = moekit::parse_hf_config(R"({
+    "model_type": "qwen3_moe", "hidden_size": 32, "moe_intermediate_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 1, "num_experts": 2, "num_experts_per_tok": 1, "norm_topk_prob": true,
+    "decoder_sparse_step": 1, "hidden_act": "silu",
+    "quantization": {"group_size": 32, "bits": 4, "mode": "affine",
+                     "model.layers.0.mlp.gate": {"group_size": 32, "bits": 8}}})");
+  return c;
+}
+
+// A valid image of that block: codes of counting bytes, scales and biases as bf16 (0x3c00 ~ 0.0078).
+std::vector<std::uint8_t> seed_image() {
+  using moekit::testing::SafetensorsEntry;
+  std::vector<SafetensorsEntry> es;
+  const auto add = [&](const std::string& module, moekit::Shape lead, std::int64_t out, std::int64_t in, int bits) {
+    moekit::Shape w = lead, g = lead;
+    w.insert(w.end(), {out, in * bits / 32});
+    g.insert(g.end(), {out, in / 32});
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(moekit::shape_numel(w) * 4));
+    for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i * 29u + 7u);
+    const std::size_t n = static_cast<std::size_t>(moekit::shape_numel(g));
+    es.push_back({module + ".weight", "U32", w, codes});
+    es.push_back({module + ".scales", "BF16", g, moekit::testing::to_bytes(std::vector<std::uint16_t>(n, 0x3c00))});
+    es.push_back({module + ".biases", "BF16", g, moekit::testing::to_bytes(std::vector<std::uint16_t>(n, 0xbc00))});
+  };
+  const std::string b = "model.layers.0.mlp.";
+  add(b + "gate", {}, kE, kD, 8);
+  add(b + "switch_mlp.gate_proj", {kE}, kF, kD, 4);
+  add(b + "switch_mlp.up_proj", {kE}, kF, kD, 4);
+  add(b + "switch_mlp.down_proj", {kE}, kD, kF, 4);
+  return moekit::testing::safetensors_image(es);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  if (const char* path = std::getenv("MOEKIT_FUZZ_WRITE_SEED")) {
+    const std::vector<std::uint8_t> img = seed_image();
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()),
+                                                static_cast<std::streamsize>(img.size()));
+  }
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
@@ -27,6 +84,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
     (void)sink;
+    try {
+      const moekit::MoeLayer layer = moekit::load_moe_layer(moekit::Checkpoint::from_file(f), quantized_config(), 0);
+      std::vector<float> x(kD);
+      for (std::int64_t i = 0; i < kD; ++i) x[static_cast<std::size_t>(i)] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+      (void)layer.forward(moekit::TensorView(x.data(), {1, kD}, moekit::DType::f32));
+    } catch (const std::exception&) {
+    }
   } catch (const std::exception&) {
   }
   try {

@@ -45,9 +45,14 @@ dict="{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"
 } > "$seeds/arange.npy"
 [ "$(wc -c < "$seeds/arange.npy")" -eq 152 ] || { echo "fuzz.sh: bad npy seed" >&2; exit 1; }
 
+# A valid MLX affine-quantized MoE block (written by the fuzzer itself), so mutations reach the
+# quantized loader paths and the affine kernels.
+MOEKIT_FUZZ_WRITE_SEED="$seeds/quantized_block.safetensors" build-fuzz/bin/safetensors_fuzz -runs=0 >/dev/null 2>&1
+[ -s "$seeds/quantized_block.safetensors" ] || { echo "fuzz.sh: no quantized seed" >&2; exit 1; }
+
 parallel=()
 if [ "$jobs" -gt 1 ]; then parallel=(-fork="$jobs"); fi
 echo "fuzz.sh: fuzzing safetensors_fuzz for ${seconds}s"
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
-  build-fuzz/bin/safetensors_fuzz -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 -timeout=10 \
+  build-fuzz/bin/safetensors_fuzz -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 -timeout=10 \
   "${parallel[@]}" -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" "$seeds"

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "moekit/config.hpp"
 #include "moekit/layer.hpp"
+#include "moekit/safetensors.hpp"
 
 namespace moekit {
 
@@ -33,5 +35,8 @@ MoeLayer load_moe_layer(const std::string& path, std::int64_t layer);
 
 /// As load_moe_layer with an already-parsed config (e.g. after overriding router knobs).
 MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::int64_t layer);
+
+/// As load_moe_layer on an already-opened checkpoint (in-memory images, fuzzing).
+MoeLayer load_moe_layer(std::shared_ptr<const Checkpoint> checkpoint, const MoeConfig& config, std::int64_t layer);
 
 }  // namespace moekit

@@ -89,6 +89,8 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   static std::shared_ptr<const Checkpoint> open(const std::string& path);
+  /// One already-opened file (e.g. SafetensorsFile::from_bytes) as a checkpoint; for fuzzing.
+  static std::shared_ptr<const Checkpoint> from_file(std::shared_ptr<const SafetensorsFile> file);
 
   const std::string& path() const noexcept { return path_; }
   bool contains(const std::string& name) const noexcept;

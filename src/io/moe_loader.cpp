@@ -331,6 +331,12 @@ MoeLayer load_moe_layer(const std::string& path, std::int64_t layer) {
 }
 
 MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::int64_t layer) {
+  if (layer < 0 || layer >= config.num_layers || !config.is_moe_layer(layer))
+    return load_moe_layer(std::shared_ptr<const Checkpoint>(), config, layer);  // the same errors, first
+  return load_moe_layer(Checkpoint::open(path), config, layer);
+}
+
+MoeLayer load_moe_layer(std::shared_ptr<const Checkpoint> ckpt, const MoeConfig& config, std::int64_t layer) {
   if (layer < 0 || layer >= config.num_layers)
     throw std::out_of_range(MOEKIT_MSG("[moekit::load_moe_layer] layer " << layer << " outside [0, "
                                                                          << config.num_layers << ")"));
@@ -338,7 +344,8 @@ MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::i
     throw std::invalid_argument(MOEKIT_MSG("[moekit::load_moe_layer] layer "
                                            << layer << " is dense, not MoE (" << config.model_type
                                            << "; MoE layers: " << compact_ranges(config.moe_layer_indices()) << ")"));
-  const auto ckpt = Checkpoint::open(path);
+  if (!ckpt) throw std::invalid_argument("[moekit::load_moe_layer] no checkpoint");
+  const std::string& path = ckpt->path();
   const std::int64_t E = config.router.num_experts, D = config.hidden_size;
   const WeightNames& n = config.names;
 

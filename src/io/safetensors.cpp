@@ -342,6 +342,14 @@ namespace {
 
 }  // namespace
 
+std::shared_ptr<const Checkpoint> Checkpoint::from_file(std::shared_ptr<const SafetensorsFile> file) {
+  auto ck = std::make_shared<Checkpoint>();
+  ck->path_ = file->path();
+  for (const std::string& name : file->names()) ck->where_.emplace(name, 0);
+  ck->files_.push_back(std::move(file));
+  return ck;
+}
+
 std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& path) {
   namespace fs = std::filesystem;
   auto ck = std::make_shared<Checkpoint>();
