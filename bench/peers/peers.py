@@ -94,7 +94,7 @@ def cpu_facts():
 def measure_moekit(shapes, tokens, threads, reps, env):
     # Both weight layouts: panels (repacked at load, the default) and rows (read in place, as
     # from a mapped checkpoint).
-    cmd = [ARGS.moekit_bin, "bench", "--shape", ",".join(shapes), "--dtype", "f32,bf16", "--layout", "panels,rows",
+    cmd = [ARGS.moekit_bin, "bench", "--shape", ",".join(shapes), "--dtype", "f32,bf16,q4,q8", "--layout", "panels,rows",
            "--tokens", ",".join(map(str, tokens)), "--threads", str(threads), "--reps", str(reps),
            "-o", "json"]
     out, err = run_child(cmd, env, ARGS.piece_timeout_s, "moekit")
@@ -255,6 +255,8 @@ def row_name(r):
         lay = r.get("backend") or "panels"
         if r["format"] == "f32":
             return "moekit f32" if lay == "panels" else f"moekit f32, {lay} (in place)"
+        if lay == "affine":
+            return f"moekit {r['format']} (MLX affine, group 64), exact, f32 activations"
         return f"moekit {r['format']} weights, f32 activations" + ("" if lay == "panels" else f", {lay} (in place)")
     if r["system"] == "torch":
         kind = "training step (fwd+bwd)" if r.get("kind", "").startswith("train") else "forward"

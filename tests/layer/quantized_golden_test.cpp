@@ -32,12 +32,18 @@ TEST_P(QuantizedMlxGolden, MatchesMlxLmModule) {
   for (const auto& m : c.at("quantized_modules")) {
     const std::string mod = m.get<std::string>();
     const bool router = mod == "gate" || mod == "router";
-    if (router) EXPECT_TRUE(w.router_quantized.defined()) << mod;
-    if (mod.find("up_proj") != std::string::npos && mod.find("shared") == std::string::npos)
+    if (router) {
+      EXPECT_TRUE(w.router_quantized.defined()) << mod;
+    }
+    if (mod.find("up_proj") != std::string::npos && mod.find("shared") == std::string::npos) {
       EXPECT_TRUE(w.experts.up.quantized()) << mod;
-    if (mod.find("shared_expert") != std::string::npos && mod.find("gate_proj") != std::string::npos)
+    }
+    if (mod.find("shared_expert") != std::string::npos && mod.find("gate_proj") != std::string::npos) {
       EXPECT_TRUE(w.shared.gate.quantized()) << mod;
-    if (mod == "shared_expert_gate") EXPECT_TRUE(w.shared_gate_quantized.defined());
+    }
+    if (mod == "shared_expert_gate") {
+      EXPECT_TRUE(w.shared_gate_quantized.defined());
+    }
   }
   EXPECT_TRUE(w.mapped);
   const Tensor x = read_npy(dir + "/input.npy");
@@ -54,7 +60,7 @@ TEST_P(QuantizedMlxGolden, MatchesMlxLmModule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MlxLm, QuantizedMlxGolden, ::testing::ValuesIn(cases()),
-                         [](const auto& info) { return info.param.at("name").template get<std::string>(); });
+                         [](const auto& p) { return p.param.at("name").template get<std::string>(); });
 
 }  // namespace
 }  // namespace moekit
