@@ -184,6 +184,29 @@ void BM_GemmLayout(benchmark::State& state, Op op, bool cold) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * R * F * D * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
+// gemm_nt on MLX affine weights [768, 2048] (group 64, bf16 scales), one thread, weights cached
+// (L2/L3): the kernel's own rate, against the f32 rows kernel on the same shape (bits = 0).
+// Rows R = 1, 2 take the in-register path; more rows the dequantized scratch block.
+void BM_GemmAffine(benchmark::State& state) {
+  const std::int64_t R = state.range(0), bits = state.range(1), N = 768, K = 2048, G = 64;
+  std::mt19937 rng(7);
+  Tensor x = randn({R, K}, rng, 1.0f), c({R, N}, DType::f32);
+  Tensor w = randn({N, K}, rng, 0.02f);
+  Tensor codes({N, std::max<std::int64_t>(1, K * bits / 32)}, DType::u32);
+  for (std::int64_t i = 0; i < codes.numel(); ++i) codes.data_as<std::uint32_t>()[i] = static_cast<std::uint32_t>(rng());
+  Tensor scales = to_dtype(randn({N, K / G}, rng, 0.01f), DType::bf16), biases = to_dtype(randn({N, K / G}, rng, 0.01f), DType::bf16);
+  kernels::WeightMatrix B{w.data(), DType::f32, K};
+  if (bits > 0)
+    B = {codes.data(), DType::u32, K * bits / 32, kernels::WeightLayout::rows,
+         {static_cast<int>(bits), static_cast<int>(G), DType::bf16, scales.data(), biases.data(), K / G}};
+  for (auto _ : state) {
+    kernels::gemm_nt({x.data_as<float>(), K}, B, {c.data_as<float>(), N}, R, N, K, kernels::Threads::caller);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["Gweights/s"] = benchmark::Counter(1.0 * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * R * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 // The machine's limits, measured in the same run.
 void BM_SgemmPeak(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
@@ -248,6 +271,7 @@ MOEKIT_LAYOUT(dxp_down, Op::dxp_down)
 MOEKIT_LAYOUT(dx_down, Op::dx_down)
 MOEKIT_LAYOUT(dw_up, Op::dw_up)
 MOEKIT_LAYOUT(dw_down, Op::dw_down)
+BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 3, 32}, {0, 4, 8, 3}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MoeForward, qwen3_f32, kQwen3, DType::f32)
     ->ArgsProduct({{1, 32, 512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();

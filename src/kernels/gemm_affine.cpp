@@ -41,15 +41,18 @@ constexpr int kLanes = static_cast<int>(HWY_MAX_BYTES / sizeof(float));
 #endif
 
 // Whether codes of kBits bits are unpacked in registers on this target: a vector's codes must be
-// whole bytes and fit one 64-bit load, and the dequantization must be a fused multiply-add.
+// whole bytes and fit one 64-bit load (3, 5, 6 bits: eight lanes, two words), and the
+// dequantization must be a fused multiply-add.
 template <int kBits>
-constexpr bool kInRegisters = HWY_NATIVE_FMA && kLanes > 0 &&
-                              (kBits == 8 || ((kBits == 2 || kBits == 4) && kLanes * kBits % 8 == 0 &&
-                                              kLanes * kBits <= 64));
+constexpr bool kInRegisters =
+    HWY_NATIVE_FMA && kLanes > 0 &&
+    (kBits == 8 || ((kBits == 2 || kBits == 4) && kLanes * kBits % 8 == 0 && kLanes * kBits <= 64) ||
+     ((kBits == 3 || kBits == 5 || kBits == 6) && kLanes == 8));
 
-// Codes k .. k + lanes - 1 of a row (k a multiple of the lane count) as f32.
+// Codes k .. k + lanes - 1 of a row of K codes (k a multiple of the lane count) as f32.
 template <int kBits>
-HWY_INLINE hn::Vec<DF> Codes(DF df, const std::uint32_t* row, int64_t k) {
+HWY_INLINE hn::Vec<DF> Codes(DF df, const std::uint32_t* row, int64_t k, int64_t K) {
+  (void)K;  // only the 3-, 5- and 6-bit loads need the row length
   const DU du;
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(row);
   // Codes are < 2^8, so they convert as signed integers: one instruction, where an unsigned
@@ -58,6 +61,31 @@ HWY_INLINE hn::Vec<DF> Codes(DF df, const std::uint32_t* row, int64_t k) {
   if constexpr (kBits == 8) {
     const hn::Rebind<std::uint8_t, DF> d8;
     return hn::ConvertTo(df, hn::BitCast(di, hn::PromoteTo(du, hn::LoadU(d8, bytes + k))));
+  } else if constexpr (kBits == 3 || kBits == 5 || kBits == 6) {
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (kLanes != 8) return hn::Zero(df);  // not reached: kInRegisters is false there
+    // Eight codes are kBits bytes. Lanes 0-3 (bits 0 .. 4·kBits) shift out of the word at byte 0,
+    // lanes 4-7 out of the word at byte kBits / 2, where they start at bit 4 (3, 5 bits) or 0
+    // (6 bits) and end by bit 24. Both words lie inside the row's codes except for the row's last
+    // eight codes, whose bytes are copied first so nothing past the row is read.
+    const std::uint8_t* p = bytes + k / 8 * kBits;
+    std::uint8_t buf[8] = {};
+    if (k + 8 >= K) {
+      std::memcpy(buf, p, kBits);
+      p = buf;
+    }
+    std::uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + kBits / 2, 4);
+    constexpr std::uint32_t kHi = 4 * kBits - 8 * (kBits / 2);
+    HWY_ALIGN static constexpr std::uint32_t kShift[8] = {0, kBits, 2 * kBits, 3 * kBits,
+                                                         kHi, kHi + kBits, kHi + 2 * kBits, kHi + 3 * kBits};
+    const auto words = hn::ConcatLowerLower(du, hn::Set(du, hi), hn::Set(du, lo));
+    const auto q = hn::And(hn::Shr(words, hn::Load(du, kShift)), hn::Set(du, (1u << kBits) - 1u));
+    return hn::ConvertTo(df, hn::BitCast(di, q));
+#else
+    return hn::Zero(df);  // not reached: kInRegisters is false here
+#endif
   } else {
     constexpr int kBytes = kLanes * kBits / 8;
     constexpr int kPerWord = 32 / kBits;
@@ -113,7 +141,7 @@ HWY_INLINE void QTile(const ARows<MR>& a_rows, const WeightMatrix& B, const Outp
       hn::Vec<DF> a[MR];
       for (int i = 0; i < MR; ++i) a[i] = LoadA<kScaled>(df, a_rows, i, a_rows.p[i] + k);
       for (int j = 0; j < NR; ++j) {
-        const auto w = hn::MulAdd(hn::Set(df, s[j]), Codes<kBits>(df, rows[j], k), hn::Set(df, b[j]));
+        const auto w = hn::MulAdd(hn::Set(df, s[j]), Codes<kBits>(df, rows[j], k, K), hn::Set(df, b[j]));
         for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], w, acc[i][j]);
       }
     }
@@ -176,20 +204,33 @@ void FusedRows(const RowSource& A, const WeightMatrix& B, const Output& C, int64
   }
 }
 
-// Codes of any width as one byte each: a 64-bit window slides over the row's bit stream.
+// Codes of any width as one byte each. Eight codes of b bits are exactly b bytes of the stream:
+// one load of b bytes, eight shifts (K is a multiple of 32, so there is no tail).
+template <int kBits>
+HWY_INLINE void UnpackToBytesOf(const std::uint8_t* bytes, int64_t K, std::uint8_t* out) {
+  constexpr std::uint64_t kMask = (std::uint64_t{1} << kBits) - 1;
+  for (int64_t i = 0; i < K; i += 8) {
+    std::uint64_t v = 0;
+    std::memcpy(&v, bytes + i / 8 * kBits, kBits);
+    for (int t = 0; t < 8; ++t) out[i + t] = static_cast<std::uint8_t>((v >> (t * kBits)) & kMask);
+  }
+}
+
 HWY_INLINE void UnpackToBytes(const std::uint32_t* row, int64_t K, int bits, std::uint8_t* out) {
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(row);
-  const std::uint64_t mask = (std::uint64_t{1} << bits) - 1;
-  std::uint64_t window = 0;
-  int have = 0;
-  for (int64_t i = 0; i < K; ++i) {
-    while (have < bits) {
-      window |= static_cast<std::uint64_t>(*bytes++) << have;
-      have += 8;
-    }
-    out[i] = static_cast<std::uint8_t>(window & mask);
-    window >>= bits;
-    have -= bits;
+  switch (bits) {
+    case 3:
+      return UnpackToBytesOf<3>(bytes, K, out);
+    case 5:
+      return UnpackToBytesOf<5>(bytes, K, out);
+    case 6:
+      return UnpackToBytesOf<6>(bytes, K, out);
+    case 2:
+      return UnpackToBytesOf<2>(bytes, K, out);
+    case 4:
+      return UnpackToBytesOf<4>(bytes, K, out);
+    default:
+      return UnpackToBytesOf<8>(bytes, K, out);
   }
 }
 
@@ -205,7 +246,7 @@ HWY_INLINE void DequantRowSimd(const WeightMatrix& B, int64_t n, int64_t K, floa
     GroupOf(B, n, g0, s, b);
     const auto sv = hn::Set(df, s), bv = hn::Set(df, b);
     for (int64_t k = g0; k < g0 + B.affine.group_size; k += L)
-      hn::StoreU(hn::MulAdd(sv, Codes<kBits>(df, row, k), bv), df, dst + k);
+      hn::StoreU(hn::MulAdd(sv, Codes<kBits>(df, row, k, K), bv), df, dst + k);
   }
 }
 
@@ -223,6 +264,12 @@ void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, flo
       DequantRowSimd<8>(B, n, K, d, RowOf(B, n));
     } else if (aligned_groups && bits == 2 && kInRegisters<2>) {
       DequantRowSimd<2>(B, n, K, d, RowOf(B, n));
+    } else if (aligned_groups && bits == 3 && kInRegisters<3>) {
+      DequantRowSimd<3>(B, n, K, d, RowOf(B, n));
+    } else if (aligned_groups && bits == 5 && kInRegisters<5>) {
+      DequantRowSimd<5>(B, n, K, d, RowOf(B, n));
+    } else if (aligned_groups && bits == 6 && kInRegisters<6>) {
+      DequantRowSimd<6>(B, n, K, d, RowOf(B, n));
     } else if (aligned_groups && kInRegisters<8>) {
       // 3, 5, 6 bits: unpacked to bytes first, then the 8-bit path (the codes are the same).
       unpacked.resize(static_cast<size_t>((K + 3) / 4));
@@ -240,6 +287,9 @@ void GemmNtAffine(const RowSource& A, const WeightMatrix& B, const Output& C, in
     if (B.affine.bits == 4 && kInRegisters<4>) return FusedRows<4>(A, B, C, M, N, K);
     if (B.affine.bits == 8 && kInRegisters<8>) return FusedRows<8>(A, B, C, M, N, K);
     if (B.affine.bits == 2 && kInRegisters<2>) return FusedRows<2>(A, B, C, M, N, K);
+    if (B.affine.bits == 3 && kInRegisters<3>) return FusedRows<3>(A, B, C, M, N, K);
+    if (B.affine.bits == 5 && kInRegisters<5>) return FusedRows<5>(A, B, C, M, N, K);
+    if (B.affine.bits == 6 && kInRegisters<6>) return FusedRows<6>(A, B, C, M, N, K);
   }
   // A block of B's rows as f32, reused by every row of A while it sits in L2.
   const int64_t block = std::max<int64_t>(4, (256 * 1024 / (K * 4)) / 4 * 4);
