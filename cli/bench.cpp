@@ -102,7 +102,7 @@ struct WeightFormat {
   int bits = 0;
   static constexpr int kGroup = 64;
   bool quantized() const { return bits != 0; }
-  std::string name() const { return quantized() ? "q" + std::to_string(bits) : dtype_name(dtype); }
+  std::string name() const { return quantized() ? std::string{'q', static_cast<char>('0' + bits)} : dtype_name(dtype); }
 };
 
 std::vector<WeightFormat> parse_dtypes(const std::string& text) {
@@ -264,22 +264,8 @@ ExpertMatrix random_matrix(const WeightFormat& f, std::int64_t n, std::int64_t o
     sc[i] = to_bf16_bits(0.07f / top);
     bi[i] = to_bf16_bits(-0.035f);
   }
-  ExpertMatrix m;
-  m.dtype = DType::u32;
-  m.rows = out;
-  m.cols = in;
-  m.row_stride = words;
-  m.affine.bits = f.bits;
-  m.affine.group_size = WeightFormat::kGroup;
-  m.affine.scale_dtype = DType::bf16;
-  m.affine.scale_stride = groups;
-  for (std::int64_t e = 0; e < n; ++e) {
-    m.experts.push_back(c + e * out * words);
-    m.affine.scales.push_back(sc + e * out * groups);
-    m.affine.biases.push_back(bi + e * out * groups);
-  }
   keep.insert(keep.end(), {codes, scales, biases});
-  return m;
+  return ExpertMatrix::stacked_affine(*codes, *scales, *biases, f.bits, WeightFormat::kGroup);
 }
 
 std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& format, bool panels,

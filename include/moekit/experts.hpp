@@ -48,8 +48,14 @@ struct ExpertMatrix {
   std::string format() const;
   std::int64_t num_experts() const noexcept { return static_cast<std::int64_t>(experts.size()); }
   bool defined() const noexcept { return !experts.empty(); }
-  /// A stacked, contiguous [E, rows, cols] tensor viewed as an ExpertMatrix.
+  /// A stacked, contiguous [E, rows, cols] tensor (or one [rows, cols] matrix: E = 1) viewed as
+  /// an ExpertMatrix.
   static ExpertMatrix stacked(const TensorView& t);
+  /// MLX affine codes stacked [E, rows, cols · bits / 32] (U32) with scales and biases
+  /// [E, rows, cols / group_size], or one matrix without the E dimension, viewed as an
+  /// ExpertMatrix (used in place). Throws std::invalid_argument if the shapes disagree.
+  static ExpertMatrix stacked_affine(const TensorView& codes, const TensorView& scales, const TensorView& biases,
+                                     int bits, int group_size);
 };
 
 /// The weights of E experts (E = 1 for a shared expert). gate is undefined for plain-MLP

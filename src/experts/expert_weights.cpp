@@ -8,17 +8,40 @@
 namespace moekit {
 
 ExpertMatrix ExpertMatrix::stacked(const TensorView& t) {
-  if (!t.defined() || t.rank() != 3)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::ExpertMatrix::stacked] expected [E, out, in], got "
+  if (!t.defined() || (t.rank() != 3 && t.rank() != 2))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::ExpertMatrix::stacked] expected [E, out, in] or [out, in], got "
                                            << shape_str(t.shape())));
   ExpertMatrix m;
   m.dtype = t.dtype();
-  m.rows = t.dim(1);
-  m.cols = t.dim(2);
+  m.rows = t.dim(-2);
+  m.cols = t.dim(-1);
   m.row_stride = m.cols;
   const auto* base = static_cast<const char*>(t.data());
   const std::size_t step = static_cast<std::size_t>(m.rows * m.cols) * dtype_size(t.dtype());
-  for (std::int64_t e = 0; e < t.dim(0); ++e) m.experts.push_back(base + static_cast<std::size_t>(e) * step);
+  const std::int64_t E = t.rank() == 3 ? t.dim(0) : 1;
+  for (std::int64_t e = 0; e < E; ++e) m.experts.push_back(base + static_cast<std::size_t>(e) * step);
+  return m;
+}
+
+ExpertMatrix ExpertMatrix::stacked_affine(const TensorView& codes, const TensorView& scales, const TensorView& biases,
+                                          int bits, int group_size) {
+  ExpertMatrix m = stacked(codes);
+  const ExpertMatrix s = stacked(scales), b = stacked(biases);
+  if (m.dtype != DType::u32 || bits <= 0 || s.num_experts() != m.num_experts() || s.rows != m.rows ||
+      scales.shape() != biases.shape() || scales.dtype() != biases.dtype() ||
+      s.cols * group_size != m.cols * 32 / bits)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::ExpertMatrix::stacked_affine] codes "
+                                           << dtype_name(codes.dtype()) << " " << shape_str(codes.shape())
+                                           << ", scales " << shape_str(scales.shape()) << ", biases "
+                                           << shape_str(biases.shape()) << " disagree for " << bits
+                                           << " bits, group " << group_size));
+  m.cols = m.cols * 32 / bits;  // row_stride stays the words per row
+  m.affine.bits = bits;
+  m.affine.group_size = group_size;
+  m.affine.scale_dtype = scales.dtype();
+  m.affine.scale_stride = s.cols;
+  m.affine.scales = s.experts;
+  m.affine.biases = b.experts;
   return m;
 }
 

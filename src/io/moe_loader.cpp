@@ -92,7 +92,7 @@ class BlockReader {
                                                                          << q.group_size << ") but '" << module
                                                                          << ".scales' is missing"));
       const TensorView v = get_aligned(rel + ".weight", shape(in), keep, copied);
-      return E > 0 ? ExpertMatrix::stacked(v) : matrix_of(v, out, in);
+      return ExpertMatrix::stacked(v);
     }
     if (!quant_.present)
       fail(rel + ".scales", "marks an mlx-quantized module, but config.json has no 'quantization' entry");
@@ -127,32 +127,7 @@ class BlockReader {
           fail(t, MOEKIT_MSG("has a non-finite value " << x << " at flat index " << i << " (row " << i / groups
                                                        << ", group " << i % groups << ")"));
       }
-    ExpertMatrix m;
-    m.dtype = DType::u32;
-    m.rows = out;
-    m.cols = in;
-    m.row_stride = words;
-    m.affine.bits = q.bits;
-    m.affine.group_size = q.group_size;
-    m.affine.scale_dtype = scales.dtype();
-    m.affine.scale_stride = groups;
-    const std::size_t es = dtype_size(scales.dtype());
-    for (std::int64_t e = 0; e < std::max<std::int64_t>(E, 1); ++e) {
-      m.experts.push_back(static_cast<const char*>(codes.data()) + static_cast<std::size_t>(e * out * words) * 4);
-      m.affine.scales.push_back(static_cast<const char*>(scales.data()) + static_cast<std::size_t>(e * out * groups) * es);
-      m.affine.biases.push_back(static_cast<const char*>(biases.data()) + static_cast<std::size_t>(e * out * groups) * es);
-    }
-    return m;
-  }
-
-  static ExpertMatrix matrix_of(const TensorView& v, std::int64_t rows, std::int64_t cols) {
-    ExpertMatrix m;
-    m.dtype = v.dtype();
-    m.rows = rows;
-    m.cols = cols;
-    m.row_stride = cols;
-    m.experts.push_back(v.data());
-    return m;
+    return ExpertMatrix::stacked_affine(codes, scales, biases, q.bits, q.group_size);
   }
 
  private:

@@ -25,7 +25,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "kernels/outer-inl.h"  // ARows, LoadA, DF
+#include "kernels/outer-inl.h"  // ARows, LoadA, StoreDotTile, DF
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
@@ -146,15 +146,7 @@ HWY_INLINE void QTile(const ARows<MR>& a_rows, const WeightMatrix& B, const Outp
       }
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    float* c = C.data + (m + i) * C.ld + n;
-    const float sc = C.row_scale ? C.row_scale[m + i] : 1.0f;
-    for (int j = 0; j < NR; ++j) {
-      float v = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
-      if (C.row_scale) v *= sc;
-      c[j] = C.accumulate ? c[j] + v : v;
-    }
-  }
+  StoreDotTile(df, acc, C, m, n);
 }
 
 template <bool kScaled, int MR, int kBits>

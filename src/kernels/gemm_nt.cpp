@@ -81,15 +81,7 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int6
       for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], b, acc[i][j]);
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    float* c = C.data + (m + i) * C.ld + n;
-    const float s = C.row_scale ? C.row_scale[m + i] : 1.0f;
-    for (int j = 0; j < NR; ++j) {
-      float v = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
-      if (C.row_scale) v *= s;
-      c[j] = C.accumulate ? c[j] + v : v;
-    }
-  }
+  StoreDotTile(df, acc, C, m, n);
 }
 
 template <bool kScaled, int MR, class BV>

@@ -69,6 +69,22 @@ HWY_INLINE hn::Vec<DF> LoadA(DF df, const ARows<MR>& a, int i, const float* p) {
   return v;
 }
 
+// The epilogue of a dot-product tile (gemm_nt.cpp on float weights, gemm_affine.cpp on quantized
+// ones): each accumulator reduced by SumOfLanes, × the row's factor, stored or added. One copy, so
+// the two kernels round their results alike.
+template <int MR, int NR>
+HWY_INLINE void StoreDotTile(DF df, const hn::Vec<DF> (&acc)[MR][NR], const Output& C, int64_t m, int64_t n) {
+  for (int i = 0; i < MR; ++i) {
+    float* c = C.data + (m + i) * C.ld + n;
+    const float s = C.row_scale ? C.row_scale[m + i] : 1.0f;
+    for (int j = 0; j < NR; ++j) {
+      float v = hn::GetLane(hn::SumOfLanes(df, acc[i][j]));
+      if (C.row_scale) v *= s;
+      c[j] = C.accumulate ? c[j] + v : v;
+    }
+  }
+}
+
 // Loads vector j of a B row at p (its first column is the tile's), or, in a column tail, the
 // first `cols` elements through a zero-padded copy so nothing past the row is read.
 template <bool kTail, typename TB>
