@@ -18,5 +18,7 @@ void register_demo(CLI::App& app);
 void register_forward(CLI::App& app);
 /// `moekit inspect`: what moekit reads from a checkpoint folder.
 void register_inspect(CLI::App& app);
+/// `moekit quantize`: an MLX-affine-quantized copy of a float checkpoint, as mlx_lm.convert writes.
+void register_quantize(CLI::App& app);
 
 }  // namespace moekit::cli

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   moekit::cli::register_forward(app);
   moekit::cli::register_inspect(app);
+  moekit::cli::register_quantize(app);
   moekit::cli::register_demo(app);
   moekit::cli::register_bench(app);
   try {

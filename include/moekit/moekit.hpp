@@ -6,6 +6,7 @@
 #include "moekit/layer.hpp"
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
+#include "moekit/quantize.hpp"
 #include "moekit/safetensors.hpp"
 #include "moekit/routing.hpp"
 #include "moekit/tensor.hpp"

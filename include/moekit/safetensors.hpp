@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -103,6 +104,39 @@ class Checkpoint {
   std::string path_;
   std::vector<std::shared_ptr<const SafetensorsFile>> files_;
   std::map<std::string, std::size_t> where_;  // tensor -> index into files_
+};
+
+/// Writes one safetensors file tensor by tensor, so a shard never has to fit in memory. The
+/// header is fixed up front from the entries (tensors laid out back to back in entry order, the
+/// header padded with spaces to a multiple of 8 bytes); write() must then be called once per
+/// entry, in order, with exactly that entry's bytes; commit() flushes the data and renames the
+/// temporary file `<path>.partial` onto `path`. A writer destroyed without commit() (an error on
+/// the way) removes its temporary file, so a half-written file never carries the final name.
+/// Every failure throws std::runtime_error naming the file (and the tensor, where there is one).
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    std::string dtype;  ///< as the file spells it ("BF16", "U32", ...)
+    Shape shape;
+    std::size_t nbytes = 0;
+  };
+  SafetensorsWriter(std::string path, std::vector<Entry> entries, const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  /// The next entry's bytes.
+  void write(const void* data, std::size_t nbytes);
+  void commit();
+  /// Bytes of the whole file (header included).
+  std::size_t file_size() const noexcept { return file_size_; }
+
+ private:
+  std::string path_, tmp_;
+  std::vector<Entry> entries_;
+  std::size_t next_ = 0, file_size_ = 0;
+  std::FILE* out_ = nullptr;
 };
 
 }  // namespace moekit

@@ -465,3 +465,67 @@ std::vector<std::string> Checkpoint::names() const {
 }
 
 }  // namespace moekit
+
+namespace moekit {
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Entry> entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), tmp_(path_ + ".partial"), entries_(std::move(entries)) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::size_t offset = 0;
+  for (const Entry& e : entries_) {
+    if (header.contains(e.name)) fail_tensor(path_, e.name, "appears twice in the entries to write");
+    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + e.nbytes}}};
+    offset += e.nbytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  file_size_ = 8 + text.size() + offset;
+  out_ = std::fopen(tmp_.c_str(), "wb");
+  if (!out_) fail(tmp_, MOEKIT_MSG("cannot create (" << std::strerror(errno) << ")"));
+  unsigned char len[8];
+  const std::uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  if (std::fwrite(len, 1, 8, out_) != 8 || std::fwrite(text.data(), 1, text.size(), out_) != text.size())
+    fail(tmp_, MOEKIT_MSG("cannot write the header (" << std::strerror(errno) << ")"));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (out_) {
+    std::fclose(out_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void SafetensorsWriter::write(const void* data, std::size_t nbytes) {
+  if (!out_) fail(path_, "write after commit");
+  if (next_ >= entries_.size()) fail(path_, "more tensors written than the header lists");
+  const Entry& e = entries_[next_];
+  if (nbytes != e.nbytes)
+    fail_tensor(path_, e.name, MOEKIT_MSG("is given " << nbytes << " bytes, the header says " << e.nbytes));
+  if (nbytes && std::fwrite(data, 1, nbytes, out_) != nbytes)
+    fail_tensor(tmp_, e.name, MOEKIT_MSG("cannot be written (" << std::strerror(errno) << ")"));
+  ++next_;
+}
+
+void SafetensorsWriter::commit() {
+  if (!out_) fail(path_, "committed twice");
+  if (next_ != entries_.size())
+    fail(path_, MOEKIT_MSG("commit after " << next_ << " of " << entries_.size() << " tensors"));
+  const bool ok = std::fflush(out_) == 0 && ::fsync(fileno(out_)) == 0;
+  const int err = errno;
+  std::fclose(out_);
+  out_ = nullptr;
+  if (!ok) {
+    std::remove(tmp_.c_str());
+    fail(tmp_, MOEKIT_MSG("cannot flush (" << std::strerror(err) << ")"));
+  }
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int e2 = errno;
+    std::remove(tmp_.c_str());
+    fail(path_, MOEKIT_MSG("cannot rename " << tmp_ << " onto it (" << std::strerror(e2) << ")"));
+  }
+}
+
+}  // namespace moekit
