@@ -19,6 +19,7 @@
 
 #include "io/safetensors_writer.hpp"
 #include "cli/run_cli.hpp"
+#include "util/mlx_tiny_models.hpp"
 #include "moekit/moekit.hpp"
 
 namespace moekit {
@@ -366,6 +367,54 @@ TEST_F(Cli, ForwardRouterKnobsReproduceTheMlxGolden) {
   bad = base;
   bad.insert(bad.end(), {"--router", "renorm"});
   EXPECT_NE(run(bad).err.find("--router expects KEY=VALUE"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moekit
+
+namespace moekit {
+namespace {
+
+TEST_F(Cli, QuantizeWritesAnMlxFolderForwardLoads) {
+  const nlohmann::json c = testing::case_named("qwen3_moe_q4_g64");
+  const fs::path src = fs::path(dir()) / "hf";
+  fs::create_directories(src);
+  testing::write_source(c, src);
+  testing::write_text(src / "tokenizer.json", "{}");
+  const std::string out = file("q4");
+  const RunResult r = run({"quantize", "--model", src.string(), "--out", out, "--bits", "4", "--group-size", "64",
+                           "--error", file("err.csv")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("tensors quantized"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(fs::path(out) / "tokenizer.json"));
+  const std::string csv = testing::slurp(file("err.csv"));
+  EXPECT_EQ(csv.rfind("tensor,shape,bits,group_size,", 0), 0u) << csv;
+  EXPECT_NE(csv.find("model.layers.1.mlp.gate.weight,4x128,8,64,"), std::string::npos) << csv;
+  // moekit forward reads what moekit quantize wrote, and matches mlx-lm's module.
+  const std::string gdir = testing::kQuantizeDir + "/qwen3_moe_q4_g64";
+  const RunResult f = run({"forward", "--model", out, "--layer", "1", "--input", gdir + "/input.npy", "--output",
+                           file("y.npy")});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  const Tensor y = read_npy(file("y.npy")), want = read_npy(gdir + "/output.npy");
+  double err = 0, ref = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    err = std::max(err, std::fabs(double(y.data_as<float>()[i]) - want.data_as<float>()[i]));
+    ref = std::max(ref, std::fabs(double(want.data_as<float>()[i])));
+  }
+  EXPECT_LE(err, 1e-5 * ref);
+}
+
+TEST_F(Cli, QuantizeFailuresAreOneLineAndLeaveNothing) {
+  const auto before = listing();
+  RunResult r = run({"quantize", "--model", model(), "--out", file("q")});  // the tiny model is deepseek_v3
+  expect_clean_failure(r, dir(), before);
+  EXPECT_NE(r.err.find("deepseek_v3"), std::string::npos) << r.err;
+  r = run({"quantize", "--model", file("missing"), "--out", file("q"), "--bits", "4"});
+  expect_clean_failure(r, dir(), before);
+  EXPECT_NE(r.err.find("is not a folder"), std::string::npos) << r.err;
+  r = run({"quantize", "--model", model(), "--out", file("q"), "--bits", "7"});
+  expect_clean_failure(r, dir(), before);
+  EXPECT_NE(r.err.find("bits 7"), std::string::npos) << r.err;
 }
 
 }  // namespace

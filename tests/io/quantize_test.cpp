@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors_writer.hpp"
+#include "util/mlx_tiny_models.hpp"
 #include "kernels/quantize.hpp"
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
@@ -23,61 +24,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-const std::string kDir = std::string(MOEKIT_TEST_DATA_DIR) + "/quantize";
-
-json manifest() {
-  std::ifstream in(kDir + "/manifest.json");
-  return json::parse(in);
-}
-
-std::uint64_t fnv1a64(const std::uint8_t* p, std::size_t n) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-// The generator's values(): splitmix64 of (fnv1a64(name) + i·golden), top 24 bits as u in [0, 1),
-// offset + 2^amp_log2 · (2u − 1); every step exact in f32.
-std::vector<float> draw(const std::string& name, std::int64_t n, int amp_log2, float offset) {
-  const auto* bytes = reinterpret_cast<const std::uint8_t*>(name.data());
-  const std::uint64_t base = fnv1a64(bytes, name.size());
-  std::vector<float> out(static_cast<std::size_t>(n));
-  const float amp = std::ldexp(1.0f, amp_log2);
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::uint64_t z = base + static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float u = static_cast<float>(z >> 40) / 16777216.0f;
-    out[static_cast<std::size_t>(i)] = offset + amp * (2.0f * u - 1.0f);
-  }
-  return out;
-}
-
-// Rebuilds the case's float checkpoint (Hugging Face layout) in `dir`.
-void write_source(const json& c, const fs::path& dir) {
-  std::vector<testing::SafetensorsEntry> entries;
-  for (const json& t : c.at("inputs")) {
-    const Shape shape = t.at("shape").get<Shape>();
-    const std::string dt = t.at("dtype").get<std::string>();
-    const std::vector<float> v = draw(t.at("name").get<std::string>(), shape_numel(shape), t.at("amp_log2").get<int>(),
-                                      t.at("offset").get<float>());
-    std::vector<std::uint8_t> bytes;
-    if (dt == "BF16") {
-      std::vector<std::uint16_t> h(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
-      bytes = testing::to_bytes(h);
-    } else {
-      bytes = testing::to_bytes(v);
-    }
-    entries.push_back({t.at("name").get<std::string>(), dt, shape, std::move(bytes)});
-  }
-  testing::write_safetensors(dir / "model.safetensors", entries);
-  testing::write_text(dir / "config.json", c.at("config").dump(2));
-}
+using testing::case_named;
+using testing::draw;
+using testing::fnv1a64;
+using testing::kQuantizeDir;
+using testing::manifest;
+using testing::write_source;
+const std::string kDir = kQuantizeDir;
 
 QuantizeOptions options_of(const json& c) {
   QuantizeOptions o;
@@ -124,13 +77,6 @@ TEST(QuantizeRow, MatchesMlxCoreQuantize) {
         }
       }
   }
-}
-
-json case_named(const std::string& name) {
-  const json m = manifest();
-  for (const json& c : m.at("cases"))
-    if (c.at("name") == name) return c;
-  throw std::runtime_error("no case " + name);
 }
 
 class QuantizeAsMlxLm : public ::testing::TestWithParam<std::string> {};
@@ -198,6 +144,186 @@ std::vector<std::string> case_names() {
 
 INSTANTIATE_TEST_SUITE_P(MlxLm, QuantizeAsMlxLm, ::testing::ValuesIn(case_names()),
                          [](const auto& p) { return p.param; });
+
+}  // namespace
+}  // namespace moekit
+
+namespace moekit {
+namespace {
+
+// A valid source folder (the first golden case's model), for breaking one thing at a time.
+struct Source {
+  testing::TempDir tmp{"quantize_err"};
+  fs::path src = tmp.path() / "hf";
+  json c = case_named("qwen3_moe_q4_g64");
+  Source() {
+    fs::create_directories(src);
+    write_source(c, src);
+  }
+  std::string out() const { return (tmp.path() / "out").string(); }
+};
+
+// The call throws std::invalid_argument whose message contains every one of `needles`, and
+// leaves neither the output folder nor its .partial sibling behind.
+void expect_refused(const Source& s, const QuantizeOptions& o, const std::vector<std::string>& needles) {
+  try {
+    quantize_checkpoint(s.src.string(), s.out(), o);
+    ADD_FAILURE() << "no error; expected one containing '" << needles.at(0) << "'";
+  } catch (const std::invalid_argument& e) {
+    for (const std::string& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(s.out() + ".partial"));
+}
+
+TEST(Quantize, BadOptionsAreNamed) {
+  Source s;
+  QuantizeOptions o;
+  o.bits = 7;
+  expect_refused(s, o, {"bits 7"});
+  o = {};
+  o.group_size = 48;
+  expect_refused(s, o, {"group size 48"});
+  o = {};
+  o.router_bits = 1;
+  expect_refused(s, o, {"router bits 1"});
+  o = {};
+  o.recipe = "mixed_9_9";
+  expect_refused(s, o, {"unknown recipe 'mixed_9_9'", "mixed_3_6"});
+  o = {};
+  o.recipe = "mixed_3_6";
+  o.router_bits = 8;
+  expect_refused(s, o, {"--router-bits"});
+  o = {};
+  o.dtype = "float64";
+  expect_refused(s, o, {"dtype 'float64'"});
+  EXPECT_FALSE(fs::exists(s.out()));
+}
+
+TEST(Quantize, NeverOverwrites) {
+  Source s;
+  fs::create_directories(s.out());
+  testing::write_text(fs::path(s.out()) / "keep.txt", "mine");
+  expect_refused(s, {}, {"already exists"});
+  std::ifstream in(fs::path(s.out()) / "keep.txt");
+  std::string kept;
+  in >> kept;
+  EXPECT_EQ(kept, "mine");
+}
+
+TEST(Quantize, RefusesQuantizedAndUnknownCheckpoints) {
+  {
+    Source s;  // already quantized: config.json says so
+    json cfg = s.c.at("config");
+    cfg["quantization"] = {{"bits", 4}, {"group_size", 64}};
+    testing::write_text(s.src / "config.json", cfg.dump());
+    expect_refused(s, {}, {"already quantized"});
+  }
+  {
+    Source s;  // a family this writer does not lay out
+    json cfg = s.c.at("config");
+    cfg["model_type"] = "gpt_oss";
+    testing::write_text(s.src / "config.json", cfg.dump());
+    EXPECT_THROW(quantize_checkpoint(s.src.string(), s.out(), {}), std::exception);
+    EXPECT_FALSE(fs::exists(s.out()));
+  }
+  {
+    Source s;
+    json cfg = s.c.at("config");
+    cfg["model_type"] = "deepseek_v3";
+    cfg["n_routed_experts"] = 4;
+    cfg["n_group"] = 1;
+    cfg["topk_group"] = 1;
+    testing::write_text(s.src / "config.json", cfg.dump());
+    expect_refused(s, {}, {"deepseek_v3", "kv_b_proj"});
+  }
+}
+
+// Rewrites the source with one tensor changed by `edit` (name -> entry, or erased if it returns false).
+void rewrite(Source& s, const std::function<bool(testing::SafetensorsEntry&)>& edit) {
+  const auto f = SafetensorsFile::open((s.src / "model.safetensors").string());
+  std::vector<testing::SafetensorsEntry> entries;
+  for (const std::string& n : f->names()) {
+    const TensorInfo& i = f->info(n);
+    testing::SafetensorsEntry e{n, i.dtype_name, i.shape, {f->bytes(n), f->bytes(n) + (i.end - i.begin)}};
+    if (edit(e)) entries.push_back(std::move(e));
+  }
+  testing::write_safetensors(s.src / "model.safetensors.new", entries);
+  fs::rename(s.src / "model.safetensors.new", s.src / "model.safetensors");
+}
+
+TEST(Quantize, BadTensorsAreNamed) {
+  {
+    Source s;  // a missing expert
+    rewrite(s, [](auto& e) { return e.name != "model.layers.1.mlp.experts.2.up_proj.weight"; });
+    expect_refused(s, {}, {"model.layers.1.mlp.experts.2.up_proj.weight", "expert 2 of 4"});
+  }
+  {
+    Source s;  // an expert of another shape
+    rewrite(s, [](auto& e) {
+      if (e.name == "model.layers.0.mlp.experts.3.gate_proj.weight") {
+        e.shape = {32, 128};
+        e.bytes.resize(32 * 128 * 2);
+      }
+      return true;
+    });
+    expect_refused(s, {}, {"model.layers.0.mlp.experts.3.gate_proj.weight", "(32, 128)"});
+  }
+  {
+    Source s;  // a NaN in a weight: named with its row
+    rewrite(s, [](auto& e) {
+      if (e.name == "model.layers.1.mlp.experts.1.down_proj.weight") {
+        const std::uint16_t nan = 0x7fc0;
+        std::memcpy(e.bytes.data() + (5 * 64 + 3) * 2, &nan, 2);
+      }
+      return true;
+    });
+    expect_refused(s, {}, {"model.layers.1.mlp.experts.1.down_proj.weight", "row 5", "NaN"});
+  }
+  {
+    Source s;  // a stray tensor under the experts prefix
+    rewrite(s, [](auto& e) {
+      if (e.name == "model.layers.0.mlp.experts.0.up_proj.weight") e.name = "model.layers.0.mlp.experts.gate_up_proj";
+      return true;
+    });
+    expect_refused(s, {}, {"model.layers.0.mlp.experts"});
+  }
+  {
+    Source s;  // FP8 weights
+    rewrite(s, [](auto& e) {
+      if (e.name == "model.layers.0.self_attn.q_proj.weight") {
+        e.dtype = "F8_E4M3";
+        e.bytes.resize(e.bytes.size() / 2);
+      }
+      return true;
+    });
+    expect_refused(s, {}, {"model.layers.0.self_attn.q_proj.weight", "F8_E4M3"});
+  }
+}
+
+TEST(Quantize, ShardsAndErrorReport) {
+  Source s;
+  QuantizeOptions o;
+  o.max_shard_bytes = 64 * 1024;  // forces several shards, named and indexed as mlx-lm names them
+  const QuantizeReport r = quantize_checkpoint(s.src.string(), s.out(), o);
+  EXPECT_GT(r.shards, 1);
+  char first[64];
+  std::snprintf(first, sizeof first, "model-00001-of-%05d.safetensors", static_cast<int>(r.shards));
+  EXPECT_TRUE(fs::exists(fs::path(s.out()) / first));
+  const json index = read_json(fs::path(s.out()) / "model.safetensors.index.json");
+  EXPECT_EQ(index.at("weight_map").size(), static_cast<std::size_t>(r.tensors_written));
+  const auto ck = Checkpoint::open(s.out());
+  EXPECT_EQ(ck->names().size(), static_cast<std::size_t>(r.tensors_written));
+  // The same bytes as one shard: every tensor as mlx-lm wrote it.
+  for (const json& t : s.c.at("outputs")) EXPECT_TRUE(ck->contains(t.at("name").get<std::string>()));
+  // The error report: weights in ±1/8 (a group spans at most 1/4) stay within one code step.
+  ASSERT_FALSE(r.quantized.empty());
+  for (const QuantizedTensorReport& q : r.quantized) {
+    EXPECT_GT(q.rms_error, 0) << q.name;
+    EXPECT_LT(q.rms_error, 0.1 * q.rms_weight * (q.bits == 4 ? 1.0 : 0.2)) << q.name;
+    // mlx moves the step so the group's larger endpoint is exact: within one step, not half.
+    EXPECT_LE(q.max_abs_error, 0.25 / ((1 << q.bits) - 1) * 1.01) << q.name;
+  }
+}
 
 }  // namespace
 }  // namespace moekit
