@@ -105,6 +105,11 @@ FAMILIES = {
                      first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.5,
                      norm_topk_prob=True, partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True,
                      rope_scaling=None),
+    "deepseek_v3": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, n_shared_experts=1,
+                        first_k_dense_replace=1, moe_layer_freq=1, kv_lora_rank=64, q_lora_rank=96,
+                        qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64, n_group=2, topk_group=1,
+                        topk_method="noaux_tc", routed_scaling_factor=2.5, scoring_func="sigmoid",
+                        norm_topk_prob=True, rope_scaling=None),
     "minimax": dict(num_local_experts=4, num_experts_per_tok=2, scoring_func="sigmoid", use_qk_norm=True,
                     rotary_dim=32, use_routing_bias=True, shared_intermediate_size=0),
 }
@@ -121,6 +126,7 @@ CASES = [
     dict(name="olmoe_q2_g64_f16", family="olmoe", bits=2, group=64, dtype="float16"),
     dict(name="deepseek_v2_q5_g64", family="deepseek_v2", bits=5, group=64),
     dict(name="glm4_moe_q6_g32", family="glm4_moe", bits=6, group=32),
+    dict(name="deepseek_v3_q4_g32", family="deepseek_v3", bits=4, group=32),
     dict(name="minimax_q4_g128_router_float", family="minimax", bits=4, group=128, router_bits=0),
 ]
 
@@ -147,6 +153,16 @@ def hf_tensors(family, cfg):
     out = []
     for k, v in mlx.utils.tree_flatten(model.parameters()):
         shape = list(v.shape)
+        if k.endswith("self_attn.unembed_out.weight"):
+            continue  # the second half of kv_b_proj (below)
+        if k.endswith("self_attn.embed_q.weight"):
+            # Hugging Face stores DeepSeek-V3's kv_b_proj [H * (nope + v), kv_lora_rank]; mlx-lm's
+            # sanitize splits it into embed_q / unembed_out.
+            H = cfg["num_attention_heads"]
+            n = k.replace("embed_q", "kv_b_proj")
+            kv = [H * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]), cfg["kv_lora_rank"]]
+            out.append((n, kv, "BF16") + draw_spec(n, kv))
+            continue
         if ".switch_mlp." in k:
             block, rest = k.split(".switch_mlp.")
             proj = rest.split(".")[0]

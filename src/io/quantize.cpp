@@ -46,6 +46,9 @@ struct FamilyRules {
   // A parameter held by a module that has children: mlx_lm.utils.get_total_parameters counts
   // only leaf modules' parameters, so the index's total_parameters leaves it out.
   std::string uncounted_suffix;
+  // DeepSeek-V3's attention: sanitize splits `self_attn.kv_b_proj` [H·(nope + v), R] into the
+  // per-head MultiLinear weights `embed_q` [H, R, nope] (transposed) and `unembed_out` [H, v, R].
+  bool mla_split = false;
 };
 
 const std::map<std::string, FamilyRules>& family_rules() {
@@ -57,23 +60,28 @@ const std::map<std::string, FamilyRules>& family_rules() {
       {"minimax", {true, "block_sparse_moe.gate", true, false, "block_sparse_moe.e_score_correction_bias"}},
       {"deepseek_v2", {false, "", false, false}},
       {"glm4_moe", {false, "", true, true}},
+      {"deepseek_v3", {false, "", true, true, "", true}},
   };
   return kRules;
 }
 
 const FamilyRules& rules_for(const std::string& model_type) {
   const auto& r = family_rules();
-  const auto it = r.find(model_type);
+  // mlx_lm.utils.MODEL_REMAPPING: these model types load with another family's class.
+  static const std::map<std::string, std::string> kAlias = {{"kimi_k2", "deepseek_v3"}, {"minimax_m2", "minimax"}};
+  const auto alias = kAlias.find(model_type);
+  const auto it = r.find(alias != kAlias.end() ? alias->second : model_type);
   if (it != r.end()) return it->second;
   std::string known;
   for (const auto& [k, v] : r) known += (known.empty() ? "" : ", ") + k;
-  if (model_type == "deepseek_v3" || model_type == "deepseek_v32" || model_type == "kimi_k2")
-    bad(model_type + ": not written yet: mlx-lm's layout splits the attention's kv_b_proj into embed_q / "
-                     "unembed_out, which moekit quantize does not do (families written: " + known + ")");
+  if (model_type == "deepseek_v32")
+    bad(model_type + ": not written yet: mlx-lm's deepseek_v32 layout (its attention indexer) is not laid out by "
+                     "moekit quantize (families written: " + known + ", kimi_k2, minimax_m2)");
   if (model_type == "gpt_oss" || model_type == "llama4" || model_type == "llama4_text")
     bad(model_type + ": not written yet: its fused expert tensors need mlx-lm's per-family re-layout "
                      "(families written: " + known + ")");
-  bad(model_type + ": moekit quantize does not write this family (families written: " + known + ")");
+  bad(model_type + ": moekit quantize does not write this family (families written: " + known +
+      ", kimi_k2, minimax_m2)");
 }
 
 struct Recipe {
@@ -148,6 +156,9 @@ struct Job {
   std::string src_dtype;             // as the file spells it
   std::optional<DType> cast;         // float output / quantization dtype; nullopt: raw copy
   int bits = 0, group = 0;           // bits != 0: quantized
+  // MLA split of kv_b_proj (FamilyRules::mla_split): 1 = embed_q, 2 = unembed_out.
+  int mla = 0;
+  std::int64_t heads = 0, nope = 0, vdim = 0, rank = 0;
 };
 
 struct OutEntry {
@@ -161,7 +172,9 @@ std::int64_t numel(const Shape& s) { return shape_numel(s); }
 // The float values of a job's sources, concatenated, converted to f32 through `cast` (rounding
 // to the output dtype first, as mlx-lm casts before it quantizes).
 std::vector<float> read_values(const Checkpoint& ck, const Job& j) {
-  std::vector<float> out(static_cast<std::size_t>(numel(j.shape)));
+  std::int64_t total = 0;
+  for (const std::string& name : j.sources) total += numel(ck.info(name).shape);
+  std::vector<float> out(static_cast<std::size_t>(total));
   std::size_t at = 0;
   for (const std::string& name : j.sources) {
     const TensorInfo& info = ck.info(name);
@@ -184,6 +197,22 @@ std::vector<float> read_values(const Checkpoint& ck, const Job& j) {
       out[at + i] = v;
     }
     at += n;
+  }
+  if (j.mla) {  // v[h, d, r] = src[(h·(nope + vdim) + d)·R + r]
+    std::vector<float> t(out.size());
+    const std::int64_t hd = j.nope + j.vdim, R = j.rank;
+    for (std::int64_t h = 0; h < j.heads; ++h)
+      for (std::int64_t r = 0; r < R; ++r) {
+        if (j.mla == 1)
+          for (std::int64_t n = 0; n < j.nope; ++n)
+            t[static_cast<std::size_t>((h * R + r) * j.nope + n)] = out[static_cast<std::size_t>((h * hd + n) * R + r)];
+        else
+          for (std::int64_t d = 0; d < j.vdim; ++d)
+            t[static_cast<std::size_t>((h * j.vdim + d) * R + r)] =
+                out[static_cast<std::size_t>((h * hd + j.nope + d) * R + r)];
+      }
+    t.resize(static_cast<std::size_t>(numel(j.shape)));
+    return t;
   }
   return out;
 }
@@ -339,6 +368,42 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
                                         << cfg.names.down_proj << "}.weight)"));
   }
 
+  // DeepSeek-V3's kv_b_proj, split per head as mlx-lm's sanitize splits it.
+  if (rules.mla_split) {
+    const auto dim = [&](const char* key) {
+      if (!config.contains(key) || !config[key].is_number_integer() || config[key].get<std::int64_t>() <= 0)
+        bad(MOEKIT_MSG((src / "config.json").string() << ": '" << key << "' must be a positive integer (the attention's "
+                                                      << "kv_b_proj split needs it)"));
+      return config[key].get<std::int64_t>();
+    };
+    for (std::int64_t l = 0; l < cfg.num_layers; ++l) {
+      const std::string base = MOEKIT_MSG("model.layers." << l << ".self_attn.");
+      const std::string name = base + "kv_b_proj.weight";
+      if (!ck->contains(name)) continue;
+      const std::int64_t H = dim("num_attention_heads"), nope = dim("qk_nope_head_dim"), vd = dim("v_head_dim"),
+                         R = dim("kv_lora_rank");
+      const TensorInfo& info = ck->info(name);
+      if (info.shape != Shape{H * (nope + vd), R} || !is_float_name(info.dtype_name))
+        bad(MOEKIT_MSG(info.file << ": tensor '" << name << "' is " << info.dtype_name << " " << shape_str(info.shape)
+                                 << ", expected float [" << H * (nope + vd) << ", " << R
+                                 << "] (num_attention_heads x (qk_nope_head_dim + v_head_dim), kv_lora_rank)"));
+      consumed.insert(name);
+      for (int part = 1; part <= 2; ++part) {
+        Job j;
+        j.out = base + (part == 1 ? "embed_q.weight" : "unembed_out.weight");
+        j.sources = {name};
+        j.shape = part == 1 ? Shape{H, R, nope} : Shape{H, vd, R};
+        j.src_dtype = info.dtype_name;
+        j.mla = part;
+        j.heads = H;
+        j.nope = nope;
+        j.vdim = vd;
+        j.rank = R;
+        jobs.push_back(std::move(j));
+      }
+    }
+  }
+
   // Every other tensor passes through by name, unless mlx-lm's sanitize drops it.
   const std::string mtp_prefix = MOEKIT_MSG("model.layers." << cfg.num_layers << ".");
   for (const std::string& name : ck->names()) {
@@ -373,7 +438,8 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
     j.cast = target && cast_ok ? *target : stored;
     if (!ends_with(j.out, ".weight")) continue;
     const std::string path = j.out.substr(0, j.out.size() - 7);
-    const bool stacked = j.shape.size() == 3 && j.out.find(".switch_mlp.") != std::string::npos;
+    // Rank 3: stacked experts (SwitchLinear) and MLA's per-head MultiLinear.
+    const bool stacked = j.shape.size() == 3 && (j.out.find(".switch_mlp.") != std::string::npos || j.mla);
     if (!(j.shape.size() == 2 || stacked)) continue;
     if (routers.count(path) && !rules.router_linear) continue;
     if (j.shape.back() % opt.group_size != 0) continue;
@@ -470,8 +536,9 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
         ++report.tensors_kept_float;
         return;
       }
-      for (const std::string& s : j.sources)
-        report.bytes_in += static_cast<std::int64_t>(ck->info(s).end - ck->info(s).begin);
+      if (j.mla != 2)  // the two halves of a kv_b_proj split read one tensor
+        for (const std::string& s : j.sources)
+          report.bytes_in += static_cast<std::int64_t>(ck->info(s).end - ck->info(s).begin);
       const std::vector<float> w = read_values(*ck, j);
       if (!j.bits) {
         pending.push_back(encode(w, *j.cast));

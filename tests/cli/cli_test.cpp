@@ -406,10 +406,7 @@ TEST_F(Cli, QuantizeWritesAnMlxFolderForwardLoads) {
 
 TEST_F(Cli, QuantizeFailuresAreOneLineAndLeaveNothing) {
   const auto before = listing();
-  RunResult r = run({"quantize", "--model", model(), "--out", file("q")});  // the tiny model is deepseek_v3
-  expect_clean_failure(r, dir(), before);
-  EXPECT_NE(r.err.find("deepseek_v3"), std::string::npos) << r.err;
-  r = run({"quantize", "--model", file("missing"), "--out", file("q"), "--bits", "4"});
+  RunResult r = run({"quantize", "--model", file("missing"), "--out", file("q"), "--bits", "4"});
   expect_clean_failure(r, dir(), before);
   EXPECT_NE(r.err.find("is not a folder"), std::string::npos) << r.err;
   r = run({"quantize", "--model", model(), "--out", file("q"), "--bits", "7"});
