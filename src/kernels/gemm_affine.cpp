@@ -157,16 +157,7 @@ HWY_INLINE void QStrip(const ARows<MR>& a, const WeightMatrix& B, const Output& 
     for (; n + 8 <= N; n += 8) QTile<kScaled, 1, 8, kBits>(a, B, C, m, n, K);
   }
   for (; n + 4 <= N; n += 4) QTile<kScaled, MR, 4, kBits>(a, B, C, m, n, K);
-  switch (N - n) {
-    case 3:
-      return QTile<kScaled, MR, 3, kBits>(a, B, C, m, n, K);
-    case 2:
-      return QTile<kScaled, MR, 2, kBits>(a, B, C, m, n, K);
-    case 1:
-      return QTile<kScaled, MR, 1, kBits>(a, B, C, m, n, K);
-    default:
-      return;
-  }
+  for (; n < N; ++n) QTile<kScaled, MR, 1, kBits>(a, B, C, m, n, K);  // as gemm_nt.cpp's RowStrip
 }
 
 template <int MR, int kBits>
