@@ -51,16 +51,28 @@ struct FamilyRules {
   bool mla_split = false;
 };
 
+FamilyRules rules(bool router_linear, std::string router_8bit_suffix, bool keep_f32, bool drop_mtp,
+                  std::string uncounted = "", bool mla_split = false) {
+  FamilyRules r;
+  r.router_linear = router_linear;
+  r.router_8bit_suffix = std::move(router_8bit_suffix);
+  r.keep_selection_bias_f32 = keep_f32;
+  r.drop_mtp = drop_mtp;
+  r.uncounted_suffix = std::move(uncounted);
+  r.mla_split = mla_split;
+  return r;
+}
+
 const std::map<std::string, FamilyRules>& family_rules() {
   static const std::map<std::string, FamilyRules> kRules = {
-      {"qwen3_moe", {true, "mlp.gate", false, false}},
-      {"qwen2_moe", {true, "", false, false}},
-      {"mixtral", {true, "", false, false}},
-      {"olmoe", {true, "", false, false}},
-      {"minimax", {true, "block_sparse_moe.gate", true, false, "block_sparse_moe.e_score_correction_bias"}},
-      {"deepseek_v2", {false, "", false, false}},
-      {"glm4_moe", {false, "", true, true}},
-      {"deepseek_v3", {false, "", true, true, "", true}},
+      {"qwen3_moe", rules(true, "mlp.gate", false, false)},
+      {"qwen2_moe", rules(true, "", false, false)},
+      {"mixtral", rules(true, "", false, false)},
+      {"olmoe", rules(true, "", false, false)},
+      {"minimax", rules(true, "block_sparse_moe.gate", true, false, "block_sparse_moe.e_score_correction_bias")},
+      {"deepseek_v2", rules(false, "", false, false)},
+      {"glm4_moe", rules(false, "", true, true)},
+      {"deepseek_v3", rules(false, "", true, true, "", true)},
   };
   return kRules;
 }
