@@ -97,12 +97,19 @@ std::vector<const BenchShape*> parse_shapes(const std::string& text) {
 
 // A weight format of the benchmark: a float dtype, or MLX affine codes of `bits` bits
 // (group 64, bf16 scales and biases: what mlx-community's models use).
+// "-int8": the fast mode (MoeLayer::set_int8_activations).
 struct WeightFormat {
   DType dtype = DType::f32;
   int bits = 0;
+  bool int8 = false;
   static constexpr int kGroup = 64;
   bool quantized() const { return bits != 0; }
-  std::string name() const { return quantized() ? std::string{'q', static_cast<char>('0' + bits)} : dtype_name(dtype); }
+  std::string name() const {
+    if (!quantized()) return dtype_name(dtype);
+    std::string n{'q', static_cast<char>('0' + bits)};
+    if (int8) n += "-int8";
+    return n;
+  }
 };
 
 std::vector<WeightFormat> parse_dtypes(const std::string& text) {
@@ -118,10 +125,14 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
     } else if (item.size() == 2 && item[0] == 'q' && std::string("234568").find(item[1]) != std::string::npos) {
       f.dtype = DType::u32;
       f.bits = item[1] - '0';
+    } else if ((item == "q4-int8" || item == "q8-int8")) {
+      f.dtype = DType::u32;
+      f.bits = item[1] - '0';
+      f.int8 = true;
     } else {
       throw std::invalid_argument("--dtype '" + item +
-                                  "' is not a weight format moekit runs (expected f32, bf16, f16 or q2, q3, q4, q5, "
-                                  "q6, q8: MLX affine, group 64, bf16 scales)");
+                                  "' is not a weight format moekit runs (expected f32, bf16, f16, q2, q3, q4, q5, "
+                                  "q6, q8: MLX affine, group 64, bf16 scales; or q4-int8, q8-int8: the fast mode)");
     }
     for (const WeightFormat& g : out)
       if (g.name() == f.name()) throw std::invalid_argument("--dtype '" + text + "' lists " + item + " twice");
@@ -301,6 +312,7 @@ std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& f
   w.layout = "stacked (random, in memory)";
   auto layer = std::make_unique<MoeLayer>(std::move(cfg), std::move(w));
   if (panels) layer->pack_weights();
+  if (format.int8) layer->set_int8_activations(true);
   return layer;
 }
 

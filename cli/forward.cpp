@@ -32,6 +32,7 @@ struct ForwardOptions {
   std::string input, output, ids_out, weights_out;
   std::vector<std::string> router_knobs;  // KEY=VALUE
   bool pack = false;
+  bool int8 = false;
   int threads = 0;
   CLI::Option* threads_option = nullptr;
 };
@@ -158,6 +159,7 @@ void run_forward(const ForwardOptions& opt) {
   validate(config.router);
   MoeLayer layer = load_moe_layer(opt.model, config, opt.layer);
   if (opt.pack) layer.pack_weights();
+  if (opt.int8) layer.set_int8_activations(true);
   const Tensor x = read_input(opt.input, layer.config().hidden_size, opt.model, opt.layer);
   ForwardInfo info;
   const Tensor y = layer.forward(x, &info);
@@ -187,6 +189,9 @@ void register_forward(CLI::App& app) {
   cmd->add_flag("--pack", opt->pack,
                 "Repack the experts into the forward kernel's panels first (faster prefill; the expert "
                 "bytes become resident instead of read in place from the mapped file)");
+  cmd->add_flag("--int8", opt->int8,
+                "The fast mode for MLX-quantized experts: int8 activations and integer dot products for 4- and "
+                "8-bit codes where an expert has few rows (error bound: docs/numerics.md); the router stays exact");
   opt->threads_option = add_threads_option(*cmd, opt->threads);
   cmd->callback([opt] { run_forward(*opt); });
 }

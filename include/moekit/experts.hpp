@@ -39,6 +39,9 @@ struct ExpertMatrix {
     DType scale_dtype = DType::f32;
     std::int64_t scale_stride = 0;
     std::vector<const void*> scales, biases;
+    /// Compute with int8-quantized activations where the fast kernel applies (4/8 bits, few
+    /// rows per expert); MoeLayer::set_int8_activations sets it. Default: exact.
+    bool int8_activations = false;
   } affine;
 
   bool quantized() const noexcept { return affine.bits != 0; }

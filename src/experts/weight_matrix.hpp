@@ -10,9 +10,15 @@ namespace moekit {
 inline kernels::WeightMatrix weight_matrix(const ExpertMatrix& m, std::int64_t e) {
   kernels::WeightMatrix w{m.experts[e], m.dtype, m.row_stride,
                           m.panels ? kernels::WeightLayout::panels : kernels::WeightLayout::rows};
-  if (m.quantized())
-    w.affine = {m.affine.bits, m.affine.group_size, m.affine.scale_dtype, m.affine.scales[e], m.affine.biases[e],
-                m.affine.scale_stride};
+  if (m.quantized()) {
+    w.affine.bits = m.affine.bits;
+    w.affine.group_size = m.affine.group_size;
+    w.affine.scale_dtype = m.affine.scale_dtype;
+    w.affine.scales = m.affine.scales[e];
+    w.affine.biases = m.affine.biases[e];
+    w.affine.scale_ld = m.affine.scale_stride;
+    w.affine.int8_activations = m.affine.int8_activations;
+  }
   return w;
 }
 

@@ -98,6 +98,9 @@ void pack_panels(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* ds
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads) {
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
+    if (B.quantized() && detail::int8_activations_apply(B, m1 - m0))
+      return detail::gemm_nt_affine_int8_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0,
+                                                n1 - n0, K);
     const auto kernel = B.quantized()                     ? detail::gemm_nt_affine_kernel
                         : B.layout == WeightLayout::panels ? detail::gemm_nt_panel_kernel
                                                            : detail::gemm_nt_kernel;

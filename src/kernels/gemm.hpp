@@ -69,7 +69,15 @@ struct AffineQuant {
   const void* scales = nullptr;
   const void* biases = nullptr;
   std::int64_t scale_ld = 0;
+  /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit codes and at most kInt8MaxRows rows
+  /// of A, the activations are quantized to int8 per group and multiplied as integers (error
+  /// bound: docs/numerics.md); otherwise, and by default, the exact kernels.
+  bool int8_activations = false;
 };
+
+/// Rows of A up to which the fast mode's kernel runs (beyond, the exact prefill path is faster:
+/// it dequantizes a weight block once for all rows, where the int8 kernel unpacks per row).
+constexpr std::int64_t kInt8MaxRows = 8;
 
 /// A weight matrix: dtype f32, bf16 or f16, in one of the layouts above; or, with affine.bits
 /// set, MLX affine codes (dtype u32, rows layout, `ld` counted in uint32 words).
@@ -157,6 +165,11 @@ void gemm_nt_affine_kernel(const RowSource& A, const WeightMatrix& B, const Outp
                            std::int64_t N, std::int64_t K);
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
+// The fast mode's kernel and whether it takes B with M rows of A; `portable` forces the
+// portable C++ path (tests) where the CPU has AVX2.
+bool int8_activations_apply(const WeightMatrix& B, std::int64_t M);
+void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                std::int64_t N, std::int64_t K, bool portable = false);
 // n_total: the packed matrix's full column count (its panel stride); B.data points at column 0
 // of the call's first column.
 void gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

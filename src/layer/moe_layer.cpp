@@ -40,6 +40,12 @@ void MoeLayer::pack_weights() {
   if (weights_.shared.down.defined()) pack_panels(weights_.shared);
 }
 
+void MoeLayer::set_int8_activations(bool on) {
+  for (ExpertWeights* w : {&weights_.experts, &weights_.shared})
+    for (ExpertMatrix* m : {&w->gate, &w->up, &w->down})
+      if (m->quantized()) m->affine.int8_activations = on;
+}
+
 ExpertBody MoeLayer::body() const noexcept {
   return ExpertBody{config_.body, config_.swiglu_limit, config_.swiglu_alpha};
 }

@@ -317,3 +317,44 @@ TEST(QuantizedLayer, BrokenFilesAreNamedErrors) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+// The fast mode on mlx-lm's own quantized blocks: the routing is the exact one (the router stays
+// exact), y stays within a small relative error of the exact forward, and it is deterministic.
+TEST(QuantizedLayer, Int8ActivationsKeepRoutingAndStayClose) {
+  for (const char* name : {"qwen3_moe_q4_g64_bf16", "deepseek_v3_q3_g64_bf16", "qwen2_moe_q8_g128_bf16",
+                           "mixtral_q4_g32_f16"}) {
+    const std::string dir = std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/" + name;
+    MoeLayer layer = load_moe_layer(dir, 1);
+    const Tensor x = read_npy(dir + "/input.npy");
+    ForwardInfo exact_info, fast_info;
+    const Tensor exact = layer.forward(x, &exact_info);
+    layer.set_int8_activations(true);
+    const Tensor fast = layer.forward(x, &fast_info);
+    const Tensor again = layer.forward(x);
+    EXPECT_EQ(std::memcmp(fast.data(), again.data(), fast.nbytes()), 0) << name;
+    EXPECT_EQ(std::memcmp(exact_info.routing.ids.data(), fast_info.routing.ids.data(),
+                          exact_info.routing.ids.nbytes()), 0) << name;
+    double num = 0, den = 0;
+    for (std::int64_t i = 0; i < exact.numel(); ++i) {
+      num += std::pow(double(fast.data_as<float>()[i]) - exact.data_as<float>()[i], 2);
+      den += std::pow(double(exact.data_as<float>()[i]), 2);
+    }
+    const double rel = std::sqrt(num / den);
+    const bool four_or_eight = std::string(name).find("_q3_") == std::string::npos;
+    if (four_or_eight) {
+      EXPECT_GT(rel, 0.0) << name << ": the fast path ran";
+      EXPECT_LT(rel, 2e-2) << name;
+    } else {
+      EXPECT_EQ(rel, 0.0) << name << ": 3-bit codes stay on the exact kernel";
+    }
+    layer.set_int8_activations(false);
+    const Tensor back = layer.forward(x);
+    EXPECT_EQ(std::memcmp(back.data(), exact.data(), exact.nbytes()), 0) << name;
+  }
+}
+
+}  // namespace
+}  // namespace moekit

@@ -1,0 +1,241 @@
+// The fast mode of gemm_nt on MLX affine weights (AffineQuant::int8_activations): activations
+// quantized to int8 per weight group, integer dot products with the 4- or 8-bit codes, one float
+// multiply-add per group. For few rows of A (decode and small batches), where the exact kernel's
+// per-weight unpack-convert-dequantize is the cost and the weights are streamed once.
+//
+// Per row m of A and weight group g of gs inputs:
+//   d[m,g] = max_k |x| / 127, q[m,k] = clamp(rint(x / d), -127, 127) (d = 0, q = 0 for a zero group),
+//   qsum[m,g] = d[m,g] · Σ_k q[m,k];
+// per output element:  y = Σ_g ( s_g · d[m,g] · Σ_k q[m,k]·code[k]  +  b_g · qsum[m,g] ),
+// the weights times the int8-rounded activations x̂ = d·q (up to f32 rounding), so it differs
+// from the exact value by Σ_k w_k (x̂_k − x_k): |y_fast − y_exact| ≤ Σ_g (d[m,g] / 2) Σ_k |w_k|. The
+// integer sums are exact; the float sums run in a fixed order, so the result does not depend on
+// the thread count (it may differ in the last bits between the AVX2 and the portable path).
+//
+// x86 with AVX2 (any AVX-512 CPU too): codes and activations as bytes, `vpmaddubsw` + `vpmaddwd`
+// (4-bit: the codes are u8 ≤ 15, so a pair of products fits an int16) or widened to int16 and
+// `vpmaddwd` (8-bit). Elsewhere the same arithmetic in portable C++.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/gemm.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MOEKIT_X86 1
+#else
+#define MOEKIT_X86 0
+#endif
+
+namespace moekit::kernels {
+
+namespace {
+
+// A's rows quantized for one call: per row, K int8 codes (4-bit B: each 32-block stored as its
+// 16 even elements then its 16 odd ones, the order the packed nibbles unpack into), or K int16
+// (8-bit B); per group, the scale d and d · Σ q (the rounded activations' sum, for the bias term).
+struct QuantA {
+  std::int64_t M = 0, K = 0, groups = 0;
+  std::vector<std::int8_t> q8;
+  std::vector<std::int16_t> q16;
+  std::vector<float> d, xsum;
+};
+
+void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, QuantA& qa) {
+  qa.M = M;
+  qa.K = K;
+  qa.groups = K / gs;
+  qa.d.assign(static_cast<std::size_t>(M * qa.groups), 0.0f);
+  qa.xsum.assign(qa.d.size(), 0.0f);
+  if (bits == 4)
+    qa.q8.assign(static_cast<std::size_t>(M * K), 0);
+  else
+    qa.q16.assign(static_cast<std::size_t>(M * K), 0);
+  for (std::int64_t m = 0; m < M; ++m) {
+    const float* x = A.row(m);
+    const float f = A.scale ? A.scale[m] : 1.0f;
+    for (std::int64_t g = 0; g < qa.groups; ++g) {
+      const std::int64_t k0 = g * gs;
+      float amax = 0.0f;
+      for (int k = 0; k < gs; ++k) amax = std::max(amax, std::fabs(A.scale ? x[k0 + k] * f : x[k0 + k]));
+      const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
+      if (amax == 0.0f) continue;  // d = 0, codes 0
+      qa.d[gi] = amax / 127.0f;
+      const float inv = 127.0f / amax;
+      std::int32_t qsum = 0;
+      for (int k = 0; k < gs; ++k) {
+        const float v = A.scale ? x[k0 + k] * f : x[k0 + k];
+        const float r = std::min(127.0f, std::max(-127.0f, std::rint(v * inv)));
+        qsum += static_cast<std::int32_t>(r);
+        const std::int64_t kk = k0 + k;
+        if (bits == 4) {
+          // Within each 32-block: position i/2 for even i, 16 + i/2 for odd i.
+          const std::int64_t i = kk % 32;
+          const std::int64_t at = kk - i + (i % 2 == 0 ? i / 2 : 16 + i / 2);
+          qa.q8[static_cast<std::size_t>(m * K + at)] = static_cast<std::int8_t>(r);
+        } else {
+          qa.q16[static_cast<std::size_t>(m * K + kk)] = static_cast<std::int16_t>(r);
+        }
+      }
+      qa.xsum[gi] = qa.d[gi] * static_cast<float>(qsum);
+    }
+  }
+}
+
+// Σ_k q·code over one 32-block at k (portable; the codes of row `row` of B).
+std::int32_t block_dot_scalar(const QuantA& qa, std::int64_t m, const std::uint8_t* row, std::int64_t k, int bits) {
+  std::int32_t acc = 0;
+  if (bits == 4) {
+    const std::int8_t* q = qa.q8.data() + m * qa.K + k;
+    const std::uint8_t* c = row + k / 2;
+    for (int j = 0; j < 16; ++j) {
+      acc += static_cast<std::int32_t>(c[j] & 0x0F) * q[j];
+      acc += static_cast<std::int32_t>(c[j] >> 4) * q[16 + j];
+    }
+  } else {
+    const std::int16_t* q = qa.q16.data() + m * qa.K + k;
+    const std::uint8_t* c = row + k;
+    for (int j = 0; j < 32; ++j) acc += static_cast<std::int32_t>(c[j]) * q[j];
+  }
+  return acc;
+}
+
+const std::uint8_t* row_bytes(const WeightMatrix& B, std::int64_t n) {
+  return reinterpret_cast<const std::uint8_t*>(static_cast<const std::uint32_t*>(B.data) + n * B.ld);
+}
+
+void store(const Output& C, std::int64_t m, std::int64_t n, float v) {
+  if (C.row_scale) v *= C.row_scale[m];
+  float& c = C.data[m * C.ld + n];
+  c = C.accumulate ? c + v : v;
+}
+
+void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N) {
+  const int gs = B.affine.group_size, bits = B.affine.bits;
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::uint8_t* row = row_bytes(B, n);
+    for (std::int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f, bacc = 0.0f;
+      for (std::int64_t g = 0; g < qa.groups; ++g) {
+        std::int32_t isum = 0;
+        for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) isum += block_dot_scalar(qa, m, row, k, bits);
+        const std::int64_t sg = n * B.affine.scale_ld + g;
+        const float s = load_f32(B.affine.scales, B.affine.scale_dtype, sg);
+        const float b = load_f32(B.affine.biases, B.affine.scale_dtype, sg);
+        const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
+        acc = std::fma(static_cast<float>(isum), s * qa.d[gi], acc);
+        bacc = std::fma(b, qa.xsum[gi], bacc);
+      }
+      store(C, m, n, acc + bacc);
+    }
+  }
+}
+
+#if MOEKIT_X86
+// Four rows of B against one row of A: per group, four int32 accumulators of 8 lanes, then one
+// multiply-add each into four float accumulators; reduced at the end.
+template <int kBits>
+__attribute__((target("avx2,fma"))) void tile4_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                                   std::int64_t m, std::int64_t n) {
+  const int gs = B.affine.group_size;
+  const std::uint8_t* rows[4];
+  for (int j = 0; j < 4; ++j) rows[j] = row_bytes(B, n + j);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[4];
+  for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_ps();
+  float bacc[4] = {0, 0, 0, 0};
+  for (std::int64_t g = 0; g < qa.groups; ++g) {
+    __m256i isum[4];
+    for (int j = 0; j < 4; ++j) isum[j] = _mm256_setzero_si256();
+    for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
+      if constexpr (kBits == 4) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + m * qa.K + k));
+        for (int j = 0; j < 4; ++j) {
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k / 2));
+          // Low half: the low nibbles (even elements); high half: the high nibbles (odd ones).
+          const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
+          isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(_mm256_maddubs_epi16(c, a), ones));
+        }
+      } else {
+        const std::int16_t* q = qa.q16.data() + m * qa.K + k;
+        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16));
+        for (int j = 0; j < 4; ++j) {
+          const __m256i c0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k)));
+          const __m256i c1 =
+              _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k + 16)));
+          isum[j] = _mm256_add_epi32(isum[j], _mm256_add_epi32(_mm256_madd_epi16(c0, a0), _mm256_madd_epi16(c1, a1)));
+        }
+      }
+    }
+    const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
+    for (int j = 0; j < 4; ++j) {
+      const std::int64_t sg = (n + j) * B.affine.scale_ld + g;
+      const float s = load_f32(B.affine.scales, B.affine.scale_dtype, sg);
+      const float b = load_f32(B.affine.biases, B.affine.scale_dtype, sg);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(s * qa.d[gi]), acc[j]);
+      bacc[j] = std::fma(b, qa.xsum[gi], bacc[j]);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    // Lanes summed pairwise in a fixed order.
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
+    const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
+    store(C, m, n + j, _mm_cvtss_f32(h1) + bacc[j]);
+  }
+}
+
+template <int kBits>
+__attribute__((target("avx2,fma"))) void kernel_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                                    std::int64_t M, std::int64_t N) {
+  std::int64_t n = 0;
+  // Four rows of B at a time, every row of A over them while their codes sit in L1.
+  for (; n + 4 <= N; n += 4)
+    for (std::int64_t m = 0; m < M; ++m) tile4_avx2<kBits>(qa, B, C, m, n);
+  if (n < N) {
+    WeightMatrix rest = B;
+    rest.data = row_bytes(B, n);
+    rest.affine.scales =
+        static_cast<const char*>(B.affine.scales) + n * B.affine.scale_ld * dtype_size(B.affine.scale_dtype);
+    rest.affine.biases =
+        static_cast<const char*>(B.affine.biases) + n * B.affine.scale_ld * dtype_size(B.affine.scale_dtype);
+    Output c = C;
+    c.data += n;
+    kernel_scalar(qa, rest, c, M, N - n);
+  }
+}
+
+bool have_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+#endif
+
+}  // namespace
+
+bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M) {
+  return B.affine.int8_activations && (B.affine.bits == 4 || B.affine.bits == 8) && B.affine.group_size % 32 == 0 &&
+         M <= kInt8MaxRows;
+}
+
+void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                        std::int64_t N, std::int64_t K, bool portable) {
+  if (M <= 0 || N <= 0) return;
+  thread_local QuantA qa;
+  quantize_a(A, M, K, B.affine.group_size, B.affine.bits, qa);
+#if MOEKIT_X86
+  if (!portable && have_avx2()) {
+    if (B.affine.bits == 4) return kernel_avx2<4>(qa, B, C, M, N);
+    return kernel_avx2<8>(qa, B, C, M, N);
+  }
+#endif
+  (void)portable;
+  kernel_scalar(qa, B, C, M, N);
+}
+
+}  // namespace moekit::kernels
