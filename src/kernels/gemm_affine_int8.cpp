@@ -135,68 +135,100 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
 }
 
 #if MOEKIT_X86
-// Four rows of B against one row of A: per group, four int32 accumulators of 8 lanes, then one
-// multiply-add each into four float accumulators; reduced at the end.
-template <int kBits>
-__attribute__((target("avx2,fma"))) void tile4_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
-                                                   std::int64_t m, std::int64_t n) {
+// MR rows of A against NR rows of B (MR · NR = 8 int32 accumulators of 8 lanes per group, so a
+// row's unpacked codes serve all MR rows of A), then per group one multiply-add each into f32
+// accumulators; reduced at the end in a fixed order.
+template <int kBits, int MR, int NR>
+__attribute__((target("avx2,fma"))) void tile_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                                  std::int64_t m, std::int64_t n) {
   const int gs = B.affine.group_size;
-  const std::uint8_t* rows[4];
-  for (int j = 0; j < 4; ++j) rows[j] = row_bytes(B, n + j);
+  const std::uint8_t* rows[NR];
+  for (int j = 0; j < NR; ++j) rows[j] = row_bytes(B, n + j);
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[4];
-  for (int j = 0; j < 4; ++j) acc[j] = _mm256_setzero_ps();
-  float bacc[4] = {0, 0, 0, 0};
+  __m256 acc[MR][NR];
+  float bacc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      acc[i][j] = _mm256_setzero_ps();
+      bacc[i][j] = 0.0f;
+    }
   for (std::int64_t g = 0; g < qa.groups; ++g) {
-    __m256i isum[4];
-    for (int j = 0; j < 4; ++j) isum[j] = _mm256_setzero_si256();
+    __m256i isum[MR][NR];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
     for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
       if constexpr (kBits == 4) {
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + m * qa.K + k));
-        for (int j = 0; j < 4; ++j) {
+        __m256i a[MR];
+        for (int i = 0; i < MR; ++i)
+          a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
+        for (int j = 0; j < NR; ++j) {
           const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k / 2));
           // Low half: the low nibbles (even elements); high half: the high nibbles (odd ones).
           const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
-          isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(_mm256_maddubs_epi16(c, a), ones));
+          for (int i = 0; i < MR; ++i)
+            isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(c, a[i]), ones));
         }
       } else {
-        const std::int16_t* q = qa.q16.data() + m * qa.K + k;
-        const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-        const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16));
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < NR; ++j) {
           const __m256i c0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k)));
           const __m256i c1 =
               _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k + 16)));
-          isum[j] = _mm256_add_epi32(isum[j], _mm256_add_epi32(_mm256_madd_epi16(c0, a0), _mm256_madd_epi16(c1, a1)));
+          for (int i = 0; i < MR; ++i) {
+            const std::int16_t* q = qa.q16.data() + (m + i) * qa.K + k;
+            const __m256i p0 = _mm256_madd_epi16(c0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+            const __m256i p1 = _mm256_madd_epi16(c1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
+            isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_add_epi32(p0, p1));
+          }
         }
       }
     }
-    const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < NR; ++j) {
       const std::int64_t sg = (n + j) * B.affine.scale_ld + g;
       const float s = load_f32(B.affine.scales, B.affine.scale_dtype, sg);
       const float b = load_f32(B.affine.biases, B.affine.scale_dtype, sg);
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(s * qa.d[gi]), acc[j]);
-      bacc[j] = std::fma(b, qa.xsum[gi], bacc[j]);
+      for (int i = 0; i < MR; ++i) {
+        const std::size_t gi = static_cast<std::size_t>((m + i) * qa.groups + g);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]), _mm256_set1_ps(s * qa.d[gi]), acc[i][j]);
+        bacc[i][j] = std::fma(b, qa.xsum[gi], bacc[i][j]);
+      }
     }
   }
-  for (int j = 0; j < 4; ++j) {
-    // Lanes summed pairwise in a fixed order.
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
-    const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
-    store(C, m, n + j, _mm_cvtss_f32(h1) + bacc[j]);
-  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      // Lanes summed pairwise in a fixed order.
+      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[i][j]), _mm256_extractf128_ps(acc[i][j], 1));
+      const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
+      store(C, m + i, n + j, _mm_cvtss_f32(h1) + bacc[i][j]);
+    }
+}
+
+// Every row of A over NR rows of B at a time (their codes stay in L1 across the strips of A):
+// strips of 4, 2 and 1 rows of A, each unpacking the codes once for its rows.
+template <int kBits, int NR>
+__attribute__((target("avx2,fma"))) void columns_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                                     std::int64_t M, std::int64_t n) {
+  std::int64_t m = 0;
+  if constexpr (NR == 2)
+    for (; m + 4 <= M; m += 4) tile_avx2<kBits, 4, 2>(qa, B, C, m, n);
+  if constexpr (NR <= 4)
+    for (; m + 2 <= M; m += 2) tile_avx2<kBits, 2, NR>(qa, B, C, m, n);
+  for (; m < M; ++m) tile_avx2<kBits, 1, NR>(qa, B, C, m, n);
 }
 
 template <int kBits>
 __attribute__((target("avx2,fma"))) void kernel_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
                                                     std::int64_t M, std::int64_t N) {
   std::int64_t n = 0;
-  // Four rows of B at a time, every row of A over them while their codes sit in L1.
-  for (; n + 4 <= N; n += 4)
-    for (std::int64_t m = 0; m < M; ++m) tile4_avx2<kBits>(qa, B, C, m, n);
+  // One row of A: 8 rows of B per tile; two or three: 4; four or more: 2 (8 accumulators).
+  if (M == 1) {
+    for (; n + 8 <= N; n += 8) columns_avx2<kBits, 8>(qa, B, C, M, n);
+  } else if (M < 4) {
+    for (; n + 4 <= N; n += 4) columns_avx2<kBits, 4>(qa, B, C, M, n);
+  } else {
+    for (; n + 2 <= N; n += 2) columns_avx2<kBits, 2>(qa, B, C, M, n);
+  }
   if (n < N) {
     WeightMatrix rest = B;
     rest.data = row_bytes(B, n);
