@@ -15,7 +15,9 @@ Interpreter: Debian /usr/bin/python3 (3.11) with numpy 1.24, mlx 0.32.4 and mlx-
    attention, norms, embeddings, lm_head, E = 4 experts; DeepSeek-V2 and GLM-4-MoE with a dense
    first layer).  Its float checkpoint is written in the Hugging Face layout (per-expert tensors,
    `w1/w2/w3` for Mixtral and MiniMax), BF16 (a selection bias F32, as the real checkpoints
-   store it), every value drawn by `values()` below from the tensor's name, so the C++ test
+   store it; GPT-OSS in its fused, transposed, interleaved layout, which mlx-lm quantizes from
+   the same values in its own layout since its loader reads only the MXFP4 release), every value
+   drawn by `values()` below from the tensor's name, so the C++ test
    rebuilds the identical checkpoint from the manifest without it being checked in.  Then
    mlx_lm.convert's quantizing path runs on it unchanged: mlx_lm.utils.load_model, the
    torch_dtype cast with the model's cast_predicate, mlx_lm.utils.quantize_model (with the
@@ -110,6 +112,9 @@ FAMILIES = {
                         qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64, n_group=2, topk_group=1,
                         topk_method="noaux_tc", routed_scaling_factor=2.5, scoring_func="sigmoid",
                         norm_topk_prob=True, rope_scaling=None),
+    "gpt_oss": dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=128,
+                    layer_types=["sliding_attention", "full_attention"], swiglu_limit=7.0, rope_scaling=None,
+                    rms_norm_eps=1e-5, rope_theta=150000.0),
     "minimax": dict(num_local_experts=4, num_experts_per_tok=2, scoring_func="sigmoid", use_qk_norm=True,
                     rotary_dim=32, use_routing_bias=True, shared_intermediate_size=0),
 }
@@ -127,6 +132,7 @@ CASES = [
     dict(name="deepseek_v2_q5_g64", family="deepseek_v2", bits=5, group=64),
     dict(name="glm4_moe_q6_g32", family="glm4_moe", bits=6, group=32),
     dict(name="deepseek_v3_q4_g32", family="deepseek_v3", bits=4, group=32),
+    dict(name="gpt_oss_q4_g32", family="gpt_oss", bits=4, group=32),
     dict(name="minimax_q4_g128_router_float", family="minimax", bits=4, group=128, router_bits=0),
 ]
 
@@ -163,6 +169,19 @@ def hf_tensors(family, cfg):
             kv = [H * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]), cfg["kv_lora_rank"]]
             out.append((n, kv, "BF16") + draw_spec(n, kv))
             continue
+        if family == "gpt_oss" and ".mlp.experts." in k:
+            # Hugging Face's GPT-OSS: gate_up_proj [E, D, 2F] (gate = even columns), its bias
+            # [E, 2F], down_proj [E, F, D] transposed, down_proj_bias [E, D].
+            ex = k[: k.index(".mlp.experts.") + len(".mlp.experts.")]
+            E, F, D = cfg["num_local_experts"], cfg["intermediate_size"], cfg["hidden_size"]
+            hf = {ex + "gate_proj.weight": (ex + "gate_up_proj", [E, D, 2 * F]),
+                  ex + "gate_proj.bias": (ex + "gate_up_proj_bias", [E, 2 * F]),
+                  ex + "down_proj.weight": (ex + "down_proj", [E, F, D]),
+                  ex + "down_proj.bias": (ex + "down_proj_bias", [E, D])}
+            if k in hf:
+                n, shp = hf[k]
+                out.append((n, shp, "BF16") + draw_spec(n, shp))
+            continue
         if ".switch_mlp." in k:
             block, rest = k.split(".switch_mlp.")
             proj = rest.split(".")[0]
@@ -180,6 +199,30 @@ def f32_array(spec):
     name, shape, dt, amp, off = spec
     a = values(name, int(np.prod(shape)), amp, off).reshape(shape)
     return a if dt == "F32" else L.bf16_round(a)
+
+
+def gpt_oss_mlx_tensors(cfg, specs):
+    """mlx-lm's GPT-OSS layout of the Hugging Face tensors (mlx-lm's own loader cannot read the
+    Hugging Face bf16 layout: its sanitize handles the MXFP4 release only)."""
+    out = []
+    for s in specs:
+        a = f32_array(s)
+        n = s[0]
+        if n.endswith("experts.gate_up_proj"):
+            b = n[: -len("gate_up_proj")]
+            out.append((b + "gate_proj.weight", np.ascontiguousarray(a[..., ::2].transpose(0, 2, 1)), "BF16"))
+            out.append((b + "up_proj.weight", np.ascontiguousarray(a[..., 1::2].transpose(0, 2, 1)), "BF16"))
+        elif n.endswith("experts.gate_up_proj_bias"):
+            b = n[: -len("gate_up_proj_bias")]
+            out.append((b + "gate_proj.bias", np.ascontiguousarray(a[..., ::2]), "BF16"))
+            out.append((b + "up_proj.bias", np.ascontiguousarray(a[..., 1::2]), "BF16"))
+        elif n.endswith("experts.down_proj"):
+            out.append((n + ".weight", np.ascontiguousarray(a.transpose(0, 2, 1)), "BF16"))
+        elif n.endswith("experts.down_proj_bias"):
+            out.append((n[: -len("down_proj_bias")] + "down_proj.bias", a, "BF16"))
+        else:
+            out.append((n, a, s[2]))
+    return out
 
 
 def write_hf(folder, cfg, specs):
@@ -201,6 +244,19 @@ def router_bits_predicate(cfg, router_bits, group):
         return True
 
     return predicate
+
+
+def mlx_input(c, cfg, specs, hf, tmp):
+    """The float folder mlx-lm quantizes: the Hugging Face one, or for GPT-OSS the same values in
+    mlx-lm's layout (gpt_oss_mlx_tensors)."""
+    if c["family"] != "gpt_oss":
+        return hf
+    src = os.path.join(tmp, c["name"] + "_mlx_float")
+    os.makedirs(src)
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    L.write_safetensors(os.path.join(src, "model.safetensors"), gpt_oss_mlx_tensors(cfg, specs))
+    return src
 
 
 def convert(hf, dst, c, cfg):
@@ -235,7 +291,7 @@ def build_case(c, tmp):
     hf = os.path.join(tmp, c["name"] + "_hf")
     dst = os.path.join(tmp, c["name"] + "_mlx")
     write_hf(hf, cfg, specs)
-    model, config = convert(hf, dst, c, cfg)
+    model, config = convert(mlx_input(c, cfg, specs, hf, tmp), dst, c, cfg)
     written = read_raw(os.path.join(dst, "model.safetensors"))
     with open(os.path.join(dst, "model.safetensors.index.json")) as f:
         index = json.load(f)

@@ -49,6 +49,10 @@ struct FamilyRules {
   // DeepSeek-V3's attention: sanitize splits `self_attn.kv_b_proj` [H·(nope + v), R] into the
   // per-head MultiLinear weights `embed_q` [H, R, nope] (transposed) and `unembed_out` [H, v, R].
   bool mla_split = false;
+  // GPT-OSS: Hugging Face's fused `experts.gate_up_proj` [E, D, 2F] (gate = even columns, up =
+  // odd), `gate_up_proj_bias` [E, 2F], transposed `down_proj` [E, F, D] and `down_proj_bias`
+  // become mlx-lm's stacked `experts.{gate,up,down}_proj.{weight,bias}` ([E, out, in], [E, out]).
+  bool fused_gpt_oss = false;
 };
 
 FamilyRules rules(bool router_linear, std::string router_8bit_suffix, bool keep_f32, bool drop_mtp,
@@ -63,6 +67,12 @@ FamilyRules rules(bool router_linear, std::string router_8bit_suffix, bool keep_
   return r;
 }
 
+FamilyRules gpt_oss_rules() {
+  FamilyRules r = rules(true, "router", false, false, "self_attn.sinks");
+  r.fused_gpt_oss = true;
+  return r;
+}
+
 const std::map<std::string, FamilyRules>& family_rules() {
   static const std::map<std::string, FamilyRules> kRules = {
       {"qwen3_moe", rules(true, "mlp.gate", false, false)},
@@ -73,6 +83,7 @@ const std::map<std::string, FamilyRules>& family_rules() {
       {"deepseek_v2", rules(false, "", false, false)},
       {"glm4_moe", rules(false, "", true, true)},
       {"deepseek_v3", rules(false, "", true, true, "", true)},
+      {"gpt_oss", gpt_oss_rules()},
   };
   return kRules;
 }
@@ -89,9 +100,9 @@ const FamilyRules& rules_for(const std::string& model_type) {
   if (model_type == "deepseek_v32")
     bad(model_type + ": not written yet: mlx-lm's deepseek_v32 layout (its attention indexer) is not laid out by "
                      "moekit quantize (families written: " + known + ", kimi_k2, minimax_m2)");
-  if (model_type == "gpt_oss" || model_type == "llama4" || model_type == "llama4_text")
-    bad(model_type + ": not written yet: its fused expert tensors need mlx-lm's per-family re-layout "
-                     "(families written: " + known + ")");
+  if (model_type == "llama4" || model_type == "llama4_text")
+    bad(model_type + ": not written yet: mlx-lm's Llama-4 is a multimodal wrapper (language_model.*, vision "
+                     "tower dropped) that moekit quantize does not lay out (families written: " + known + ")");
   bad(model_type + ": moekit quantize does not write this family (families written: " + known +
       ", kimi_k2, minimax_m2)");
 }
@@ -171,6 +182,12 @@ struct Job {
   // MLA split of kv_b_proj (FamilyRules::mla_split): 1 = embed_q, 2 = unembed_out.
   int mla = 0;
   std::int64_t heads = 0, nope = 0, vdim = 0, rank = 0;
+  // GPT-OSS re-layout (FamilyRules::fused_gpt_oss) of a source [E, P, Q]: `pick` 0 = transpose
+  // to [E, Q, P]; 1 / 2 = the even / odd columns transposed, [E, Q / 2, P]; for a bias
+  // [E, Q] (P = 1): 1 / 2 = its even / odd elements.
+  bool fused = false;
+  int pick = 0;
+  std::int64_t fe = 0, fp = 0, fq = 0;
 };
 
 struct OutEntry {
@@ -224,6 +241,16 @@ std::vector<float> read_values(const Checkpoint& ck, const Job& j) {
                 out[static_cast<std::size_t>((h * hd + j.nope + d) * R + r)];
       }
     t.resize(static_cast<std::size_t>(numel(j.shape)));
+    return t;
+  }
+  if (j.fused) {
+    std::vector<float> t(static_cast<std::size_t>(numel(j.shape)));
+    const std::int64_t step = j.pick ? 2 : 1, off = j.pick == 2 ? 1 : 0, Q = j.fq / step;
+    for (std::int64_t e = 0; e < j.fe; ++e)
+      for (std::int64_t q = 0; q < Q; ++q)
+        for (std::int64_t p = 0; p < j.fp; ++p)
+          t[static_cast<std::size_t>((e * Q + q) * j.fp + p)] =
+              out[static_cast<std::size_t>((e * j.fp + p) * j.fq + q * step + off)];
     return t;
   }
   return out;
@@ -335,6 +362,10 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
   std::vector<Job> jobs;
   for (const std::string& name : ck->names()) {
     const TensorInfo& info = ck->info(name);
+    if (ends_with(name, "_blocks"))
+      bad(MOEKIT_MSG(info.file << ": tensor '" << name
+                               << "' is MXFP4-packed (OpenAI's GPT-OSS release); moekit quantize needs float weights "
+                                  "(the bf16 checkpoint)"));
     if (ends_with(name, ".scales") || ends_with(name, "weight_scale_inv") || ends_with(name, "weight_scale") ||
         !(is_float_name(info.dtype_name) || info.dtype_name.rfind("I", 0) == 0 || info.dtype_name.rfind("U", 0) == 0 ||
           info.dtype_name == "BOOL"))
@@ -349,6 +380,44 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
   for (const std::int64_t L : cfg.moe_layer_indices()) {
     const std::string block = replace_layer(cfg.names.block, L);
     const std::string ex = block + "." + cfg.names.experts + ".";
+    if (rules.fused_gpt_oss && ck->contains(ex + "gate_up_proj")) {
+      const std::int64_t D = cfg.hidden_size, F = cfg.expert_width;
+      const auto want = [&](const std::string& n, const Shape& shape) {
+        if (!ck->contains(n)) bad(MOEKIT_MSG(ck->path() << ": missing tensor '" << n << "', expected " << shape_str(shape)));
+        const TensorInfo& info = ck->info(n);
+        if (info.shape != shape || !is_float_name(info.dtype_name))
+          bad(MOEKIT_MSG(info.file << ": tensor '" << n << "' is " << info.dtype_name << " " << shape_str(info.shape)
+                                   << ", expected float " << shape_str(shape)));
+        consumed.insert(n);
+        return info.dtype_name;
+      };
+      const std::string gu = ex + "gate_up_proj", gub = ex + "gate_up_proj_bias", dn = ex + "down_proj",
+                        dnb = ex + "down_proj_bias";
+      want(gu, {E, D, 2 * F});
+      want(gub, {E, 2 * F});
+      want(dn, {E, F, D});
+      want(dnb, {E, D});
+      const auto add = [&](const std::string& out, const std::string& from, Shape shape, int pick, std::int64_t P,
+                           std::int64_t Q, bool fused) {
+        Job j;
+        j.out = out;
+        j.sources = {from};
+        j.shape = std::move(shape);
+        j.src_dtype = ck->info(from).dtype_name;
+        j.fused = fused;
+        j.pick = pick;
+        j.fe = E;
+        j.fp = P;
+        j.fq = Q;
+        jobs.push_back(std::move(j));
+      };
+      add(ex + "gate_proj.weight", gu, {E, F, D}, 1, D, 2 * F, true);
+      add(ex + "up_proj.weight", gu, {E, F, D}, 2, D, 2 * F, true);
+      add(ex + "down_proj.weight", dn, {E, D, F}, 0, F, D, true);
+      add(ex + "gate_proj.bias", gub, {E, F}, 1, 1, 2 * F, true);
+      add(ex + "up_proj.bias", gub, {E, F}, 2, 1, 2 * F, true);
+      add(ex + "down_proj.bias", dnb, {E, D}, 0, 1, D, false);
+    }
     for (const auto& [proj, mlx_proj] : projs) {
       if (!ck->contains(ex + "0." + proj + ".weight")) continue;
       Job j;
@@ -373,7 +442,9 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
     }
     // Anything else under the experts prefix is a layout this writer does not know.
     for (const std::string& n : ck->names())
-      if (n.rfind(ex, 0) == 0 && !consumed.count(n))
+      if (n.rfind(ex, 0) == 0 && !consumed.count(n) &&
+          !(rules.fused_gpt_oss && n.find("_blocks") == std::string::npos && n.find("_scales") == std::string::npos &&
+            (ends_with(n, "_proj.weight") || ends_with(n, "_proj.bias"))))  // mlx-lm's own GPT-OSS names
         bad(MOEKIT_MSG(ck->info(n).file << ": tensor '" << n
                                         << "' is not part of the per-expert layout moekit quantize stacks ("
                                         << ex << "{e}.{" << cfg.names.gate_proj << "," << cfg.names.up_proj << ","
@@ -451,7 +522,8 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
     if (!ends_with(j.out, ".weight")) continue;
     const std::string path = j.out.substr(0, j.out.size() - 7);
     // Rank 3: stacked experts (SwitchLinear) and MLA's per-head MultiLinear.
-    const bool stacked = j.shape.size() == 3 && (j.out.find(".switch_mlp.") != std::string::npos || j.mla);
+    const bool stacked = j.shape.size() == 3 && (j.out.find(".switch_mlp.") != std::string::npos || j.mla ||
+                                                 (rules.fused_gpt_oss && j.out.find(".experts.") != std::string::npos));
     if (!(j.shape.size() == 2 || stacked)) continue;
     if (routers.count(path) && !rules.router_linear) continue;
     if (j.shape.back() % opt.group_size != 0) continue;
@@ -548,7 +620,7 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
         ++report.tensors_kept_float;
         return;
       }
-      if (j.mla != 2)  // the two halves of a kv_b_proj split read one tensor
+      if (j.mla != 2 && !(j.fused && j.pick == 2))  // the two halves of a split read one tensor
         for (const std::string& s : j.sources)
           report.bytes_in += static_cast<std::int64_t>(ck->info(s).end - ck->info(s).begin);
       const std::vector<float> w = read_values(*ck, j);

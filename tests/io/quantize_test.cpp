@@ -221,7 +221,7 @@ TEST(Quantize, RefusesQuantizedAndUnknownCheckpoints) {
   {
     Source s;  // a family this writer does not lay out
     json cfg = s.c.at("config");
-    cfg["model_type"] = "gpt_oss";
+    cfg["model_type"] = "llama4_text";
     testing::write_text(s.src / "config.json", cfg.dump());
     EXPECT_THROW(quantize_checkpoint(s.src.string(), s.out(), {}), std::exception);
     EXPECT_FALSE(fs::exists(s.out()));
@@ -286,6 +286,18 @@ TEST(Quantize, BadTensorsAreNamed) {
       return true;
     });
     expect_refused(s, {}, {"model.layers.0.mlp.experts"});
+  }
+  {
+    Source s;  // MXFP4 blocks (OpenAI's GPT-OSS release)
+    rewrite(s, [](auto& e) {
+      if (e.name == "model.layers.0.self_attn.o_proj.weight") {
+        e.name = "model.layers.0.self_attn.o_proj_blocks";
+        e.dtype = "U8";
+        e.bytes.resize(e.bytes.size() / 2);
+      }
+      return true;
+    });
+    expect_refused(s, {}, {"model.layers.0.self_attn.o_proj_blocks", "MXFP4"});
   }
   {
     Source s;  // FP8 weights

@@ -54,7 +54,7 @@ def check(binary, c, tmp):
         args += ["--dtype", c["dtype"]]
     moekit(binary, *args)
     theirs = os.path.join(tmp, c["name"] + "_mlx")
-    G.convert(hf, theirs, c, cfg)
+    G.convert(G.mlx_input(c, cfg, specs, hf, tmp), theirs, c, cfg)
 
     x = G.values("input", 5 * cfg["hidden_size"], 0, 0.0).reshape(5, cfg["hidden_size"])
     xf = os.path.join(tmp, c["name"] + "_x.npy")
