@@ -41,7 +41,11 @@ class Pool {
     stop();
     size_.store(n, std::memory_order_relaxed);
     quit_ = false;
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+    // A new worker starts at the current generation: starting from 0 it would replay the last
+    // job, decrement `pending_` a second time, and let a later caller return before a worker
+    // finished its task, or wait forever on a negative count.
+    const std::uint64_t now = generation_;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, now] { worker_loop(now); });
   }
 
   // Returns false (and runs nothing) if the pool is busy.
@@ -83,9 +87,8 @@ class Pool {
     }
   }
 
-  void worker_loop() {
+  void worker_loop(std::uint64_t seen) {
     in_worker_ = true;
-    std::uint64_t seen = 0;
     for (;;) {
       {
         std::unique_lock<std::mutex> lk(mu_);
