@@ -199,6 +199,7 @@ void BM_GemmAffine(benchmark::State& state) {
   if (bits > 0)
     B = {codes.data(), DType::u32, K * bits / 32, kernels::WeightLayout::rows,
          {static_cast<int>(bits), static_cast<int>(G), DType::bf16, scales.data(), biases.data(), K / G}};
+  B.affine.int8_activations = state.range(2) != 0;  // the fast mode (4 and 8 bits, R <= 8)
   for (auto _ : state) {
     kernels::gemm_nt({x.data_as<float>(), K}, B, {c.data_as<float>(), N}, R, N, K, kernels::Threads::caller);
     benchmark::DoNotOptimize(c.data());
@@ -271,7 +272,8 @@ MOEKIT_LAYOUT(dxp_down, Op::dxp_down)
 MOEKIT_LAYOUT(dx_down, Op::dx_down)
 MOEKIT_LAYOUT(dw_up, Op::dw_up)
 MOEKIT_LAYOUT(dw_down, Op::dw_down)
-BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 3, 32}, {0, 4, 8, 3}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 3, 32}, {0, 4, 8, 3}, {0}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 4, 8}, {4, 8}, {1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MoeForward, qwen3_f32, kQwen3, DType::f32)
     ->ArgsProduct({{1, 32, 512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -93,7 +93,12 @@ struct WeightMatrix {
 
 /// Element i of an f32, bf16 or f16 array, widened to f32 (scales, biases, scalar paths).
 inline float load_f32(const void* base, DType dtype, std::int64_t i) {
-  if (dtype == DType::bf16) return bf16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+  if (dtype == DType::bf16) {  // the top half of an f32, inlined (kernels call this per group)
+    const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(base)[i]) << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+  }
   if (dtype == DType::f16) return f16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
   return static_cast<const float*>(base)[i];
 }

@@ -23,6 +23,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/gemm_affine.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "kernels/outer-inl.h"  // ARows, LoadA, StoreDotTile, DF
@@ -137,6 +138,10 @@ HWY_INLINE void QTile(const ARows<MR>& a_rows, const WeightMatrix& B, const Outp
   for (int64_t g0 = 0; g0 < K; g0 += gs) {
     float s[NR], b[NR];
     for (int j = 0; j < NR; ++j) GroupOf(B, n + j, g0, s[j], b[j]);
+    // The next tile's rows, one group ahead of use: a row's codes are too short a stream for the
+    // hardware prefetcher, and decode otherwise waits on DRAM latency row after row (the int8
+    // kernel measured 2.5x faster at T = 1 with it). A hint only: past the matrix it is ignored.
+    for (int j = 0; j < NR; ++j) hwy::Prefetch(reinterpret_cast<const std::uint8_t*>(rows[j] + NR * B.ld) + g0 * kBits / 8);
     for (int64_t k = g0; k < g0 + gs; k += L) {
       hn::Vec<DF> a[MR];
       for (int i = 0; i < MR; ++i) a[i] = LoadA<kScaled>(df, a_rows, i, a_rows.p[i] + k);

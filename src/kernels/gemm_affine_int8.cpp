@@ -135,8 +135,8 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
 }
 
 #if MOEKIT_X86
-// MR rows of A against NR rows of B (MR · NR = 8 int32 accumulators of 8 lanes per group, so a
-// row's unpacked codes serve all MR rows of A), then per group one multiply-add each into f32
+// MR rows of A against NR rows of B (MR · NR int32 accumulators of 8 lanes per group; a row's
+// unpacked codes serve all MR rows of A), then per group one multiply-add each into f32
 // accumulators; reduced at the end in a fixed order.
 template <int kBits, int MR, int NR>
 __attribute__((target("avx2,fma"))) void tile_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
@@ -144,6 +144,10 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const QuantA& qa, const Weigh
   const int gs = B.affine.group_size;
   const std::uint8_t* rows[NR];
   for (int j = 0; j < NR; ++j) rows[j] = row_bytes(B, n + j);
+  // The next tile's rows, prefetched one block at a time as this tile walks its own: each row
+  // is only K·bits/8 bytes, too short a stream for the hardware prefetcher to ramp up, so
+  // without this a decode step waits on DRAM latency row after row.
+  const std::int64_t row_stride = B.ld * 4, ahead = NR * row_stride;
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[MR][NR];
@@ -158,6 +162,8 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const QuantA& qa, const Weigh
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
     for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
+      if (MR == 1 || m == 0)  // the first strip of A's rows fetches for the others
+        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + k * kBits / 8), _MM_HINT_T0);
       if constexpr (kBits == 4) {
         __m256i a[MR];
         for (int i = 0; i < MR; ++i)
@@ -206,14 +212,14 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const QuantA& qa, const Weigh
 
 // Every row of A over NR rows of B at a time (their codes stay in L1 across the strips of A):
 // strips of 4, 2 and 1 rows of A, each unpacking the codes once for its rows.
+// AVX2 has 16 vector registers: MR · NR int32 and as many f32 accumulators must leave room for
+// the activations, the codes and two constants, so tiles are 1 × 4 or 2 × 2.
 template <int kBits, int NR>
 __attribute__((target("avx2,fma"))) void columns_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
                                                      std::int64_t M, std::int64_t n) {
   std::int64_t m = 0;
   if constexpr (NR == 2)
-    for (; m + 4 <= M; m += 4) tile_avx2<kBits, 4, 2>(qa, B, C, m, n);
-  if constexpr (NR <= 4)
-    for (; m + 2 <= M; m += 2) tile_avx2<kBits, 2, NR>(qa, B, C, m, n);
+    for (; m + 2 <= M; m += 2) tile_avx2<kBits, 2, 2>(qa, B, C, m, n);
   for (; m < M; ++m) tile_avx2<kBits, 1, NR>(qa, B, C, m, n);
 }
 
@@ -221,10 +227,7 @@ template <int kBits>
 __attribute__((target("avx2,fma"))) void kernel_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
                                                     std::int64_t M, std::int64_t N) {
   std::int64_t n = 0;
-  // One row of A: 8 rows of B per tile; two or three: 4; four or more: 2 (8 accumulators).
   if (M == 1) {
-    for (; n + 8 <= N; n += 8) columns_avx2<kBits, 8>(qa, B, C, M, n);
-  } else if (M < 4) {
     for (; n + 4 <= N; n += 4) columns_avx2<kBits, 4>(qa, B, C, M, n);
   } else {
     for (; n + 2 <= N; n += 2) columns_avx2<kBits, 2>(qa, B, C, M, n);
