@@ -416,3 +416,29 @@ TEST_F(Cli, QuantizeFailuresAreOneLineAndLeaveNothing) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+TEST_F(Cli, ForwardInt8KeepsTheRoutingOfTheExactRun) {
+  const std::string dir = std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/qwen3_moe_q4_g64_bf16";
+  const RunResult a = run({"forward", "--model", dir, "--layer", "1", "--input", dir + "/input.npy", "--output",
+                           file("y.npy"), "--ids-out", file("ids.npy")});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  const RunResult b = run({"forward", "--model", dir, "--layer", "1", "--input", dir + "/input.npy", "--output",
+                           file("y8.npy"), "--ids-out", file("ids8.npy"), "--int8"});
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const Tensor ids = read_npy(file("ids.npy")), ids8 = read_npy(file("ids8.npy"));
+  EXPECT_TRUE(same_bytes(ids, ids8));
+  const Tensor y = read_npy(file("y.npy")), y8 = read_npy(file("y8.npy"));
+  EXPECT_FALSE(same_bytes(y, y8)) << "the fast mode ran";
+  double num = 0, den = 0;
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    num += std::pow(double(y8.data_as<float>()[i]) - y.data_as<float>()[i], 2);
+    den += std::pow(double(y.data_as<float>()[i]), 2);
+  }
+  EXPECT_LT(std::sqrt(num / den), 2e-2);
+}
+
+}  // namespace
+}  // namespace moekit
