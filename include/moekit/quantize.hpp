@@ -23,6 +23,9 @@ struct QuantizeOptions {
   /// torch_dtype (as mlx_lm.convert), else "float16", "bfloat16" or "float32".
   std::string dtype;
   std::int64_t max_shard_bytes = std::int64_t{5} << 30;  ///< mlx-lm's 5 GiB
+  /// Float values read from the source at a time (whole experts / heads / rows; at least one):
+  /// bounds the memory beside the packed output tensor.
+  std::int64_t slab_values = std::int64_t{64} << 20;
 };
 
 /// Quantization error of one quantized tensor, against the float values it was made from.

@@ -1,7 +1,8 @@
 // quantize_checkpoint: float checkpoint folder -> mlx-lm's quantized folder layout. What mlx-lm
 // does per family (its sanitize and quant/cast predicates) is data in `rules_for`; the rest is
 // one pass over the tensors: plan every output tensor and its shard first (sizes follow from the
-// shapes), then produce and stream them one at a time, so memory holds one tensor, not a model.
+// shapes), then produce them one at a time from slabs of the source, so memory holds one packed
+// tensor and a bounded float slab, never the model.
 #include "moekit/quantize.hpp"
 
 #include <algorithm>
@@ -198,60 +199,65 @@ struct OutEntry {
 // Element count of `s`.
 std::int64_t numel(const Shape& s) { return shape_numel(s); }
 
-// The float values of a job's sources, concatenated, converted to f32 through `cast` (rounding
-// to the output dtype first, as mlx-lm casts before it quantizes).
-std::vector<float> read_values(const Checkpoint& ck, const Job& j) {
-  std::int64_t total = 0;
-  for (const std::string& name : j.sources) total += numel(ck.info(name).shape);
-  std::vector<float> out(static_cast<std::size_t>(total));
-  std::size_t at = 0;
-  for (const std::string& name : j.sources) {
-    const TensorInfo& info = ck.info(name);
-    const std::uint8_t* raw = nullptr;
-    for (const auto& f : ck.files())
-      if (f->path() == info.file) raw = f->bytes(name);
-    const std::size_t n = static_cast<std::size_t>(numel(info.shape));
-    const DType src = *info.dtype;
-    for (std::size_t i = 0; i < n; ++i) {
-      float v;
-      if (src == DType::f32) {
-        std::memcpy(&v, raw + 4 * i, 4);
-      } else {
-        std::uint16_t h;
-        std::memcpy(&h, raw + 2 * i, 2);
-        v = src == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-      }
-      if (*j.cast == DType::bf16) v = bf16_to_f32(f32_to_bf16(v));
-      if (*j.cast == DType::f16) v = f16_to_f32(f32_to_f16(v));
-      out[at + i] = v;
+// Elements [offset, offset + count) of source tensor `name` as f32, rounded to `cast` first (as
+// mlx-lm casts before it quantizes).
+void read_source(const Checkpoint& ck, const std::string& name, std::int64_t offset, std::int64_t count, DType cast,
+                 float* out) {
+  const TensorInfo& info = ck.info(name);
+  const std::uint8_t* raw = nullptr;
+  for (const auto& f : ck.files())
+    if (f->path() == info.file) raw = f->bytes(name);
+  const DType src = *info.dtype;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::size_t at = static_cast<std::size_t>(offset + i);
+    float v;
+    if (src == DType::f32) {
+      std::memcpy(&v, raw + 4 * at, 4);
+    } else {
+      std::uint16_t h;
+      std::memcpy(&h, raw + 2 * at, 2);
+      v = src == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
     }
-    at += n;
+    if (cast == DType::bf16) v = bf16_to_f32(f32_to_bf16(v));
+    if (cast == DType::f16) v = f16_to_f32(f32_to_f16(v));
+    out[i] = v;
   }
-  if (j.mla) {  // v[h, d, r] = src[(h·(nope + vdim) + d)·R + r]
-    std::vector<float> t(out.size());
-    const std::int64_t hd = j.nope + j.vdim, R = j.rank;
-    for (std::int64_t h = 0; h < j.heads; ++h)
+}
+
+// Slabs of a shape: its leading dimension (1 for a scalar) and the elements of each.
+std::int64_t lead_of(const Shape& s) { return s.empty() ? 1 : s[0]; }
+std::int64_t inner_of(const Shape& s) { return lead_of(s) > 0 ? numel(s) / lead_of(s) : 0; }
+
+// The f32 values of output slabs [l0, l1) of a job (slab = one index of the output's leading
+// dimension: an expert of a stacked projection, a head of an MLA split, a row of a matrix). Each
+// slab comes from one slab of the source: a whole per-expert tensor, or the same share of the
+// single source tensor, re-laid out for a split. Memory: the slabs asked for, never the model.
+std::vector<float> read_values(const Checkpoint& ck, const Job& j, std::int64_t l0, std::int64_t l1) {
+  const std::int64_t lead = lead_of(j.shape), inner = inner_of(j.shape);
+  if (lead <= 0 || l1 <= l0) return {};
+  const std::int64_t src_inner = j.sources.size() > 1 ? numel(ck.info(j.sources[0]).shape)
+                                                      : numel(ck.info(j.sources[0]).shape) / lead;
+  std::vector<float> out(static_cast<std::size_t>((l1 - l0) * inner));
+  std::vector<float> slab(static_cast<std::size_t>(src_inner));
+  for (std::int64_t l = l0; l < l1; ++l) {
+    float* dst = out.data() + (l - l0) * inner;
+    const bool multi = j.sources.size() > 1;
+    float* src = (j.mla || j.fused) ? slab.data() : dst;
+    read_source(ck, multi ? j.sources[static_cast<std::size_t>(l)] : j.sources[0], multi ? 0 : l * src_inner,
+                src_inner, *j.cast, src);
+    if (j.mla) {  // this head's rows v[d, r] = src[d·R + r], d < nope + vdim
+      const std::int64_t R = j.rank;
       for (std::int64_t r = 0; r < R; ++r) {
         if (j.mla == 1)
-          for (std::int64_t n = 0; n < j.nope; ++n)
-            t[static_cast<std::size_t>((h * R + r) * j.nope + n)] = out[static_cast<std::size_t>((h * hd + n) * R + r)];
+          for (std::int64_t n = 0; n < j.nope; ++n) dst[r * j.nope + n] = src[n * R + r];
         else
-          for (std::int64_t d = 0; d < j.vdim; ++d)
-            t[static_cast<std::size_t>((h * j.vdim + d) * R + r)] =
-                out[static_cast<std::size_t>((h * hd + j.nope + d) * R + r)];
+          for (std::int64_t d = 0; d < j.vdim; ++d) dst[d * R + r] = src[(j.nope + d) * R + r];
       }
-    t.resize(static_cast<std::size_t>(numel(j.shape)));
-    return t;
-  }
-  if (j.fused) {
-    std::vector<float> t(static_cast<std::size_t>(numel(j.shape)));
-    const std::int64_t step = j.pick ? 2 : 1, off = j.pick == 2 ? 1 : 0, Q = j.fq / step;
-    for (std::int64_t e = 0; e < j.fe; ++e)
+    } else if (j.fused) {  // this expert's [P, Q] source -> [Q / step, P]
+      const std::int64_t step = j.pick ? 2 : 1, off = j.pick == 2 ? 1 : 0, Q = j.fq / step;
       for (std::int64_t q = 0; q < Q; ++q)
-        for (std::int64_t p = 0; p < j.fp; ++p)
-          t[static_cast<std::size_t>((e * Q + q) * j.fp + p)] =
-              out[static_cast<std::size_t>((e * j.fp + p) * j.fq + q * step + off)];
-    return t;
+        for (std::int64_t p = 0; p < j.fp; ++p) dst[q * j.fp + p] = src[p * j.fq + q * step + off];
+    }
   }
   return out;
 }
@@ -315,6 +321,7 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
   if (!opt.dtype.empty() && !float_dtype_named(opt.dtype))
     bad("dtype '" + opt.dtype + "' unsupported (float16, bfloat16 or float32)");
   if (opt.max_shard_bytes <= 0) bad("the shard size limit must be positive");
+  if (opt.slab_values <= 0) bad("the slab size must be positive");
 
   const fs::path src(model_dir), dst(out_dir);
   std::error_code ec;
@@ -353,7 +360,8 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
     else if (tc && tc->contains("dtype") && (*tc)["dtype"].is_string())
       target = float_dtype_named((*tc)["dtype"].get<std::string>());
   }
-  const bool tie = config.value("tie_word_embeddings", false);
+  const bool tie = config.contains("tie_word_embeddings") && config["tie_word_embeddings"].is_boolean() &&
+                   config["tie_word_embeddings"].get<bool>();
 
   // --- plan ---------------------------------------------------------------------------------
   QuantizeReport report;
@@ -623,9 +631,17 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
       if (j.mla != 2 && !(j.fused && j.pick == 2))  // the two halves of a split read one tensor
         for (const std::string& s : j.sources)
           report.bytes_in += static_cast<std::int64_t>(ck->info(s).end - ck->info(s).begin);
-      const std::vector<float> w = read_values(*ck, j);
+      // Slabs of opt.slab_values at a time (default 64 Mi values, 256 MB of f32), whatever the tensor.
+      const std::int64_t lead = lead_of(j.shape), inner = inner_of(j.shape);
+      const std::int64_t step = std::max<std::int64_t>(1, opt.slab_values / std::max<std::int64_t>(1, inner));
       if (!j.bits) {
-        pending.push_back(encode(w, *j.cast));
+        std::vector<std::uint8_t> bytes;
+        bytes.reserve(static_cast<std::size_t>(numel(j.shape)) * dtype_size(*j.cast));
+        for (std::int64_t l0 = 0; l0 < lead; l0 += step) {
+          const std::vector<std::uint8_t> part = encode(read_values(*ck, j, l0, std::min(lead, l0 + step)), *j.cast);
+          bytes.insert(bytes.end(), part.begin(), part.end());
+        }
+        pending.push_back(std::move(bytes));
         if (rules.uncounted_suffix.empty() || !ends_with(j.out, rules.uncounted_suffix)) total_params += numel(j.shape);
         ++report.tensors_kept_float;
         return;
@@ -637,49 +653,57 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
       struct Err {
         double max_abs = 0, sq = 0, wsq = 0;
       };
-      const std::int64_t chunks = std::min<std::int64_t>(rows, 64);
-      std::vector<Err> errs(static_cast<std::size_t>(chunks));
-      std::vector<std::int64_t> first_bad(static_cast<std::size_t>(chunks), -1);
-      detail::parallel_tasks(chunks, [&](std::int64_t c) {
-        const std::int64_t r0 = rows * c / chunks, r1 = rows * (c + 1) / chunks;
-        Err& er = errs[static_cast<std::size_t>(c)];
-        for (std::int64_t r = r0; r < r1; ++r) {
-          const float* row = w.data() + r * in;
-          bool finite = true;
-          for (std::int64_t k = 0; k < in; ++k) finite = finite && std::isfinite(row[k]);
-          if (!finite) {
-            if (first_bad[static_cast<std::size_t>(c)] < 0) first_bad[static_cast<std::size_t>(c)] = r;
-            continue;
+      constexpr std::int64_t kTasks = 64;
+      std::vector<Err> errs(static_cast<std::size_t>(kTasks));
+      const std::int64_t rows_per_lead = inner / in;
+      for (std::int64_t l0 = 0; l0 < lead; l0 += step) {
+        const std::int64_t l1 = std::min(lead, l0 + step);
+        const std::vector<float> w = read_values(*ck, j, l0, l1);
+        const std::int64_t base = l0 * rows_per_lead, n_rows = (l1 - l0) * rows_per_lead;
+        const std::int64_t chunks = std::min<std::int64_t>(n_rows, kTasks);
+        std::vector<std::int64_t> first_bad(static_cast<std::size_t>(chunks), -1);
+        detail::parallel_tasks(chunks, [&](std::int64_t c) {
+          const std::int64_t r0 = n_rows * c / chunks, r1 = n_rows * (c + 1) / chunks;
+          Err& er = errs[static_cast<std::size_t>(c)];
+          for (std::int64_t rr = r0; rr < r1; ++rr) {
+            const float* row = w.data() + rr * in;
+            const std::int64_t r = base + rr;
+            bool finite = true;
+            for (std::int64_t k = 0; k < in; ++k) finite = finite && std::isfinite(row[k]);
+            if (!finite) {
+              if (first_bad[static_cast<std::size_t>(c)] < 0) first_bad[static_cast<std::size_t>(c)] = r;
+              continue;
+            }
+            float* sc = scales.data() + r * groups;
+            float* bi = biases.data() + r * groups;
+            std::uint32_t* q = codes.data() + r * words;
+            kernels::quantize_affine_row(row, in, j.bits, j.group, q, sc, bi);
+            for (std::int64_t g = 0; g < groups; ++g) {
+              sc[g] = round_to(sc[g], *j.cast);
+              bi[g] = round_to(bi[g], *j.cast);
+            }
+            for (std::int64_t k = 0; k < in; ++k) {
+              const std::int64_t bit = k * j.bits;
+              std::uint64_t pair = q[bit / 32];
+              if (bit % 32 + j.bits > 32) pair |= static_cast<std::uint64_t>(q[bit / 32 + 1]) << 32;
+              const float code = static_cast<float>((pair >> (bit % 32)) & ((1u << j.bits) - 1u));
+              const float deq = std::fma(sc[k / j.group], code, bi[k / j.group]);
+              const double d = std::abs(static_cast<double>(deq) - row[k]);
+              er.max_abs = std::max(er.max_abs, d);
+              er.sq += d * d;
+              er.wsq += static_cast<double>(row[k]) * row[k];
+            }
           }
-          float* s = scales.data() + r * groups;
-          float* b = biases.data() + r * groups;
-          std::uint32_t* q = codes.data() + r * words;
-          kernels::quantize_affine_row(row, in, j.bits, j.group, q, s, b);
-          for (std::int64_t g = 0; g < groups; ++g) {
-            s[g] = round_to(s[g], *j.cast);
-            b[g] = round_to(b[g], *j.cast);
+        });
+        for (std::int64_t c = 0; c < chunks; ++c)
+          if (first_bad[static_cast<std::size_t>(c)] >= 0) {
+            const std::int64_t r = first_bad[static_cast<std::size_t>(c)];
+            const std::int64_t per = j.sources.size() > 1 ? rows_per_lead : rows;  // rows per source tensor
+            const std::string where = j.sources.size() > 1 ? j.sources[static_cast<std::size_t>(r / per)] : j.sources[0];
+            bad(MOEKIT_MSG(ck->info(where).file << ": tensor '" << where << "' row " << (r % per)
+                                                << " holds a NaN or Inf; moekit quantize refuses to encode it"));
           }
-          for (std::int64_t k = 0; k < in; ++k) {
-            const std::int64_t bit = k * j.bits;
-            std::uint64_t pair = q[bit / 32];
-            if (bit % 32 + j.bits > 32) pair |= static_cast<std::uint64_t>(q[bit / 32 + 1]) << 32;
-            const float code = static_cast<float>((pair >> (bit % 32)) & ((1u << j.bits) - 1u));
-            const float deq = std::fma(s[k / j.group], code, b[k / j.group]);
-            const double d = std::abs(static_cast<double>(deq) - row[k]);
-            er.max_abs = std::max(er.max_abs, d);
-            er.sq += d * d;
-            er.wsq += static_cast<double>(row[k]) * row[k];
-          }
-        }
-      });
-      for (std::int64_t c = 0; c < chunks; ++c)
-        if (first_bad[static_cast<std::size_t>(c)] >= 0) {
-          const std::int64_t r = first_bad[static_cast<std::size_t>(c)];
-          const std::int64_t per = j.shape.size() == 3 ? j.shape[1] : rows;  // rows per source tensor
-          const std::string where = j.sources.size() > 1 ? j.sources[static_cast<std::size_t>(r / per)] : j.sources[0];
-          bad(MOEKIT_MSG(ck->info(where).file << ": tensor '" << where << "' row " << (r % per)
-                                              << " holds a NaN or Inf; moekit quantize refuses to encode it"));
-        }
+      }
       QuantizedTensorReport qr{j.out, j.shape, j.bits, j.group, 0, 0, 0};
       double sq = 0, wsq = 0;
       for (const Err& er : errs) {
