@@ -232,29 +232,29 @@ void Tensor::reshape(Shape shape) { view_ = view_.reshaped(std::move(shape)); }
 namespace {
 bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
+// Element i of a float array that may be unaligned for its dtype: views of a mapped
+// safetensors file are (mlx's writer does not pad its header, so a bf16 bias can sit at an odd
+// address), and a typed load there is undefined behaviour.
 float load_float(const void* base, DType d, std::int64_t i) {
-  switch (d) {
-    case DType::f32:
-      return static_cast<const float*>(base)[i];
-    case DType::bf16:
-      return bf16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
-    default:
-      return f16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+  const auto* bytes = static_cast<const unsigned char*>(base);
+  if (d == DType::f32) {
+    float v;
+    std::memcpy(&v, bytes + 4 * i, 4);
+    return v;
   }
+  std::uint16_t h;
+  std::memcpy(&h, bytes + 2 * i, 2);
+  return d == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
 void store_float(void* base, DType d, std::int64_t i, float v) {
-  switch (d) {
-    case DType::f32:
-      static_cast<float*>(base)[i] = v;
-      break;
-    case DType::bf16:
-      static_cast<std::uint16_t*>(base)[i] = f32_to_bf16(v);
-      break;
-    default:
-      static_cast<std::uint16_t*>(base)[i] = f32_to_f16(v);
-      break;
+  auto* bytes = static_cast<unsigned char*>(base);
+  if (d == DType::f32) {
+    std::memcpy(bytes + 4 * i, &v, 4);
+    return;
   }
+  const std::uint16_t h = d == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+  std::memcpy(bytes + 2 * i, &h, 2);
 }
 }  // namespace
 
