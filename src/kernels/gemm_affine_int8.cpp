@@ -4,7 +4,8 @@
 // per-weight unpack-convert-dequantize is the cost and the weights are streamed once.
 //
 // Per row m of A and weight group g of gs inputs:
-//   d[m,g] = max_k |x| / 127, q[m,k] = clamp(rint(x / d), -127, 127) (d = 0, q = 0 for a zero group),
+//   d[m,g] = max_k |x| / 127, q[m,k] = clamp(rint(x / d), -127, 127) (d = 0, q = 0 for a zero group;
+//   a group holding a NaN or Inf makes its row's outputs NaN, never finite garbage),
 //   qsum[m,g] = d[m,g] · Σ_k q[m,k];
 // per output element:  y = Σ_g ( s_g · d[m,g] · Σ_k q[m,k]·code[k]  +  b_g · qsum[m,g] ),
 // the weights times the int8-rounded activations x̂ = d·q (up to f32 rounding), so it differs
@@ -19,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/gemm.hpp"
@@ -60,8 +62,17 @@ void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int 
     for (std::int64_t g = 0; g < qa.groups; ++g) {
       const std::int64_t k0 = g * gs;
       float amax = 0.0f;
-      for (int k = 0; k < gs; ++k) amax = std::max(amax, std::fabs(A.scale ? x[k0 + k] * f : x[k0 + k]));
+      bool finite = true;
+      for (int k = 0; k < gs; ++k) {
+        const float v = A.scale ? x[k0 + k] * f : x[k0 + k];
+        finite = finite && std::isfinite(v);
+        amax = std::max(amax, std::fabs(v));
+      }
       const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
+      if (!finite) {  // NaN or Inf: the outputs of this row become NaN, as the exact kernel's would
+        qa.d[gi] = qa.xsum[gi] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       if (amax == 0.0f) continue;  // d = 0, codes 0
       qa.d[gi] = amax / 127.0f;
       const float inv = 127.0f / amax;

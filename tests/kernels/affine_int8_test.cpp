@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -140,6 +141,25 @@ TEST(AffineInt8, EpilogueGatherAndThreads) {
   kernels::gemm_nt({xm.data(), c.K}, weights_of(q, c, true), {t2.data(), c.N}, 4, c.N, c.K);
   EXPECT_EQ(t1, t2);
   EXPECT_EQ(t1, b);
+}
+
+TEST(AffineInt8, NonFiniteActivationsGiveNaNNotGarbage) {
+  const Case c{4, 64, DType::bf16, 2, 12, 128};
+  Tensor w(Shape{c.N, c.K}, DType::f32);
+  for (std::int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+  const testing::Quantized q = testing::quantize_affine(w, c.bits, c.group, c.scale_dtype);
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x(static_cast<std::size_t>(c.M * c.K), 0.5f), y(static_cast<std::size_t>(c.M * c.N));
+    x[static_cast<std::size_t>(c.K + 70)] = bad;  // row 1, second group
+    for (const bool portable : {false, true}) {
+      kernels::detail::gemm_nt_affine_int8_kernel({x.data(), c.K}, weights_of(q, c, true), {y.data(), c.N}, c.M, c.N,
+                                                  c.K, portable);
+      for (std::int64_t n = 0; n < c.N; ++n) {
+        EXPECT_TRUE(std::isfinite(y[static_cast<std::size_t>(n)])) << "row 0 is clean";
+        EXPECT_TRUE(std::isnan(y[static_cast<std::size_t>(c.N + n)])) << "row 1 holds " << bad;
+      }
+    }
+  }
 }
 
 TEST(AffineInt8, AppliesOnlyWhereItPays) {
