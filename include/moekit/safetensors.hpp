@@ -35,6 +35,9 @@ struct TensorInfo {
 /// element count x bits / 8. All others are whole bytes.
 const std::vector<std::string>& safetensors_dtype_names();
 
+/// The name the format gives a moekit dtype ("F32", "BF16", "F16", "I32", "U8", "U32").
+const char* safetensors_dtype_name(DType dtype) noexcept;
+
 /// A memory-mapped safetensors file. The header is validated completely when opened: header
 /// length within the file and below 100 MB, valid JSON object, every entry with a known dtype,
 /// non-negative shape, 2 offsets with begin <= end <= buffer size, end - begin == element count x
@@ -97,6 +100,7 @@ class Checkpoint {
   bool contains(const std::string& name) const noexcept;
   const TensorInfo& info(const std::string& name) const;  ///< std::out_of_range if absent
   TensorView view(const std::string& name) const;         ///< as SafetensorsFile::view
+  const std::uint8_t* bytes(const std::string& name) const;  ///< as SafetensorsFile::bytes
   std::vector<std::string> names() const;                 ///< sorted
   const std::vector<std::shared_ptr<const SafetensorsFile>>& files() const noexcept { return files_; }
 
@@ -104,6 +108,7 @@ class Checkpoint {
   std::string path_;
   std::vector<std::shared_ptr<const SafetensorsFile>> files_;
   std::map<std::string, std::size_t> where_;  // tensor -> index into files_
+  const SafetensorsFile& file_of(const std::string& name) const;  // std::out_of_range if absent
 };
 
 /// Writes one safetensors file tensor by tensor, so a shard never has to fit in memory. The

@@ -156,19 +156,6 @@ std::optional<DType> float_dtype_named(const std::string& s) {
   return std::nullopt;
 }
 
-const char* st_name(DType d) {
-  switch (d) {
-    case DType::f32:
-      return "F32";
-    case DType::bf16:
-      return "BF16";
-    case DType::f16:
-      return "F16";
-    default:
-      return "U32";
-  }
-}
-
 bool is_float_name(const std::string& n) { return n == "F32" || n == "BF16" || n == "F16"; }
 
 // One module or tensor of the output: its sources (one tensor, or E per-expert tensors stacked
@@ -182,13 +169,13 @@ struct Job {
   int bits = 0, group = 0;           // bits != 0: quantized
   // MLA split of kv_b_proj (FamilyRules::mla_split): 1 = embed_q, 2 = unembed_out.
   int mla = 0;
-  std::int64_t heads = 0, nope = 0, vdim = 0, rank = 0;
+  std::int64_t nope = 0, vdim = 0, rank = 0;
   // GPT-OSS re-layout (FamilyRules::fused_gpt_oss) of a source [E, P, Q]: `pick` 0 = transpose
   // to [E, Q, P]; 1 / 2 = the even / odd columns transposed, [E, Q / 2, P]; for a bias
   // [E, Q] (P = 1): 1 / 2 = its even / odd elements.
   bool fused = false;
   int pick = 0;
-  std::int64_t fe = 0, fp = 0, fq = 0;
+  std::int64_t fp = 0, fq = 0;
 };
 
 struct OutEntry {
@@ -199,29 +186,20 @@ struct OutEntry {
 // Element count of `s`.
 std::int64_t numel(const Shape& s) { return shape_numel(s); }
 
+float round_to(float v, DType d) {
+  if (d == DType::bf16) return bf16_to_f32(f32_to_bf16(v));
+  if (d == DType::f16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
 // Elements [offset, offset + count) of source tensor `name` as f32, rounded to `cast` first (as
 // mlx-lm casts before it quantizes).
 void read_source(const Checkpoint& ck, const std::string& name, std::int64_t offset, std::int64_t count, DType cast,
                  float* out) {
-  const TensorInfo& info = ck.info(name);
-  const std::uint8_t* raw = nullptr;
-  for (const auto& f : ck.files())
-    if (f->path() == info.file) raw = f->bytes(name);
-  const DType src = *info.dtype;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::size_t at = static_cast<std::size_t>(offset + i);
-    float v;
-    if (src == DType::f32) {
-      std::memcpy(&v, raw + 4 * at, 4);
-    } else {
-      std::uint16_t h;
-      std::memcpy(&h, raw + 2 * at, 2);
-      v = src == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-    }
-    if (cast == DType::bf16) v = bf16_to_f32(f32_to_bf16(v));
-    if (cast == DType::f16) v = f16_to_f32(f32_to_f16(v));
-    out[i] = v;
-  }
+  const TensorView all = ck.view(name);
+  convert(all.reshaped({all.numel()}).slice_rows(offset, offset + count), TensorView(out, {count}, DType::f32));
+  if (cast != DType::f32)
+    for (std::int64_t i = 0; i < count; ++i) out[i] = round_to(out[i], cast);
 }
 
 // Slabs of a shape: its leading dimension (1 for a scalar) and the elements of each.
@@ -262,24 +240,13 @@ std::vector<float> read_values(const Checkpoint& ck, const Job& j, std::int64_t 
   return out;
 }
 
-std::vector<std::uint8_t> encode(const std::vector<float>& v, DType d) {
+std::vector<std::uint8_t> encode(std::vector<float> v, DType d) {
   std::vector<std::uint8_t> out(v.size() * dtype_size(d));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (d == DType::f32) {
-      std::memcpy(out.data() + 4 * i, &v[i], 4);
-    } else {
-      const std::uint16_t h = d == DType::bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
+  const Shape n{static_cast<std::int64_t>(v.size())};
+  convert(TensorView(v.data(), n, DType::f32), TensorView(out.data(), n, d));
   return out;
 }
 
-float round_to(float v, DType d) {
-  if (d == DType::bf16) return bf16_to_f32(f32_to_bf16(v));
-  if (d == DType::f16) return f16_to_f32(f32_to_f16(v));
-  return v;
-}
 
 // Copies the tokenizer, generation and code files mlx_lm.convert carries over.
 void copy_side_files(const fs::path& from, const fs::path& to) {
@@ -414,7 +381,6 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
         j.src_dtype = ck->info(from).dtype_name;
         j.fused = fused;
         j.pick = pick;
-        j.fe = E;
         j.fp = P;
         j.fq = Q;
         jobs.push_back(std::move(j));
@@ -486,7 +452,6 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
         j.shape = part == 1 ? Shape{H, R, nope} : Shape{H, vd, R};
         j.src_dtype = info.dtype_name;
         j.mla = part;
-        j.heads = H;
         j.nope = nope;
         j.vdim = vd;
         j.rank = R;
@@ -580,12 +545,12 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
       groups.back() = j.shape.back() / j.group;
       const std::size_t sb = static_cast<std::size_t>(numel(groups)) * dtype_size(*j.cast);
       outs.push_back({i, {j.out, "U32", codes, static_cast<std::size_t>(numel(codes)) * 4}});
-      outs.push_back({i, {path + ".scales", st_name(*j.cast), groups, sb}});
-      outs.push_back({i, {path + ".biases", st_name(*j.cast), groups, sb}});
+      outs.push_back({i, {path + ".scales", safetensors_dtype_name(*j.cast), groups, sb}});
+      outs.push_back({i, {path + ".biases", safetensors_dtype_name(*j.cast), groups, sb}});
     } else {
       const std::size_t n = j.cast ? static_cast<std::size_t>(numel(j.shape)) * dtype_size(*j.cast)
                                    : ck->info(j.sources[0]).end - ck->info(j.sources[0]).begin;
-      outs.push_back({i, {j.out, j.cast ? st_name(*j.cast) : j.src_dtype, j.shape, n}});
+      outs.push_back({i, {j.out, j.cast ? safetensors_dtype_name(*j.cast) : j.src_dtype, j.shape, n}});
     }
   }
   std::vector<std::vector<std::size_t>> shards;
@@ -619,9 +584,7 @@ QuantizeReport quantize_checkpoint(const std::string& model_dir, const std::stri
       pending_at = 0;
       if (!j.cast) {  // raw copy
         const TensorInfo& info = ck->info(j.sources[0]);
-        const std::uint8_t* raw = nullptr;
-        for (const auto& f : ck->files())
-          if (f->path() == info.file) raw = f->bytes(j.sources[0]);
+        const std::uint8_t* raw = ck->bytes(j.sources[0]);
         pending.emplace_back(raw, raw + (info.end - info.begin));
         report.bytes_in += static_cast<std::int64_t>(info.end - info.begin);
         total_params += numel(j.shape);

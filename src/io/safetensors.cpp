@@ -90,6 +90,12 @@ std::string brief(const Json& j) {
 
 }  // namespace
 
+const char* safetensors_dtype_name(DType dtype) noexcept {
+  for (const DTypeSpec& s : dtype_specs())
+    if (s.dtype == dtype) return s.name;
+  return "?";  // not reached: every DType has a spec
+}
+
 const std::vector<std::string>& safetensors_dtype_names() {
   static const std::vector<std::string> kNames = [] {
     std::vector<std::string> out;
@@ -441,21 +447,19 @@ bool Checkpoint::contains(const std::string& name) const noexcept {
   return where_.count(name) != 0;
 }
 
-const TensorInfo& Checkpoint::info(const std::string& name) const {
+const SafetensorsFile& Checkpoint::file_of(const std::string& name) const {
   const auto it = where_.find(name);
   if (it == where_.end())
     throw std::out_of_range(
         MOEKIT_MSG("[moekit::Checkpoint] " << path_ << ": no tensor named '" << name << "'"));
-  return files_[it->second]->info(name);
+  return *files_[it->second];
 }
 
-TensorView Checkpoint::view(const std::string& name) const {
-  const auto it = where_.find(name);
-  if (it == where_.end())
-    throw std::out_of_range(
-        MOEKIT_MSG("[moekit::Checkpoint] " << path_ << ": no tensor named '" << name << "'"));
-  return files_[it->second]->view(name);
-}
+const TensorInfo& Checkpoint::info(const std::string& name) const { return file_of(name).info(name); }
+
+const std::uint8_t* Checkpoint::bytes(const std::string& name) const { return file_of(name).bytes(name); }
+
+TensorView Checkpoint::view(const std::string& name) const { return file_of(name).view(name); }
 
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;

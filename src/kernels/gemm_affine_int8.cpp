@@ -124,9 +124,11 @@ void store(const Output& C, std::int64_t m, std::int64_t n, float v) {
   c = C.accumulate ? c + v : v;
 }
 
-void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N) {
+// Columns [n0, N) of C.
+void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                   std::int64_t n0 = 0) {
   const int gs = B.affine.group_size, bits = B.affine.bits;
-  for (std::int64_t n = 0; n < N; ++n) {
+  for (std::int64_t n = n0; n < N; ++n) {
     const std::uint8_t* row = row_bytes(B, n);
     for (std::int64_t m = 0; m < M; ++m) {
       float acc = 0.0f, bacc = 0.0f;
@@ -243,17 +245,7 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(const QuantA& qa, const Wei
   } else {
     for (; n + 2 <= N; n += 2) columns_avx2<kBits, 2>(qa, B, C, M, n);
   }
-  if (n < N) {
-    WeightMatrix rest = B;
-    rest.data = row_bytes(B, n);
-    rest.affine.scales =
-        static_cast<const char*>(B.affine.scales) + n * B.affine.scale_ld * dtype_size(B.affine.scale_dtype);
-    rest.affine.biases =
-        static_cast<const char*>(B.affine.biases) + n * B.affine.scale_ld * dtype_size(B.affine.scale_dtype);
-    Output c = C;
-    c.data += n;
-    kernel_scalar(qa, rest, c, M, N - n);
-  }
+  kernel_scalar(qa, B, C, M, N, n);  // the last N % tile-width columns
 }
 
 bool have_avx2() {

@@ -21,6 +21,7 @@
 #include "cli/run_cli.hpp"
 #include "util/mlx_tiny_models.hpp"
 #include "moekit/moekit.hpp"
+#include "util/compare.hpp"
 
 namespace moekit {
 namespace {
@@ -348,12 +349,8 @@ TEST_F(Cli, ForwardRouterKnobsReproduceTheMlxGolden) {
   const RunResult r = run(with_knobs);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Tensor y = read_npy(file("y.npy")), y_ref = read_npy(golden + "/output.npy");
-  double max_ref = 0, max_err = 0;
-  for (std::int64_t i = 0; i < y.numel(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(y_ref.data_as<float>()[i])));
-    max_err = std::max(max_err, std::fabs(static_cast<double>(y.data_as<float>()[i]) - y_ref.data_as<float>()[i]));
-  }
-  EXPECT_LE(max_err, 1e-4 * max_ref);
+  const testing::MaxDiff d = testing::max_diff(y, y_ref);
+  EXPECT_LE(d.err, 1e-4 * d.ref);
 
   ASSERT_EQ(run(base).exit_code, 0);
   const Tensor y_plain = read_npy(file("y.npy"));
@@ -396,12 +393,8 @@ TEST_F(Cli, QuantizeWritesAnMlxFolderForwardLoads) {
                            file("y.npy")});
   ASSERT_EQ(f.exit_code, 0) << f.err;
   const Tensor y = read_npy(file("y.npy")), want = read_npy(gdir + "/output.npy");
-  double err = 0, ref = 0;
-  for (std::int64_t i = 0; i < y.numel(); ++i) {
-    err = std::max(err, std::fabs(double(y.data_as<float>()[i]) - want.data_as<float>()[i]));
-    ref = std::max(ref, std::fabs(double(want.data_as<float>()[i])));
-  }
-  EXPECT_LE(err, 1e-5 * ref);
+  const testing::MaxDiff d = testing::max_diff(y, want);
+  EXPECT_LE(d.err, 1e-5 * d.ref);
 }
 
 TEST_F(Cli, QuantizeFailuresAreOneLineAndLeaveNothing) {
@@ -432,12 +425,7 @@ TEST_F(Cli, ForwardInt8KeepsTheRoutingOfTheExactRun) {
   EXPECT_TRUE(same_bytes(ids, ids8));
   const Tensor y = read_npy(file("y.npy")), y8 = read_npy(file("y8.npy"));
   EXPECT_FALSE(same_bytes(y, y8)) << "the fast mode ran";
-  double num = 0, den = 0;
-  for (std::int64_t i = 0; i < y.numel(); ++i) {
-    num += std::pow(double(y8.data_as<float>()[i]) - y.data_as<float>()[i], 2);
-    den += std::pow(double(y.data_as<float>()[i]), 2);
-  }
-  EXPECT_LT(std::sqrt(num / den), 2e-2);
+  EXPECT_LT(testing::relative_rms(y8, y), 2e-2);
 }
 
 }  // namespace

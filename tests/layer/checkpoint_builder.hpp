@@ -22,28 +22,10 @@
 
 namespace moekit::testing {
 
-/// The safetensors spelling of a moekit dtype.
-inline const char* safetensors_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return "F32";
-    case DType::bf16:
-      return "BF16";
-    case DType::f16:
-      return "F16";
-    case DType::i32:
-      return "I32";
-    case DType::u8:
-      return "U8";
-    case DType::u32:
-      return "U32";
-  }
-  throw std::invalid_argument("safetensors_dtype: unknown dtype");
-}
 
 /// An entry holding the bytes of `t` as stored (no conversion).
 inline SafetensorsEntry entry_of(const std::string& name, const TensorView& t) {
-  SafetensorsEntry e{name, safetensors_dtype(t.dtype()), t.shape(),
+  SafetensorsEntry e{name, safetensors_dtype_name(t.dtype()), t.shape(),
                      std::vector<std::uint8_t>(t.nbytes())};
   if (t.nbytes() != 0) std::memcpy(e.bytes.data(), t.data(), t.nbytes());
   return e;

@@ -11,6 +11,7 @@
 
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
+#include "util/compare.hpp"
 
 namespace moekit {
 namespace {
@@ -75,13 +76,9 @@ TEST(LayerGolden, EveryFamilyMatchesItsReference) {
         EXPECT_NEAR(info.routing.weights.data_as<float>()[t * K + k], wr, 1e-6 * std::fabs(wr) + 1e-7);
       }
     }
-    double max_ref = 0, max_err = 0;
-    for (std::int64_t i = 0; i < y.numel(); ++i) {
-      max_ref = std::max(max_ref, std::fabs(static_cast<double>(y_ref.data_as<float>()[i])));
-      max_err = std::max(max_err, std::fabs(static_cast<double>(y.data_as<float>()[i]) - y_ref.data_as<float>()[i]));
-    }
+    const testing::MaxDiff d = testing::max_diff(y, y_ref);
     const double tol = c["tolerance"].get<double>();
-    EXPECT_LE(max_err, tol * max_ref) << "max |y - y_ref| = " << max_err << ", max |y_ref| = " << max_ref;
+    EXPECT_LE(d.err, tol * d.ref) << "max |y - y_ref| = " << d.err << ", max |y_ref| = " << d.ref;
     }
   }
 }

@@ -17,6 +17,7 @@
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
 #include "moekit/safetensors.hpp"
+#include "util/compare.hpp"
 
 namespace moekit {
 namespace {
@@ -103,13 +104,8 @@ Golden golden(const std::string& name, std::int64_t layer, ExpertLayout stored) 
 // golden.
 void expect_close_to_reference(const Tensor& y, const Tensor& y_ref) {
   ASSERT_EQ(y.shape(), y_ref.shape());
-  double max_ref = 0, max_err = 0;
-  for (std::int64_t i = 0; i < y.numel(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(y_ref.data_as<float>()[i])));
-    max_err = std::max(
-        max_err, std::fabs(static_cast<double>(y.data_as<float>()[i]) - y_ref.data_as<float>()[i]));
-  }
-  EXPECT_LE(max_err, 1e-4 * max_ref);
+  const testing::MaxDiff d = testing::max_diff(y, y_ref);
+  EXPECT_LE(d.err, 1e-4 * d.ref);
 }
 
 struct Variant {

@@ -10,6 +10,7 @@
 
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
+#include "util/compare.hpp"
 
 namespace moekit {
 namespace {
@@ -50,13 +51,9 @@ TEST_P(QuantizedMlxGolden, MatchesMlxLmModule) {
   const Tensor want = read_npy(dir + "/output.npy");
   const Tensor y = layer.forward(x);
   ASSERT_EQ(y.shape(), want.shape());
-  double max_ref = 0, max_err = 0;
-  for (std::int64_t i = 0; i < y.numel(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want.data_as<float>()[i])));
-    max_err = std::max(max_err, std::fabs(static_cast<double>(y.data_as<float>()[i]) - want.data_as<float>()[i]));
-  }
-  EXPECT_LE(max_err, 1e-5 * max_ref) << "max |y - y_mlx| = " << max_err << ", max |y_mlx| = " << max_ref;
-  RecordProperty("rel_err", std::to_string(max_err / max_ref));
+  const testing::MaxDiff d = testing::max_diff(y, want);
+  EXPECT_LE(d.err, 1e-5 * d.ref) << "max |y - y_mlx| = " << d.err << ", max |y_mlx| = " << d.ref;
+  RecordProperty("rel_err", std::to_string(d.err / d.ref));
 }
 
 INSTANTIATE_TEST_SUITE_P(MlxLm, QuantizedMlxGolden, ::testing::ValuesIn(cases()),

@@ -22,6 +22,7 @@
 #include "moekit/npy.hpp"
 #include "moekit/safetensors.hpp"
 #include "util/affine.hpp"
+#include "util/compare.hpp"
 
 namespace moekit {
 namespace {
@@ -337,12 +338,7 @@ TEST(QuantizedLayer, Int8ActivationsKeepRoutingAndStayClose) {
     EXPECT_EQ(std::memcmp(fast.data(), again.data(), fast.nbytes()), 0) << name;
     EXPECT_EQ(std::memcmp(exact_info.routing.ids.data(), fast_info.routing.ids.data(),
                           exact_info.routing.ids.nbytes()), 0) << name;
-    double num = 0, den = 0;
-    for (std::int64_t i = 0; i < exact.numel(); ++i) {
-      num += std::pow(double(fast.data_as<float>()[i]) - exact.data_as<float>()[i], 2);
-      den += std::pow(double(exact.data_as<float>()[i]), 2);
-    }
-    const double rel = std::sqrt(num / den);
+    const double rel = testing::relative_rms(fast, exact);
     const bool four_or_eight = std::string(name).find("_q3_") == std::string::npos;
     if (four_or_eight) {
       EXPECT_GT(rel, 0.0) << name << ": the fast path ran";
