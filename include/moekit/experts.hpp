@@ -121,6 +121,19 @@ struct DispatchPlan {
 /// dtype.
 void pack_panels(ExpertWeights& w);
 
+/// What a training forward keeps of the expert execution for the backward (the train layer).
+/// Rows are in the plan's sorted order (the dense shared expert: token order).
+struct ExpertTrace {
+  /// Keep the gate/up pre-activations (with their biases): 2·F floats per routed row (F for a
+  /// plain MLP). false: keep only the plan; the backward recomputes them with the same kernels,
+  /// so the values, and the gradients, are the same bits either way.
+  bool keep_pre_activations = true;
+  DispatchPlan plan;
+  Tensor pre_gate;  ///< [rows, F] f32 gate projection (+ bias); empty for plain-MLP bodies
+  Tensor pre_up;    ///< [rows, F] f32 up projection (+ bias)
+  std::size_t nbytes() const noexcept;
+};
+
 /// Builds the plan from ids [..., K] i32. Throws std::invalid_argument for a wrong dtype and
 /// std::out_of_range naming the token and slot of an id outside [0, num_experts).
 DispatchPlan plan_dispatch(const TensorView& ids, std::int64_t num_experts);
@@ -130,11 +143,14 @@ DispatchPlan plan_dispatch(const TensorView& ids, std::int64_t num_experts);
 /// weight_on_input, Σ_k expert(w · x)). y is overwritten (accumulate = false) or added to.
 /// Deterministic and independent of the thread count. Experts with no rows cost nothing.
 /// Preconditions are validated (shapes, dtypes, plan matching ids): std::invalid_argument.
+/// With `trace`, also keeps what a backward needs (ExpertTrace); y is the same bits either way.
 void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
-                 const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate = false);
+                 const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate = false,
+                 ExpertTrace* trace = nullptr);
 
 /// A dense FFN on every token (the shared expert: E = 1), y (+)= body(x). x, y [T, D] f32.
+/// With `trace`, also keeps the pre-activations of every token (its plan stays empty).
 void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& y,
-                   bool accumulate);
+                   bool accumulate, ExpertTrace* trace = nullptr);
 
 }  // namespace moekit

@@ -38,6 +38,22 @@ struct ForwardInfo {
   Routing routing;
 };
 
+/// What a training forward keeps for the backward (moekit/train.hpp). Per token, with
+/// pre-activations kept: 4·(D + E + 2K) + 16·K (the plan) + 4·K·(2F) (routed; F for a plain MLP)
+/// + 4·2·S (shared experts of width S) + 4 (the shared gate's logit) bytes; without them the
+/// 4·K·2F and 8·S terms go. nbytes() counts them.
+struct SavedForward {
+  Shape shape;             ///< x's shape as given
+  DType dtype = DType::f32;  ///< x's dtype as given (dx is f32 either way)
+  Tensor x;                ///< [T, D] f32 (a copy: the caller may reuse its input)
+  Tensor logits;           ///< [T, E] f32, router bias included
+  Routing routing;         ///< ids / weights [T, K]
+  ExpertTrace routed;      ///< plan + pre-activations of the routed rows, in sorted order
+  ExpertTrace shared;      ///< pre-activations of the shared expert(s), token order
+  Tensor shared_gate_logits;  ///< [T, 1] f32 when the shared expert is gated
+  std::size_t nbytes() const noexcept;
+};
+
 class MoeLayer {
  public:
   /// Validates `weights` against `config` (shapes, dtypes, presence of biases and shared
@@ -48,6 +64,12 @@ class MoeLayer {
   /// receives the logits and routing used. Const and safe to call from several threads at once.
   /// Throws std::invalid_argument for a wrong shape/dtype or non-finite logits.
   Tensor forward(const TensorView& x, ForwardInfo* info = nullptr) const;
+
+  /// A training forward: y exactly as forward() computes it (the same bits), keeping in `saved`
+  /// what backward() needs. `keep_pre_activations` false keeps only x, the logits, the routing
+  /// and the plan: the backward recomputes the expert pre-activations (one more pass of the
+  /// gate/up GEMMs) and gets the same gradients. Const; `saved` is overwritten.
+  Tensor forward_train(const TensorView& x, SavedForward& saved, bool keep_pre_activations = true) const;
 
   /// Repacks the routed and shared experts into the forward kernel's panel layout (pack_panels
   /// in experts.hpp): faster prefill, the weights' bytes resident in memory (rounded up to
@@ -71,6 +93,8 @@ class MoeLayer {
   ExpertBody shared_body() const noexcept;  ///< the shared experts' body
 
  private:
+  Tensor forward_impl(const TensorView& x, ForwardInfo* info, SavedForward* saved) const;
+
   MoeConfig config_;
   MoeWeights weights_;
 };

@@ -11,3 +11,4 @@
 #include "moekit/routing.hpp"
 #include "moekit/tensor.hpp"
 #include "moekit/threading.hpp"
+#include "moekit/train.hpp"

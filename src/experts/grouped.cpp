@@ -13,6 +13,7 @@
 
 #include "kernels/activation.hpp"
 #include "experts/weight_matrix.hpp"
+#include "experts/expert_rows.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
 #include "moekit/threading.hpp"
@@ -27,6 +28,16 @@ constexpr std::int64_t kRowChunk = 64;
 
 bool has(const Tensor& t) { return t.numel() > 0; }
 
+}  // namespace
+
+std::size_t ExpertTrace::nbytes() const noexcept {
+  return pre_gate.nbytes() + pre_up.nbytes() +
+         (plan.counts.size() + plan.offsets.size() + plan.sorted_pairs.size() + plan.inverse.size()) *
+             sizeof(std::int64_t);
+}
+
+namespace {
+
 // Scratch for one task, reused by the thread across tasks and calls.
 struct Scratch {
   std::vector<float> gate, up;
@@ -37,36 +48,58 @@ Scratch& scratch() {
   return s;
 }
 
+}  // namespace
 
-// r rows of xin (read in place: gathered and scaled as the RowSource says) -> out [r, D] (+)=
-// body(rows) · out_scale for expert e. `split` spreads each GEMM's columns over the pool (for
-// fewer tasks than threads, and the dense shared expert); the elements and their summation
-// order are the same either way.
-void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const kernels::RowSource& xin,
-                 std::int64_t r, float* out, const float* out_scale, Scratch& s, bool split, bool accumulate = false) {
+void expert_pre_activations(const ExpertWeights& w, std::int64_t e, const kernels::RowSource& xin, std::int64_t r,
+                            float* gate, float* up, bool split) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
-  s.up.resize(static_cast<std::size_t>(r * F));
-  kernels::gemm_nt(xin, weight_matrix(w.up, e), {s.up.data(), F}, r, F, D, threads);
-  if (has(w.up_bias)) kernels::add_row_bias(s.up.data(), r, F, w.up_bias.data_as<const float>() + e * F);
-  const float* g = nullptr;
+  kernels::gemm_nt(xin, weight_matrix(w.up, e), {up, F}, r, F, D, threads);
+  if (has(w.up_bias)) kernels::add_row_bias(up, r, F, w.up_bias.data_as<const float>() + e * F);
   if (w.gate.defined()) {
-    s.gate.resize(static_cast<std::size_t>(r * F));
-    kernels::gemm_nt(xin, weight_matrix(w.gate, e), {s.gate.data(), F}, r, F, D, threads);
-    if (has(w.gate_bias)) kernels::add_row_bias(s.gate.data(), r, F, w.gate_bias.data_as<const float>() + e * F);
-    g = s.gate.data();
+    kernels::gemm_nt(xin, weight_matrix(w.gate, e), {gate, F}, r, F, D, threads);
+    if (has(w.gate_bias)) kernels::add_row_bias(gate, r, F, w.gate_bias.data_as<const float>() + e * F);
   }
-  kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, g, s.up.data(), s.up.data(), r * F);
+}
+
+void expert_down(const ExpertWeights& w, std::int64_t e, const float* h, std::int64_t r, float* out,
+                 const float* out_scale, bool split, bool accumulate) {
+  const std::int64_t D = w.hidden_size(), F = w.width();
+  const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
   if (!has(w.down_bias)) {
-    kernels::gemm_nt({s.up.data(), F}, weight_matrix(w.down, e), {out, D, out_scale, accumulate}, r, D, F, threads);
+    kernels::gemm_nt({h, F}, weight_matrix(w.down, e), {out, D, out_scale, accumulate}, r, D, F, threads);
     return;
   }
   // The bias sits inside the weighted body, (h·Wᵀ + b)·w, so here the weight comes after it.
-  kernels::gemm_nt({s.up.data(), F}, weight_matrix(w.down, e), {out, D, nullptr, accumulate}, r, D, F, threads);
+  kernels::gemm_nt({h, F}, weight_matrix(w.down, e), {out, D, nullptr, accumulate}, r, D, F, threads);
   kernels::add_row_bias(out, r, D, w.down_bias.data_as<const float>() + e * D);
   if (out_scale)
     for (std::int64_t i = 0; i < r; ++i)
       for (std::int64_t d = 0; d < D; ++d) out[i * D + d] *= out_scale[i];
+}
+
+namespace {
+
+
+// r rows of xin (read in place: gathered and scaled as the RowSource says) -> out [r, D] (+)=
+// body(rows) · out_scale for expert e. `split` spreads each GEMM's columns over the pool (for
+// fewer tasks than threads, and the dense shared expert); the elements and their summation
+// order are the same either way. `pre_gate` / `pre_up`, when set, receive the [r, F]
+// pre-activations (a training forward's trace) instead of the scratch.
+void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const kernels::RowSource& xin,
+                 std::int64_t r, float* out, const float* out_scale, Scratch& s, bool split, bool accumulate = false,
+                 float* pre_gate = nullptr, float* pre_up = nullptr) {
+  const std::int64_t F = w.width();
+  s.up.resize(static_cast<std::size_t>(r * F));
+  float* up = pre_up ? pre_up : s.up.data();
+  float* gate = nullptr;
+  if (w.gate.defined()) {
+    s.gate.resize(static_cast<std::size_t>(r * F));
+    gate = pre_gate ? pre_gate : s.gate.data();
+  }
+  expert_pre_activations(w, e, xin, r, gate, up, split);
+  kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, gate, up, s.up.data(), r * F);
+  expert_down(w, e, s.up.data(), r, out, out_scale, split, accumulate);
 }
 
 void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int64_t D) {
@@ -82,8 +115,9 @@ void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int
 }  // namespace
 
 void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
-                 const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate) {
-  const std::int64_t D = w.hidden_size();
+                 const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate,
+                 ExpertTrace* trace) {
+  const std::int64_t D = w.hidden_size(), F = w.width();
   const std::int64_t E = w.num_experts();
   validate_experts(w, body, D, "experts");
   check_xy("run_experts", x, y, D);
@@ -98,8 +132,24 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
                                                                                        << dtype_name(weights.dtype())
                                                                                        << " "
                                                                                        << shape_str(weights.shape())));
-  const DispatchPlan plan = plan_dispatch(ids, E);
+  DispatchPlan local_plan;
+  DispatchPlan& plan = trace ? trace->plan : local_plan;
+  plan = plan_dispatch(ids, E);
   const std::int64_t K = plan.top_k;
+  float* keep_gate = nullptr;
+  float* keep_up = nullptr;
+  if (trace) {
+    trace->pre_gate = Tensor();
+    trace->pre_up = Tensor();
+    if (trace->keep_pre_activations) {
+      trace->pre_up = Tensor::uninitialized({T * K, F}, DType::f32);
+      keep_up = trace->pre_up.data_as<float>();
+      if (w.gate.defined()) {
+        trace->pre_gate = Tensor::uninitialized({T * K, F}, DType::f32);
+        keep_gate = trace->pre_gate.data_as<float>();
+      }
+    }
+  }
   const float* xs = x.data_as<const float>();
   const float* ws = weights.data_as<const float>();
   float* ys = y.data_as<float>();
@@ -148,7 +198,8 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
     const float* wt = slot_weight.data() + task.begin;
     const kernels::RowSource rows{xs, D, src_rows.data() + task.begin, weight_on_input ? wt : nullptr};
     float* out = pair_out + task.begin * D;
-    expert_rows(w, body, task.expert, rows, task.count, out, weight_on_input ? nullptr : wt, scratch(), split);
+    expert_rows(w, body, task.expert, rows, task.count, out, weight_on_input ? nullptr : wt, scratch(), split, false,
+                keep_gate ? keep_gate + task.begin * F : nullptr, keep_up ? keep_up + task.begin * F : nullptr);
   };
   if (split) {
     for (std::int64_t ti = 0; ti < n_tasks; ++ti) run_task(ti);
@@ -169,8 +220,8 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
 }
 
 void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& y,
-                   bool accumulate) {
-  const std::int64_t D = w.hidden_size();
+                   bool accumulate, ExpertTrace* trace) {
+  const std::int64_t D = w.hidden_size(), F = w.width();
   validate_experts(w, body, D, "shared");
   if (w.num_experts() != 1)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::run_dense_ffn] expected 1 expert, got " << w.num_experts()));
@@ -178,8 +229,24 @@ void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorV
   // Whole-batch GEMMs split over the pool. The scratch is local, not the per-thread one, so a
   // large batch does not keep its [T, F] buffers alive after the call.
   Scratch local;
-  expert_rows(w, body, 0, {x.data_as<const float>(), D}, x.dim(0), y.data_as<float>(), nullptr, local, true,
-              accumulate);
+  const std::int64_t T = x.dim(0);
+  float* keep_gate = nullptr;
+  float* keep_up = nullptr;
+  if (trace) {
+    trace->plan = DispatchPlan();
+    trace->pre_gate = Tensor();
+    trace->pre_up = Tensor();
+    if (trace->keep_pre_activations) {
+      trace->pre_up = Tensor::uninitialized({T, F}, DType::f32);
+      keep_up = trace->pre_up.data_as<float>();
+      if (w.gate.defined()) {
+        trace->pre_gate = Tensor::uninitialized({T, F}, DType::f32);
+        keep_gate = trace->pre_gate.data_as<float>();
+      }
+    }
+  }
+  expert_rows(w, body, 0, {x.data_as<const float>(), D}, T, y.data_as<float>(), nullptr, local, true, accumulate,
+              keep_gate, keep_up);
 }
 
 }  // namespace moekit

@@ -13,7 +13,68 @@ inline float gelu_tanh(float v) {
   constexpr float kSqrt2OverPi = 0.79788456080286536f;
   return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
 }
+// d/dv of silu(v) = v·σ(v): σ(v)·(1 + v·(1 − σ(v))).
+inline float dsilu(float v) {
+  const float s = sigmoid(v);
+  return s * (1.0f + v * (1.0f - s));
+}
+inline float dgelu_erf(float v) {
+  constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+  return 0.5f * (1.0f + std::erf(v * 0.70710678118654752f)) + v * kInvSqrt2Pi * std::exp(-0.5f * v * v);
+}
+inline float dgelu_tanh(float v) {
+  constexpr float kSqrt2OverPi = 0.79788456080286536f;
+  const float t = std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v));
+  return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * v * v);
+}
 }  // namespace
+
+void apply_body_backward(BodyKind kind, float limit, float alpha, const float* gate, const float* up, const float* dh,
+                         float* dgate, float* dup, std::int64_t n) {
+  switch (kind) {
+    case BodyKind::swiglu:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float a = gate[i], b = up[i], d = dh[i];
+        dgate[i] = d * b * dsilu(a);
+        dup[i] = d * silu(a);
+      }
+      break;
+    case BodyKind::swiglu_clamped:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float g = std::min(gate[i], limit);
+        const float u = std::clamp(up[i], -limit, limit);
+        const float s = sigmoid(alpha * g), d = dh[i];
+        const float dg = d * (u + 1.0f) * (s + alpha * g * s * (1.0f - s));
+        const float du = d * g * s;
+        dgate[i] = gate[i] <= limit ? dg : 0.0f;
+        dup[i] = up[i] >= -limit && up[i] <= limit ? du : 0.0f;
+      }
+      break;
+    case BodyKind::geglu:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float a = gate[i], b = up[i], d = dh[i];
+        dgate[i] = d * b * dgelu_erf(a);
+        dup[i] = d * gelu_erf(a);
+      }
+      break;
+    case BodyKind::geglu_tanh:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float a = gate[i], b = up[i], d = dh[i];
+        dgate[i] = d * b * dgelu_tanh(a);
+        dup[i] = d * gelu_tanh(a);
+      }
+      break;
+    case BodyKind::mlp_relu:
+      for (std::int64_t i = 0; i < n; ++i) dup[i] = up[i] > 0.0f ? dh[i] : 0.0f;
+      break;
+    case BodyKind::mlp_relu2:
+      for (std::int64_t i = 0; i < n; ++i) dup[i] = up[i] > 0.0f ? 2.0f * up[i] * dh[i] : 0.0f;
+      break;
+    case BodyKind::mlp_silu:
+      for (std::int64_t i = 0; i < n; ++i) dup[i] = dh[i] * dsilu(up[i]);
+      break;
+  }
+}
 
 void apply_body(BodyKind kind, float limit, float alpha, const float* gate, const float* up, float* h,
                 std::int64_t n) {

@@ -1,5 +1,6 @@
 // MoeLayer: the one place that knows the whole block (SEMANTICS.md §1).
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "moekit/layer.hpp"
@@ -109,7 +110,20 @@ MoeLayer::MoeLayer(MoeConfig config, MoeWeights weights) : config_(std::move(con
   }
 }
 
-Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
+std::size_t SavedForward::nbytes() const noexcept {
+  return x.nbytes() + logits.nbytes() + routing.ids.nbytes() + routing.weights.nbytes() + routed.nbytes() +
+         shared.nbytes() + shared_gate_logits.nbytes();
+}
+
+Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const { return forward_impl(x, info, nullptr); }
+
+Tensor MoeLayer::forward_train(const TensorView& x, SavedForward& saved, bool keep_pre_activations) const {
+  saved = SavedForward();
+  saved.routed.keep_pre_activations = saved.shared.keep_pre_activations = keep_pre_activations;
+  return forward_impl(x, nullptr, &saved);
+}
+
+Tensor MoeLayer::forward_impl(const TensorView& x, ForwardInfo* info, SavedForward* saved) const {
   const std::int64_t D = config_.hidden_size;
   if (!x.defined() || x.rank() < 1 || (x.dtype() != DType::f32 && x.dtype() != DType::bf16) || x.dim(-1) != D)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer::forward] x must be f32 or bf16 [..., " << D
@@ -139,16 +153,19 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
   Routing routing = route(config_.router, logits, w.selection_bias.view());
 
   Tensor y = Tensor::uninitialized({T, D}, DType::f32);  // run_experts overwrites every row
-  run_experts(w.experts, body(), x32, routing.ids, routing.weights, config_.router.weight_on_input, y, false);
+  run_experts(w.experts, body(), x32, routing.ids, routing.weights, config_.router.weight_on_input, y, false,
+              saved ? &saved->routed : nullptr);
 
   if (config_.shared_width > 0) {
+    ExpertTrace* shared_trace = saved ? &saved->shared : nullptr;
     if (!config_.shared_gated) {
-      run_dense_ffn(w.shared, shared_body(), x32, y, true);
+      run_dense_ffn(w.shared, shared_body(), x32, y, true, shared_trace);
     } else {
       Tensor s = Tensor::uninitialized({T, D}, DType::f32);
-      run_dense_ffn(w.shared, shared_body(), x32, s, false);
+      run_dense_ffn(w.shared, shared_body(), x32, s, false, shared_trace);
       const Tensor g = w.shared_gate_quantized.defined() ? quantized_logits(x32, w.shared_gate_quantized, Tensor())
                                                          : router_logits(x32, w.shared_gate);  // [T, 1] fp32
+      if (saved) saved->shared_gate_logits = g;
       float* ys = y.data_as<float>();
       const float* ss = s.data_as<const float>();
       const float* gs = g.data_as<const float>();
@@ -162,6 +179,18 @@ Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const {
   }
 
   y.reshape(x.shape());
+  if (saved != nullptr) {
+    saved->shape = x.shape();
+    saved->dtype = x.dtype();
+    if (x_owned.numel() > 0) {
+      saved->x = x_owned;
+    } else {
+      saved->x = Tensor::uninitialized(x32.shape(), DType::f32);
+      if (x32.nbytes() > 0) std::memcpy(saved->x.data(), x32.data(), x32.nbytes());
+    }
+    saved->logits = std::move(logits);
+    saved->routing = std::move(routing);
+  }
   if (info != nullptr) {
     Shape ls = x.shape();
     ls.back() = config_.router.num_experts;

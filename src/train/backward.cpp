@@ -1,0 +1,399 @@
+// backward(): the MoE block's backward, sparse over the dispatch plan (TRAINING.md §1).
+//
+// Per expert, over its rows in sorted order and in fixed chunks of kChunk rows:
+//   a, b  = the gate/up pre-activations (kept by the training forward, or recomputed)
+//   h     = body(a, b)
+//   dhu   = dy_rows · Wd                        gemm_nn        (dy gathered by token)
+//   dg    = <dhu, h> + <dy, bd>                 the slot weight's gradient (Llama-4: <dxin, x>)
+//   dh    = g · dhu
+//   dWd  += (g·dy_rows)ᵀ · h                    gemm_tn        dbd += Σ g·dy
+//   da,db = body'(a, b) ⊙ dh
+//   dWg  += daᵀ · xin, dWu += dbᵀ · xin         gemm_tn        dbg += Σ da, dbu += Σ db
+//   dxin  = da · Wg + db · Wu                   gemm_nn
+// The shared expert is the same computation over every token with g = σ(shared-gate logit)
+// (or 1). The token's dx sums its K rows in slot order, then the router's and the shared
+// parts are added, always in this order. Weight gradients are sums over rows in sorted order;
+// an expert's rows are never split over threads (only a GEMM's output is), so the bits do not
+// depend on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "experts/expert_rows.hpp"
+#include "experts/weight_matrix.hpp"
+#include "kernels/activation.hpp"
+#include "kernels/gemm.hpp"
+#include "moekit/threading.hpp"
+#include "moekit/train.hpp"
+#include "util/error.hpp"
+#include "util/thread_pool.hpp"
+
+namespace moekit {
+
+namespace {
+
+constexpr std::int64_t kChunk = 256;
+
+bool has(const Tensor& t) { return t.numel() > 0; }
+
+struct Scratch {
+  std::vector<float> a, b, h, dhu, da, db;
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// Where one ExpertWeights' gradients go: the stacked grads, expert e at offset e · size.
+struct GradSink {
+  float* gate = nullptr;
+  float* up = nullptr;
+  float* down = nullptr;
+  float* gate_bias = nullptr;
+  float* up_bias = nullptr;
+  float* down_bias = nullptr;
+};
+
+float* ptr(const Tensor& t) { return has(t) ? t.data_as<float>() : nullptr; }
+
+// The rows one expert's backward reads, in its sorted order.
+struct ExpertRows {
+  kernels::RowSource x;              ///< its input rows (Llama-4: scaled by the slot weight)
+  const float* x_raw = nullptr;      ///< x [T, D] unscaled (Llama-4's dg)
+  const std::int32_t* tokens = nullptr;  ///< token of each row; null: row i is token i
+  const float* g = nullptr;          ///< slot weight of each row; null: 1
+  bool weight_on_input = false;
+  const float* pre_gate = nullptr;   ///< kept pre-activations, or null (recompute)
+  const float* pre_up = nullptr;
+};
+
+std::int64_t token_of(const ExpertRows& in, std::int64_t i) { return in.tokens ? in.tokens[i] : i; }
+
+// The backward of expert e over its n rows. dx_rows [n, D] receives dL/d(input row) (added when
+// accumulate_dx); dg [n] the slot weights' gradients (null: not wanted). Gradients go to `sink`
+// at expert e, added when `accumulate`.
+void expert_backward(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const ExpertRows& in,
+                     std::int64_t n, const float* dy, float* dx_rows, bool accumulate_dx, float* dg,
+                     const GradSink& sink, bool accumulate, bool split, Scratch& s) {
+  const std::int64_t D = w.hidden_size(), F = w.width();
+  const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
+  const bool gated = w.gate.defined();
+  float* dWg = gated ? sink.gate + e * F * D : nullptr;
+  float* dWu = sink.up + e * F * D;
+  float* dWd = sink.down + e * D * F;
+  float* dbg = sink.gate_bias ? sink.gate_bias + e * F : nullptr;
+  float* dbu = sink.up_bias ? sink.up_bias + e * F : nullptr;
+  float* dbd = sink.down_bias ? sink.down_bias + e * D : nullptr;
+  const float* bd = has(w.down_bias) ? w.down_bias.data_as<const float>() + e * D : nullptr;
+  if (!accumulate) {
+    for (float* b : {dbg, dbu}) if (b) std::fill(b, b + F, 0.0f);
+    if (dbd) std::fill(dbd, dbd + D, 0.0f);
+  }
+  for (std::int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const std::int64_t r = std::min(kChunk, n - c0);
+    const bool acc = accumulate || c0 > 0;
+    const kernels::RowSource xin = in.x.from(c0);
+    const std::size_t rf = static_cast<std::size_t>(r * F);
+    const float* a = nullptr;
+    const float* b = nullptr;
+    if (in.pre_up) {
+      b = in.pre_up + c0 * F;
+      if (gated) a = in.pre_gate + c0 * F;
+    } else {
+      s.a.resize(rf);
+      s.b.resize(rf);
+      expert_pre_activations(w, e, xin, r, gated ? s.a.data() : nullptr, s.b.data(), split);
+      a = gated ? s.a.data() : nullptr;
+      b = s.b.data();
+    }
+    s.h.resize(rf);
+    s.dhu.resize(rf);
+    s.da.resize(rf);
+    s.db.resize(rf);
+    kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, a, b, s.h.data(), r * F);
+    const std::int32_t* tok = in.tokens ? in.tokens + c0 : nullptr;
+    const float* g = in.g ? in.g + c0 : nullptr;
+    const kernels::RowSource dy_rows{dy, D, tok, nullptr};
+    // dhu = dy · Wd: [r, D] · [D, F].
+    kernels::gemm_nn(dy_rows, weight_matrix(w.down, e), {s.dhu.data(), F}, r, F, D, threads);
+    if (!in.weight_on_input) {
+      if (dg)
+        for (std::int64_t i = 0; i < r; ++i) {
+          double acc_dg = 0.0;
+          const float* u = s.dhu.data() + i * F;
+          const float* hv = s.h.data() + i * F;
+          for (std::int64_t f = 0; f < F; ++f) acc_dg += static_cast<double>(u[f]) * hv[f];
+          if (bd) {
+            const float* dyt = dy + token_of(in, c0 + i) * D;
+            for (std::int64_t d = 0; d < D; ++d) acc_dg += static_cast<double>(dyt[d]) * bd[d];
+          }
+          dg[c0 + i] = static_cast<float>(acc_dg);
+        }
+      if (g)
+        for (std::int64_t i = 0; i < r; ++i)
+          for (std::int64_t f = 0; f < F; ++f) s.dhu[i * F + f] *= g[i];
+    }
+    // dWd += (g·dy)ᵀ · h: [D, r] · [r, F]; the weight applies to the output unless on the input.
+    const kernels::RowSource gdy{dy, D, tok, in.weight_on_input ? nullptr : g};
+    kernels::gemm_tn(gdy, {s.h.data(), F}, {dWd, F, nullptr, acc}, D, F, r, threads);
+    if (dbd)
+      for (std::int64_t i = 0; i < r; ++i) {
+        const float* dyt = dy + token_of(in, c0 + i) * D;
+        const float gi = (g && !in.weight_on_input) ? g[i] : 1.0f;
+        for (std::int64_t d = 0; d < D; ++d) dbd[d] += gi * dyt[d];
+      }
+    kernels::apply_body_backward(body.kind, body.swiglu_limit, body.swiglu_alpha, a, b, s.dhu.data(),
+                                 gated ? s.da.data() : nullptr, s.db.data(), r * F);
+    kernels::gemm_tn({s.db.data(), F}, xin, {dWu, D, nullptr, acc}, F, D, r, threads);
+    if (gated) kernels::gemm_tn({s.da.data(), F}, xin, {dWg, D, nullptr, acc}, F, D, r, threads);
+    for (const auto& [dbias, src] : {std::pair{dbu, s.db.data()}, std::pair{dbg, s.da.data()}})
+      if (dbias)
+        for (std::int64_t i = 0; i < r; ++i)
+          for (std::int64_t f = 0; f < F; ++f) dbias[f] += src[i * F + f];
+    // dxin = db · Wu (+ da · Wg): [r, F] · [F, D].
+    float* dxo = dx_rows + c0 * D;
+    kernels::gemm_nn({s.db.data(), F}, weight_matrix(w.up, e), {dxo, D, nullptr, accumulate_dx}, r, D, F, threads);
+    if (gated)
+      kernels::gemm_nn({s.da.data(), F}, weight_matrix(w.gate, e), {dxo, D, nullptr, true}, r, D, F, threads);
+    if (in.weight_on_input) {
+      // xin = g·x: dg = <dxin, x>, dx = g·dxin.
+      for (std::int64_t i = 0; i < r; ++i) {
+        float* row = dxo + i * D;
+        const float* xr = in.x_raw + token_of(in, c0 + i) * D;
+        double acc_dg = 0.0;
+        for (std::int64_t d = 0; d < D; ++d) acc_dg += static_cast<double>(row[d]) * xr[d];
+        if (dg) dg[c0 + i] = static_cast<float>(acc_dg);
+        const float gi = g ? g[i] : 1.0f;
+        for (std::int64_t d = 0; d < D; ++d) row[d] *= gi;
+      }
+    }
+  }
+}
+
+void zero_expert(const ExpertWeights& w, std::int64_t e, const GradSink& sink) {
+  const std::int64_t D = w.hidden_size(), F = w.width();
+  const auto zero = [](float* p, std::int64_t n) {
+    if (p) std::fill(p, p + n, 0.0f);
+  };
+  if (sink.gate) zero(sink.gate + e * F * D, F * D);
+  zero(sink.up + e * F * D, F * D);
+  zero(sink.down + e * D * F, D * F);
+  if (sink.gate_bias) zero(sink.gate_bias + e * F, F);
+  if (sink.up_bias) zero(sink.up_bias + e * F, F);
+  if (sink.down_bias) zero(sink.down_bias + e * D, D);
+}
+
+void check_grad(Tensor& g, const Shape& shape, const char* name) {
+  if (!has(g)) {
+    g = Tensor(shape, DType::f32);  // zeroed: accumulating into a fresh buffer starts from 0
+    return;
+  }
+  if (g.dtype() != DType::f32 || g.shape() != shape)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] grads." << name << " must be f32 " << shape_str(shape)
+                                                                       << ", got " << dtype_name(g.dtype()) << " "
+                                                                       << shape_str(g.shape())));
+}
+
+bool quantized_anywhere(const MoeWeights& w) {
+  for (const ExpertWeights* x : {&w.experts, &w.shared})
+    for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down})
+      if (m->quantized()) return true;
+  return w.router_quantized.defined() || w.shared_gate_quantized.defined();
+}
+
+kernels::WeightMatrix view_matrix(const TensorView& t) { return {t.data(), t.dtype(), t.dim(-1)}; }
+
+}  // namespace
+
+Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorView& dy_in, MoeTensors& grads,
+                const BackwardOptions& options) {
+  const MoeConfig& cfg = layer.config();
+  const MoeWeights& w = layer.weights();
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k, F = cfg.expert_width;
+  const std::int64_t S = cfg.shared_width;
+  if (quantized_anywhere(w))
+    throw std::invalid_argument("[moekit::backward] the layer has quantized weights, which have no gradient here; "
+                                "train a float copy (moekit::trainable_parameters needs float weights too)");
+  // --- the saved state must be this layer's
+  const std::int64_t T = saved.x.numel() > 0 ? saved.x.dim(0) : 0;
+  const bool saved_ok = saved.x.rank() == 2 && saved.x.dim(1) == D && saved.logits.rank() == 2 &&
+                        saved.logits.dim(0) == T && saved.logits.dim(1) == E && saved.routing.ids.rank() == 2 &&
+                        saved.routing.ids.dim(0) == T && saved.routing.ids.dim(1) == K &&
+                        saved.routed.plan.num_tokens == T && saved.routed.plan.top_k == K &&
+                        saved.routed.plan.num_experts == E && shape_numel(saved.shape) == T * D;
+  if (!saved_ok)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] saved state does not belong to this layer (D = "
+                                           << D << ", E = " << E << ", K = " << K
+                                           << "): fill it with this layer's forward_train; got x "
+                                           << shape_str(saved.x.shape()) << ", logits " << shape_str(saved.logits.shape())));
+  const bool gated = w.experts.gate.defined();
+  const bool kept = has(saved.routed.pre_up);
+  if (kept && (saved.routed.pre_up.shape() != Shape{T * K, F} ||
+               (gated && saved.routed.pre_gate.shape() != Shape{T * K, F})))
+    throw std::invalid_argument("[moekit::backward] saved pre-activations do not match the layer's expert width");
+  if (S > 0 && has(saved.shared.pre_up) && saved.shared.pre_up.shape() != Shape{T, S})
+    throw std::invalid_argument("[moekit::backward] saved shared pre-activations do not match the shared width");
+  if (cfg.shared_gated && S > 0 && saved.shared_gate_logits.numel() != T)
+    throw std::invalid_argument("[moekit::backward] saved state has no shared-gate logits for a gated shared expert");
+  if (!dy_in.defined() || (dy_in.dtype() != DType::f32 && dy_in.dtype() != DType::bf16) || dy_in.shape() != saved.shape)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] dy must be f32 or bf16 "
+                                           << shape_str(saved.shape) << " (the forward's x), got "
+                                           << dtype_name(dy_in.dtype()) << " " << shape_str(dy_in.shape())));
+  if (options.extra_dlogits.defined() &&
+      (options.extra_dlogits.dtype() != DType::f32 || options.extra_dlogits.numel() != T * E ||
+       options.extra_dlogits.dim(-1) != E))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] extra_dlogits must be f32 [" << T << ", " << E
+                                                                                          << "], got "
+                                                                                          << dtype_name(options.extra_dlogits.dtype())
+                                                                                          << " "
+                                                                                          << shape_str(options.extra_dlogits.shape())));
+  Tensor dy_owned;
+  TensorView dyv = dy_in.reshaped({T, D});
+  if (dy_in.dtype() != DType::f32) {
+    dy_owned = to_dtype(dyv, DType::f32);
+    dyv = dy_owned.view();
+  }
+  const float* dy = dyv.data_as<const float>();
+  for (std::int64_t i = 0; i < T * D; ++i)
+    if (!std::isfinite(dy[i]))
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] dy has a non-finite value " << dy[i] << " at row "
+                                                                                             << i / D << ", column "
+                                                                                             << i % D));
+  // Gradient buffers: checked (all of them) before any is written.
+  MoeTensors g = grads;
+  check_grad(g.router, {E, D}, "router");
+  if (cfg.router.has_router_bias) check_grad(g.router_bias, {E}, "router_bias");
+  if (gated) check_grad(g.gate, {E, F, D}, "gate");
+  check_grad(g.up, {E, F, D}, "up");
+  check_grad(g.down, {E, D, F}, "down");
+  if (has(w.experts.gate_bias)) check_grad(g.gate_bias, {E, F}, "gate_bias");
+  if (has(w.experts.up_bias)) check_grad(g.up_bias, {E, F}, "up_bias");
+  if (has(w.experts.down_bias)) check_grad(g.down_bias, {E, D}, "down_bias");
+  if (S > 0) {
+    if (w.shared.gate.defined()) check_grad(g.shared_gate_proj, {S, D}, "shared_gate_proj");
+    check_grad(g.shared_up_proj, {S, D}, "shared_up_proj");
+    check_grad(g.shared_down_proj, {D, S}, "shared_down_proj");
+    if (cfg.shared_gated) check_grad(g.shared_gate, {1, D}, "shared_gate");
+  }
+  const bool accumulate = options.accumulate;
+
+  const float* x = saved.x.data_as<const float>();
+  const DispatchPlan& plan = saved.routed.plan;
+  const ExpertBody body = layer.body();
+  const bool woi = cfg.router.weight_on_input;
+
+  // --- routed experts
+  std::vector<std::int32_t> src_rows(static_cast<std::size_t>(T * K));
+  std::vector<float> slot_weight(static_cast<std::size_t>(T * K));
+  const float* ws = saved.routing.weights.data_as<const float>();
+  for (std::int64_t i = 0; i < T * K; ++i) {
+    const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(i)];
+    src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
+    slot_weight[static_cast<std::size_t>(i)] = ws[pair];
+  }
+  std::vector<float> pair_dx(static_cast<std::size_t>(T * K * D));
+  std::vector<float> pair_dg(static_cast<std::size_t>(T * K));
+  const GradSink sink{ptr(g.gate), ptr(g.up), ptr(g.down), ptr(g.gate_bias), ptr(g.up_bias), ptr(g.down_bias)};
+  std::vector<std::int64_t> active;
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (plan.counts[e] > 0) {
+      active.push_back(e);
+    } else if (!accumulate) {
+      zero_expert(w.experts, e, sink);
+    }
+  }
+  const bool split = static_cast<std::int64_t>(active.size()) < num_threads();
+  const auto run_expert = [&](std::int64_t i) {
+    const std::int64_t e = active[static_cast<std::size_t>(i)];
+    const std::int64_t o = plan.offsets[e];
+    ExpertRows rows;
+    rows.x = {x, D, src_rows.data() + o, woi ? slot_weight.data() + o : nullptr};
+    rows.x_raw = x;
+    rows.tokens = src_rows.data() + o;
+    rows.g = slot_weight.data() + o;
+    rows.weight_on_input = woi;
+    if (kept) {
+      rows.pre_up = saved.routed.pre_up.data_as<const float>() + o * F;
+      if (gated) rows.pre_gate = saved.routed.pre_gate.data_as<const float>() + o * F;
+    }
+    expert_backward(w.experts, body, e, rows, plan.counts[e], dy, pair_dx.data() + o * D, false, pair_dg.data() + o,
+                    sink, accumulate, split, scratch());
+  };
+  if (split) {
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(active.size()); ++i) run_expert(i);
+  } else {
+    detail::parallel_tasks(static_cast<std::int64_t>(active.size()), run_expert);
+  }
+
+  // --- combine: dx_t = Σ_k (slot order) of its rows; the weights' gradients back in pair order
+  Tensor dx = Tensor::uninitialized({T, D}, DType::f32);
+  float* dxs = dx.data_as<float>();
+  Tensor dweights = Tensor::uninitialized({T, K}, DType::f32);
+  float* dws = dweights.data_as<float>();
+  detail::parallel_for(T, 8, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      float* row = dxs + t * D;
+      std::fill(row, row + D, 0.0f);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::int64_t pos = plan.inverse[t * K + k];
+        const float* o = pair_dx.data() + pos * D;
+        for (std::int64_t d = 0; d < D; ++d) row[d] += o[d];
+        dws[t * K + k] = pair_dg[static_cast<std::size_t>(pos)];
+      }
+    }
+  });
+
+  // --- router
+  Tensor dlogits = router_backward(cfg.router, saved.logits, saved.routing.ids, dweights, w.selection_bias.view());
+  if (options.extra_dlogits.defined()) {
+    float* dz = dlogits.data_as<float>();
+    const float* extra = options.extra_dlogits.data_as<const float>();
+    for (std::int64_t i = 0; i < T * E; ++i) dz[i] += extra[i];
+  }
+  const float* dz = dlogits.data_as<const float>();
+  kernels::gemm_tn({dz, E}, {x, D}, {g.router.data_as<float>(), D, nullptr, accumulate}, E, D, T);
+  if (cfg.router.has_router_bias) {
+    float* db = g.router_bias.data_as<float>();
+    if (!accumulate) std::fill(db, db + E, 0.0f);
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t e = 0; e < E; ++e) db[e] += dz[t * E + e];
+  }
+  kernels::gemm_nn({dz, E}, view_matrix(w.router), {dxs, D, nullptr, true}, T, D, E);
+
+  // --- shared experts (one expert over every token, weighted by the shared gate if any)
+  if (S > 0) {
+    std::vector<float> gate_value, dgate;
+    if (cfg.shared_gated) {
+      const float* q = saved.shared_gate_logits.data_as<const float>();
+      gate_value.resize(static_cast<std::size_t>(T));
+      dgate.resize(static_cast<std::size_t>(T));
+      for (std::int64_t t = 0; t < T; ++t) gate_value[t] = 1.0f / (1.0f + std::exp(-q[t]));
+    }
+    ExpertRows rows;
+    rows.x = {x, D};
+    rows.x_raw = x;
+    rows.g = cfg.shared_gated ? gate_value.data() : nullptr;
+    if (has(saved.shared.pre_up)) {
+      rows.pre_up = saved.shared.pre_up.data_as<const float>();
+      rows.pre_gate = saved.shared.pre_gate.data_as<const float>();
+    }
+    const GradSink shared_sink{ptr(g.shared_gate_proj), ptr(g.shared_up_proj), ptr(g.shared_down_proj)};
+    expert_backward(w.shared, layer.shared_body(), 0, rows, T, dy, dxs, true,
+                    cfg.shared_gated ? dgate.data() : nullptr, shared_sink, accumulate, true, scratch());
+    if (cfg.shared_gated) {
+      // y += σ(q)·s: dq = <dy, s>·σ(1 − σ); dw_sg = Σ dq·x; dx += dq·w_sg.
+      for (std::int64_t t = 0; t < T; ++t) dgate[t] *= gate_value[t] * (1.0f - gate_value[t]);
+      kernels::gemm_tn({dgate.data(), 1}, {x, D}, {g.shared_gate.data_as<float>(), D, nullptr, accumulate}, 1, D, T);
+      kernels::gemm_nn({dgate.data(), 1}, view_matrix(w.shared_gate), {dxs, D, nullptr, true}, T, D, 1);
+    }
+  }
+  grads = g;
+  dx.reshape(saved.shape);
+  return dx;
+}
+
+}  // namespace moekit

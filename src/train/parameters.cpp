@@ -1,0 +1,198 @@
+// Trainable parameters: owned f32 copies of a layer's weights, and layers that compute on them.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "kernels/gemm.hpp"
+#include "moekit/train.hpp"
+#include "util/error.hpp"
+
+namespace moekit {
+
+namespace {
+
+// Expert e's matrix widened to f32 [rows, cols] at dst (rows layout or panels).
+void widen_expert(const ExpertMatrix& m, std::int64_t e, float* dst) {
+  const std::int64_t R = m.rows, C = m.cols;
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t c = 0; c < C; ++c) {
+      const std::int64_t i = m.panels ? (r / kernels::kPanelRows) * kernels::kPanelRows * C + c * kernels::kPanelRows +
+                                            r % kernels::kPanelRows
+                                      : r * m.row_stride + c;
+      dst[r * C + c] = kernels::load_f32(m.experts[e], m.dtype, i);
+    }
+}
+
+Tensor widen(const ExpertMatrix& m, bool stacked) {
+  if (!m.defined()) return Tensor();
+  const std::int64_t E = m.num_experts();
+  Tensor t(stacked ? Shape{E, m.rows, m.cols} : Shape{m.rows, m.cols}, DType::f32);
+  for (std::int64_t e = 0; e < E; ++e) widen_expert(m, e, t.data_as<float>() + e * m.rows * m.cols);
+  return t;
+}
+
+Tensor copy_f32(const TensorView& v) { return v.defined() && v.numel() > 0 ? to_dtype(v, DType::f32) : Tensor(); }
+
+void keep(MoeWeights& w, const Tensor& t) {
+  if (t.numel() > 0) w.keep_alive.push_back(std::make_shared<Tensor>(t));
+}
+
+// splitmix64: the seed's stream.
+std::uint64_t splitmix(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// N(0, std^2) values by Box-Muller from 53-bit uniforms, in index order.
+void fill_normal(Tensor& t, double std_dev, std::uint64_t& state) {
+  float* p = t.data_as<float>();
+  const std::int64_t n = t.numel();
+  for (std::int64_t i = 0; i < n; i += 2) {
+    const double u1 = (static_cast<double>(splitmix(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(splitmix(state) >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1)), a = 6.283185307179586 * u2;
+    p[i] = static_cast<float>(std_dev * r * std::cos(a));
+    if (i + 1 < n) p[i + 1] = static_cast<float>(std_dev * r * std::sin(a));
+  }
+}
+
+}  // namespace
+
+MoeTensors init_parameters(const MoeConfig& config, std::uint64_t seed) {
+  validate(config.router);
+  if (config.hidden_size < 1 || config.expert_width < 1 || config.shared_width < 0)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::init_parameters] hidden_size (" << config.hidden_size
+                                                                                     << ") and expert_width ("
+                                                                                     << config.expert_width
+                                                                                     << ") must be >= 1, shared_width ("
+                                                                                     << config.shared_width << ") >= 0"));
+  const std::int64_t E = config.router.num_experts, D = config.hidden_size, F = config.expert_width;
+  const std::int64_t S = config.shared_width;
+  const bool gated = config.body != BodyKind::mlp_relu && config.body != BodyKind::mlp_relu2 &&
+                     config.body != BodyKind::mlp_silu;
+  std::uint64_t state = seed;
+  const auto draw = [&](Shape shape, std::int64_t fan_in) {
+    Tensor t(std::move(shape), DType::f32);
+    fill_normal(t, 1.0 / std::sqrt(static_cast<double>(fan_in)), state);
+    return t;
+  };
+  MoeTensors p;
+  p.router = draw({E, D}, D);
+  if (config.router.has_router_bias) p.router_bias = Tensor({E}, DType::f32);
+  if (gated) p.gate = draw({E, F, D}, D);
+  p.up = draw({E, F, D}, D);
+  p.down = draw({E, D, F}, F);
+  if (config.expert_bias) {
+    if (gated) p.gate_bias = Tensor({E, F}, DType::f32);
+    p.up_bias = Tensor({E, F}, DType::f32);
+    p.down_bias = Tensor({E, D}, DType::f32);
+  }
+  if (S > 0) {
+    if (gated) p.shared_gate_proj = draw({S, D}, D);
+    p.shared_up_proj = draw({S, D}, D);
+    p.shared_down_proj = draw({D, S}, S);
+    if (config.shared_gated) p.shared_gate = draw({1, D}, D);
+  }
+  return p;
+}
+
+std::size_t MoeTensors::nbytes() const {
+  std::size_t n = 0;
+  for_each([&](const std::string&, const Tensor& t) { n += t.nbytes(); });
+  return n;
+}
+
+MoeTensors MoeTensors::zeros_like(const MoeLayer& layer) {
+  const MoeConfig& c = layer.config();
+  const MoeWeights& w = layer.weights();
+  const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width, S = c.shared_width;
+  const auto z = [](Shape s) { return Tensor(std::move(s), DType::f32); };
+  MoeTensors t;
+  t.router = z({E, D});
+  if (c.router.has_router_bias) t.router_bias = z({E});
+  if (w.experts.gate.defined()) t.gate = z({E, F, D});
+  t.up = z({E, F, D});
+  t.down = z({E, D, F});
+  if (w.experts.gate_bias.numel() > 0) t.gate_bias = z({E, F});
+  if (w.experts.up_bias.numel() > 0) t.up_bias = z({E, F});
+  if (w.experts.down_bias.numel() > 0) t.down_bias = z({E, D});
+  if (S > 0) {
+    if (w.shared.gate.defined()) t.shared_gate_proj = z({S, D});
+    t.shared_up_proj = z({S, D});
+    t.shared_down_proj = z({D, S});
+    if (c.shared_gated) t.shared_gate = z({1, D});
+  }
+  return t;
+}
+
+MoeTensors trainable_parameters(const MoeLayer& layer) {
+  const MoeWeights& w = layer.weights();
+  for (const ExpertWeights* x : {&w.experts, &w.shared})
+    for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down})
+      if (m->quantized())
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::trainable_parameters] the layer's experts are quantized ("
+                                               << m->format() << "); training needs float weights"));
+  if (w.router_quantized.defined() || w.shared_gate_quantized.defined())
+    throw std::invalid_argument("[moekit::trainable_parameters] the layer's router or shared gate is quantized; "
+                                "training needs float weights");
+  MoeTensors p;
+  p.router = copy_f32(w.router);
+  p.router_bias = copy_f32(w.router_bias);
+  p.gate = widen(w.experts.gate, true);
+  p.up = widen(w.experts.up, true);
+  p.down = widen(w.experts.down, true);
+  p.gate_bias = copy_f32(w.experts.gate_bias);
+  p.up_bias = copy_f32(w.experts.up_bias);
+  p.down_bias = copy_f32(w.experts.down_bias);
+  if (w.shared.down.defined()) {
+    p.shared_gate_proj = widen(w.shared.gate, false);
+    p.shared_up_proj = widen(w.shared.up, false);
+    p.shared_down_proj = widen(w.shared.down, false);
+  }
+  p.shared_gate = copy_f32(w.shared_gate);
+  return p;
+}
+
+MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params, const Tensor& selection_bias) {
+  const auto shape_of = [](const Tensor& t, int rank, const char* name) {
+    if (t.numel() > 0 && (t.dtype() != DType::f32 || t.rank() != rank))
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::make_trainable_layer] params." << name << " must be f32 of rank "
+                                                                                      << rank << ", got "
+                                                                                      << dtype_name(t.dtype()) << " "
+                                                                                      << shape_str(t.shape())));
+  };
+  shape_of(params.router, 2, "router");
+  for (const auto& [t, name] : {std::pair{&params.gate, "gate"}, std::pair{&params.up, "up"}, std::pair{&params.down, "down"}})
+    shape_of(*t, 3, name);
+  for (const auto& [t, name] : {std::pair{&params.shared_gate_proj, "shared_gate_proj"},
+                                std::pair{&params.shared_up_proj, "shared_up_proj"},
+                                std::pair{&params.shared_down_proj, "shared_down_proj"},
+                                std::pair{&params.shared_gate, "shared_gate"}})
+    shape_of(*t, 2, name);
+  if (params.up.numel() == 0 || params.down.numel() == 0 || params.router.numel() == 0)
+    throw std::invalid_argument("[moekit::make_trainable_layer] params.router, params.up and params.down are required");
+  MoeWeights w;
+  w.router = params.router.view();
+  w.router_bias = params.router_bias;
+  w.selection_bias = selection_bias;
+  if (params.gate.numel() > 0) w.experts.gate = ExpertMatrix::stacked(params.gate);
+  w.experts.up = ExpertMatrix::stacked(params.up);
+  w.experts.down = ExpertMatrix::stacked(params.down);
+  w.experts.gate_bias = params.gate_bias;
+  w.experts.up_bias = params.up_bias;
+  w.experts.down_bias = params.down_bias;
+  if (params.shared_down_proj.numel() > 0) {
+    if (params.shared_gate_proj.numel() > 0) w.shared.gate = ExpertMatrix::stacked(params.shared_gate_proj);
+    if (params.shared_up_proj.numel() > 0) w.shared.up = ExpertMatrix::stacked(params.shared_up_proj);
+    w.shared.down = ExpertMatrix::stacked(params.shared_down_proj);
+  }
+  if (params.shared_gate.numel() > 0) w.shared_gate = params.shared_gate.view();
+  params.for_each([&](const std::string&, const Tensor& t) { keep(w, t); });
+  w.layout = "trainable";
+  return MoeLayer(config, std::move(w));
+}
+
+}  // namespace moekit

@@ -1,0 +1,184 @@
+// router_backward: dL/dweights -> dL/dlogits, straight through the selection (TRAINING.md §1).
+// Per token, the forward's weights are recomputed from the logits with route()'s arithmetic, so
+// the renormalise-or-not decision (guard_zero_sum, renorm_only_if_k_gt_1) is the forward's.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "moekit/train.hpp"
+#include "util/error.hpp"
+#include "util/thread_pool.hpp"
+
+namespace moekit {
+
+namespace {
+
+inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+inline float softplus(float z) { return std::max(z, 0.0f) + std::log1p(std::exp(-std::fabs(z))); }
+
+// softmax of n values into out, as route() computes it (max subtracted, sum in index order).
+void softmax(const float* v, std::int64_t n, float* out) {
+  float mx = v[0];
+  for (std::int64_t i = 1; i < n; ++i) mx = std::max(mx, v[i]);
+  float sum = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[i] = std::exp(v[i] - mx);
+    sum += out[i];
+  }
+  const float inv = 1.0f / sum;
+  for (std::int64_t i = 0; i < n; ++i) out[i] *= inv;
+}
+
+struct Scratch {
+  std::vector<float> scores, v, dv;
+};
+
+void token_backward(const RouterConfig& cfg, const float* z, const float* bias, const std::int32_t* ids,
+                    const float* dw, float* dz, Scratch& s) {
+  const std::int64_t E = cfg.num_experts, K = cfg.top_k;
+  std::fill(dz, dz + E, 0.0f);
+  s.scores.resize(static_cast<std::size_t>(E));
+  s.v.resize(static_cast<std::size_t>(K));
+  s.dv.resize(static_cast<std::size_t>(K));
+  // The raw gate values v_k before renormalisation and scale.
+  switch (cfg.score_func) {
+    case ScoreFunc::softmax:
+      softmax(z, E, s.scores.data());
+      break;
+    case ScoreFunc::sigmoid:
+      for (std::int64_t e = 0; e < E; ++e) s.scores[e] = sigmoid(z[e]);
+      break;
+    case ScoreFunc::sqrt_softplus:
+      for (std::int64_t e = 0; e < E; ++e) s.scores[e] = std::sqrt(softplus(z[e]));
+      break;
+    case ScoreFunc::softmax_selected:
+    case ScoreFunc::sigmoid_selected:
+      break;
+  }
+  if (cfg.score_func == ScoreFunc::softmax_selected) {
+    for (std::int64_t k = 0; k < K; ++k) s.dv[k] = z[ids[k]];
+    softmax(s.dv.data(), K, s.v.data());
+  } else if (cfg.score_func == ScoreFunc::sigmoid_selected) {
+    for (std::int64_t k = 0; k < K; ++k) s.v[k] = sigmoid(z[ids[k]]);
+  } else {
+    const bool biased = cfg.weights_from == WeightsFrom::selection_scores && bias != nullptr;
+    for (std::int64_t k = 0; k < K; ++k) s.v[k] = s.scores[ids[k]] + (biased ? bias[ids[k]] : 0.0f);
+  }
+  // Renormalisation exactly as route() decides it.
+  bool renormed = false;
+  float denom = 1.0f;
+  if (cfg.renorm != Renorm::none && !(cfg.renorm_only_if_k_gt_1 && K == 1)) {
+    float sum = 0.0f;
+    for (std::int64_t k = 0; k < K; ++k) sum += s.v[k];
+    denom = cfg.renorm == Renorm::sum_eps ? sum + static_cast<float>(cfg.renorm_eps) : sum;
+    renormed = !cfg.guard_zero_sum || (denom != 0.0f && std::isfinite(denom));
+  }
+  const bool scaled = !(cfg.scale_only_without_renorm && renormed) && cfg.routed_scaling_factor != 1.0f;
+  const double c = scaled ? static_cast<double>(cfg.routed_scaling_factor) : 1.0;
+  // dL/dv: through the scale, then the renormalisation v'_k = v_k / denom.
+  if (renormed) {
+    double dot = 0.0;
+    for (std::int64_t k = 0; k < K; ++k) dot += c * dw[k] * s.v[k];
+    const double inv = 1.0 / denom;
+    for (std::int64_t k = 0; k < K; ++k) s.dv[k] = static_cast<float>((c * dw[k] - dot * inv) * inv);
+  } else {
+    for (std::int64_t k = 0; k < K; ++k) s.dv[k] = static_cast<float>(c * dw[k]);
+  }
+  // dL/dz through the score function.
+  switch (cfg.score_func) {
+    case ScoreFunc::softmax: {
+      double dot = 0.0;  // Σ_k dv_k p_{ids_k}
+      for (std::int64_t k = 0; k < K; ++k) dot += static_cast<double>(s.dv[k]) * s.scores[ids[k]];
+      for (std::int64_t e = 0; e < E; ++e) dz[e] = static_cast<float>(-s.scores[e] * dot);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::int32_t e = ids[k];
+        dz[e] = static_cast<float>(s.scores[e] * (static_cast<double>(s.dv[k]) - dot));
+      }
+      break;
+    }
+    case ScoreFunc::sigmoid:
+      for (std::int64_t k = 0; k < K; ++k) {
+        const float p = s.scores[ids[k]];
+        dz[ids[k]] = s.dv[k] * p * (1.0f - p);
+      }
+      break;
+    case ScoreFunc::sqrt_softplus:
+      // s = sqrt(softplus(z)): ds/dz = σ(z) / (2 s); 0 where s underflowed to 0.
+      for (std::int64_t k = 0; k < K; ++k) {
+        const float sv = s.scores[ids[k]];
+        dz[ids[k]] = sv > 0.0f ? s.dv[k] * sigmoid(z[ids[k]]) / (2.0f * sv) : 0.0f;
+      }
+      break;
+    case ScoreFunc::softmax_selected: {
+      double dot = 0.0;
+      for (std::int64_t k = 0; k < K; ++k) dot += static_cast<double>(s.dv[k]) * s.v[k];
+      for (std::int64_t k = 0; k < K; ++k)
+        dz[ids[k]] = static_cast<float>(s.v[k] * (static_cast<double>(s.dv[k]) - dot));
+      break;
+    }
+    case ScoreFunc::sigmoid_selected:
+      for (std::int64_t k = 0; k < K; ++k) dz[ids[k]] = s.dv[k] * s.v[k] * (1.0f - s.v[k]);
+      break;
+  }
+}
+
+}  // namespace
+
+Tensor router_backward(const RouterConfig& cfg, const TensorView& logits, const TensorView& ids,
+                       const TensorView& dweights, const TensorView& selection_bias) {
+  validate(cfg);
+  const std::int64_t E = cfg.num_experts, K = cfg.top_k;
+  if (!logits.defined() || logits.dtype() != DType::f32 || logits.rank() < 1 || logits.dim(-1) != E)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] logits must be f32 [..., " << E << "], got "
+                                                                                               << dtype_name(logits.dtype())
+                                                                                               << " "
+                                                                                               << shape_str(logits.shape())));
+  const std::int64_t T = logits.rows();
+  Shape routed = logits.shape();
+  routed.back() = K;
+  if (!ids.defined() || ids.dtype() != DType::i32 || ids.shape() != routed)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] ids must be i32 " << shape_str(routed)
+                                                                                      << ", got "
+                                                                                      << dtype_name(ids.dtype()) << " "
+                                                                                      << shape_str(ids.shape())));
+  if (!dweights.defined() || dweights.dtype() != DType::f32 || dweights.shape() != routed)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] dweights must be f32 "
+                                           << shape_str(routed) << ", got " << dtype_name(dweights.dtype()) << " "
+                                           << shape_str(dweights.shape())));
+  if (selection_bias.defined() &&
+      (selection_bias.dtype() != DType::f32 || selection_bias.rank() != 1 || selection_bias.dim(0) != E))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] selection_bias must be f32 ["
+                                           << E << "], got " << dtype_name(selection_bias.dtype()) << " "
+                                           << shape_str(selection_bias.shape())));
+  const std::int32_t* id = ids.data_as<const std::int32_t>();
+  for (std::int64_t i = 0; i < T * K; ++i)
+    if (id[i] < 0 || id[i] >= E)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] expert id " << id[i] << " at token " << i / K
+                                                                                  << ", slot " << i % K
+                                                                                  << " outside [0, " << E << ")"));
+  Tensor dz(logits.shape(), DType::f32);
+  const float* z = logits.data_as<const float>();
+  const float* dw = dweights.data_as<const float>();
+  const float* b = selection_bias.defined() ? selection_bias.data_as<const float>() : nullptr;
+  float* out = dz.data_as<float>();
+  detail::parallel_for(T, 16, [&](std::int64_t t0, std::int64_t t1) {
+    Scratch s;
+    for (std::int64_t t = t0; t < t1; ++t) token_backward(cfg, z + t * E, b, id + t * K, dw + t * K, out + t * E, s);
+  });
+  return dz;
+}
+
+void check_trainable(const MoeConfig& config) {
+  const RouterConfig& r = config.router;
+  if (r.top_k != 1) return;
+  const bool renormed = r.renorm != Renorm::none && !r.renorm_only_if_k_gt_1;
+  if (r.score_func == ScoreFunc::softmax_selected || renormed)
+    throw std::invalid_argument(MOEKIT_MSG(
+        "[moekit::check_trainable] " << config.model_type << " with top_k = 1 "
+                                     << (renormed ? "renormalises the one selected weight" : "takes a softmax over the one selected logit")
+                                     << ": every gate weight is the constant 1, so the router would never get a gradient; "
+                                        "use top_k >= 2 or a router without renormalisation"));
+}
+
+}  // namespace moekit
