@@ -8,6 +8,8 @@ class App;
 
 namespace moekit::cli {
 
+/// `moekit backward`: gradients of one MoE layer of a checkpoint, under its tensor names.
+void register_backward(CLI::App& app);
 /// `moekit bench`: a llama-bench-like table (shapes x dtypes x tokens x threads) against the
 /// machine's limits measured in the same run.
 void register_bench(CLI::App& app);

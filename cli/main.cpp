@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   CLI::App app{"moekit: Mixture-of-Experts layers, exact to each model family"};
   app.require_subcommand(1);
   moekit::cli::register_forward(app);
+  moekit::cli::register_backward(app);
   moekit::cli::register_inspect(app);
   moekit::cli::register_quantize(app);
   moekit::cli::register_demo(app);

@@ -30,6 +30,12 @@ struct MoeWeights {
   /// and whether they are used in place from the mapped file ("mapped") or were copied.
   std::string layout;
   bool mapped = false;
+  /// The block's tensor-name prefix in its checkpoint ("model.layers.3.mlp",
+  /// "language_model.model.layers.1.feed_forward"); empty for layers not loaded from one.
+  std::string block;
+  /// For stacked experts (layout "switch_mlp"): the container they sit in, relative to `block`
+  /// ("switch_mlp", or "experts" for mlx-lm's GPT-OSS).
+  std::string stacked_container;
 };
 
 /// What a forward can hand back besides y (a backward will need these).

@@ -4,10 +4,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "moekit/config.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/safetensors.hpp"
+#include "moekit/train.hpp"
 
 namespace moekit {
 
@@ -38,5 +41,28 @@ MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::i
 
 /// As load_moe_layer on an already-opened checkpoint (in-memory images, fuzzing).
 MoeLayer load_moe_layer(std::shared_ptr<const Checkpoint> checkpoint, const MoeConfig& config, std::int64_t layer);
+
+/// How one block's tensors are named and laid out in a checkpoint: the block prefix and one of
+/// load_moe_layer's expert layouts ("per_expert", "fused_gate_up", "fused_gate_up_transposed",
+/// "fused_gate_up_transposed_interleaved", "switch_mlp" with its container).
+struct StoredLayout {
+  std::string block;   ///< e.g. "model.layers.3.mlp"
+  std::string layout;
+  std::string stacked_container = "switch_mlp";
+};
+
+/// The layout `layer` was loaded from (its MoeWeights). Throws std::invalid_argument for a layer
+/// that was not loaded from a checkpoint.
+StoredLayout stored_layout(const MoeLayer& layer);
+
+/// `t` (a block's parameters, or their gradients: MoeTensors shapes) under the checkpoint's own
+/// tensor names, each shaped and laid out as stored there: per-expert tensors split out, gate
+/// and up fused (gate rows first) or fused transposed (Llama-4: gate columns first; GPT-OSS:
+/// interleaved, with the fused bias), mlx `switch_mlp` stacks, the family's router, shared
+/// expert and shared-gate names. The inverse of load_moe_layer's reading; the selection bias is
+/// not among them. Sorted by name. Throws std::invalid_argument for an unknown layout or a
+/// tensor of the wrong shape.
+std::vector<std::pair<std::string, Tensor>> stored_tensors(const MoeConfig& config, const StoredLayout& where,
+                                                           const MoeTensors& t);
 
 }  // namespace moekit

@@ -200,6 +200,7 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
       stacked = container;
   if (!stacked.empty()) {
     w.layout = "switch_mlp";
+    w.stacked_container = stacked;
     const std::string s = stacked + ".";
     if (gated) ex.gate = r.matrix(s + "gate_proj", E, F, D, ex.keep_alive, copied);
     ex.up = r.matrix(s + "up_proj", E, F, D, ex.keep_alive, copied);
@@ -342,6 +343,7 @@ MoeLayer load_moe_layer(std::shared_ptr<const Checkpoint> ckpt, const MoeConfig&
   reject_mxfp4(r, n);
   MoeWeights w;
   w.keep_alive.push_back(ckpt);
+  w.block = block;
   bool copied = false;
   const ExpertMatrix router = r.matrix(n.router, 0, E, D, w.keep_alive, copied);
   if (router.quantized()) {
