@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "moekit/layer.hpp"
 #include "moekit/routing.hpp"
@@ -101,5 +102,118 @@ struct BackwardOptions {
 /// (naming the element); `grads` is untouched then.
 Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorView& dy, MoeTensors& grads,
                 const BackwardOptions& options = {});
+
+}  // namespace moekit
+
+namespace moekit {
+
+// ---------------------------------------------------------------------------------------------
+// Aux-loss-free load balancing (Wang et al. 2024, Algorithm 1; TRAINING.md §2)
+
+/// How the selection bias moves once per step: sign: b_i += u · sign(c̄ − c_i) (sign(0) = 0);
+/// proportional: b_i += u · (c̄ − c_i) / c̄.
+enum class BalanceRule : std::uint8_t { sign, proportional };
+
+/// The bias update rate u as a function of the step (0-based, the step being finished):
+/// `rate` until `decay_start`, then linearly to `final_rate` at `decay_end` (if decay_end >
+/// decay_start), then `final_rate`; explicit `pieces` (step, rate), ascending, override that
+/// (the rate of the last piece whose step <= the current step); from `freeze_step` on (if >= 0)
+/// the rate is 0 (DeepSeek-V3 trains with u = 1e-3 and then freezes the bias).
+struct RateSchedule {
+  double rate = 1e-3;
+  std::int64_t decay_start = -1, decay_end = -1;
+  double final_rate = 0.0;
+  std::vector<std::pair<std::int64_t, double>> pieces;
+  std::int64_t freeze_step = -1;
+
+  double at(std::int64_t step) const;
+  /// Throws std::invalid_argument for a negative or non-finite rate, unsorted pieces, or
+  /// decay_end < decay_start.
+  void validate() const;
+};
+
+/// Load statistics of one set of expert counts (TRAINING.md §4).
+struct LoadMetrics {
+  double max_violation = 0;  ///< (max_i c_i − c̄) / c̄
+  std::int64_t dead_experts = 0;  ///< experts with c_i = 0
+  double entropy = 0;        ///< −Σ p_i ln p_i of p = c / Σc, in nats (ln E when balanced)
+  std::int64_t tokens = 0;   ///< Σ c_i (= T · K)
+};
+LoadMetrics load_metrics(const std::vector<std::int64_t>& counts);
+
+/// What one balancer update did.
+struct BalanceUpdate {
+  LoadMetrics load;          ///< of the step's counts (MaxVio_batch, dead experts, entropy)
+  double rate = 0;           ///< u used
+  double bias_min = 0, bias_mean = 0, bias_max = 0;  ///< after the update
+};
+
+/// The loss-free balancer of one MoE block: per-expert counts summed over the micro-batches of a
+/// step, then one update of the fp32 selection bias. Only what the caller counts is counted:
+/// count the training forwards of a step (count(saved) after forward_train), never evaluation or
+/// recomputed forwards (Megatron guards the same way). Under expert/data parallelism the counts
+/// are summed over ranks before update() (add_counts), so every rank holds the same bias.
+class LoadBalancer {
+ public:
+  LoadBalancer() = default;
+  /// Throws std::invalid_argument for num_experts < 1 or an invalid schedule.
+  LoadBalancer(std::int64_t num_experts, BalanceRule rule, RateSchedule rate);
+
+  /// Adds the expert counts of a training forward's routing.
+  void count(const SavedForward& saved);
+  /// Adds counts gathered elsewhere ([E], e.g. summed over ranks). Throws std::invalid_argument
+  /// for a wrong length or a negative count.
+  void add_counts(const std::vector<std::int64_t>& counts);
+  const std::vector<std::int64_t>& counts() const noexcept { return counts_; }
+
+  /// Applies the rule with u = rate.at(step) to `bias` ([E] f32, in place), resets the counts
+  /// and returns what it did. A step with no counted tokens leaves the bias as it is. Throws
+  /// std::invalid_argument for a bias of the wrong shape or dtype (counts kept then).
+  BalanceUpdate update(const Tensor& bias, std::int64_t step);
+
+  BalanceRule rule() const noexcept { return rule_; }
+  const RateSchedule& schedule() const noexcept { return rate_; }
+  std::int64_t num_experts() const noexcept { return static_cast<std::int64_t>(counts_.size()); }
+
+ private:
+  BalanceRule rule_ = BalanceRule::sign;
+  RateSchedule rate_;
+  std::vector<std::int64_t> counts_;
+};
+
+/// `config` with a selection bias switched on: a family without one (a softmax router) gets one
+/// for loss-free balancing, added to the scores for selection only; start it at zeros [E].
+MoeConfig with_selection_bias(MoeConfig config);
+
+// ---------------------------------------------------------------------------------------------
+// Auxiliary losses (TRAINING.md §3), for comparison runs and users who want them
+
+struct AuxLossOptions {
+  /// α of the Switch / GShard top-K load loss α · E/(K·T²) · Σ_i (Σ_t p_i(t)) · c_i, with p the
+  /// scores normalised over all E (softmax of the logits for softmax routers; s / Σ s for
+  /// sigmoid and sqrt-softplus scores). Uniform routing gives exactly α.
+  double switch_coef = 0;
+  /// α of DeepSeek-V3's sequence-wise loss α Σ_i f_i P_i per sequence, averaged over sequences:
+  /// f_i = E/(K·T_s) · #{t : i selected}, P_i = mean_t s_i(t) / Σ_j s_j(t) (unbiased scores).
+  double seq_coef = 0;
+  /// Token offset of each sequence's first token, ascending, starting at 0 (empty: the whole
+  /// batch is one sequence).
+  std::vector<std::int64_t> sequence_starts;
+  /// c_z of the router z-loss c_z / T · Σ_t (logsumexp z_t)² (ST-MoE).
+  double z_coef = 0;
+};
+
+struct AuxLosses {
+  double switch_loss = 0, seq_loss = 0, z_loss = 0;
+  /// [T, E] f32: dL_aux/dlogits (zero where every coefficient is 0), for BackwardOptions.
+  Tensor dlogits;
+  double total() const noexcept { return switch_loss + seq_loss + z_loss; }
+};
+
+/// The auxiliary losses of one forward (logits [T, E] and its routing ids [T, K]) and their
+/// gradient with respect to the logits; the counts are constants. Throws std::invalid_argument
+/// for a negative or non-finite coefficient, bad sequence starts, or mismatched shapes.
+AuxLosses aux_losses(const RouterConfig& cfg, const TensorView& logits, const TensorView& ids,
+                     const AuxLossOptions& options);
 
 }  // namespace moekit
