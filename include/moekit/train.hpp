@@ -217,3 +217,76 @@ AuxLosses aux_losses(const RouterConfig& cfg, const TensorView& logits, const Te
                      const AuxLossOptions& options);
 
 }  // namespace moekit
+
+namespace moekit {
+
+// ---------------------------------------------------------------------------------------------
+// Optimizers, clipping, learning-rate schedules (fp32 state; deterministic element order)
+
+/// Warm-up from 0 to `lr` over `warmup` steps (linear: step s < warmup gets lr · (s + 1) /
+/// warmup), then constant, or a cosine or linear decay to `min_lr` at `total_steps`.
+struct LrSchedule {
+  enum class Decay : std::uint8_t { constant, cosine, linear };
+  double lr = 1e-3;
+  std::int64_t warmup = 0;
+  std::int64_t total_steps = 0;  ///< the decay's end (ignored for constant)
+  Decay decay = Decay::cosine;
+  double min_lr = 0.0;
+
+  double at(std::int64_t step) const;
+  /// Throws std::invalid_argument for a negative or non-finite lr/min_lr, a negative warm-up,
+  /// or a decay whose total_steps <= warmup.
+  void validate() const;
+};
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.01;  ///< decoupled (p -= lr · wd · p), on weight matrices only, never biases
+};
+
+struct SgdOptions {
+  double momentum = 0.9;       ///< v = momentum · v + g; p -= lr · v
+  double weight_decay = 0.0;   ///< added to the gradient (g += wd · p) of weight matrices only
+  bool nesterov = false;
+};
+
+/// AdamW or SGD with momentum over one block's parameters (MoeTensors), fp32 state.
+class Optimizer {
+ public:
+  enum class Kind : std::uint8_t { adamw, sgd };
+  static Optimizer adamw(AdamWOptions options = {});
+  static Optimizer sgd(SgdOptions options = {});
+
+  /// One update of every parameter with its gradient at learning rate `lr`. The state is
+  /// allocated on the first step. Throws std::invalid_argument if params and grads disagree
+  /// (naming the tensor), or lr is negative or non-finite; nothing is updated then.
+  void step(MoeTensors& params, const MoeTensors& grads, double lr);
+
+  Kind kind() const noexcept { return kind_; }
+  std::int64_t steps() const noexcept { return steps_; }
+  const AdamWOptions& adamw_options() const noexcept { return adam_; }
+  const SgdOptions& sgd_options() const noexcept { return sgd_; }
+  /// The state as named tensors ("m.experts.up", "v.router", ...; SGD: "momentum.*"), for
+  /// checkpoints; empty before the first step.
+  std::vector<std::pair<std::string, Tensor>> state() const;
+  /// Restores state() output and the step count. Throws std::invalid_argument naming a missing,
+  /// unexpected or mis-shaped tensor (checked against `params`) before changing anything.
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, std::int64_t steps,
+                  const MoeTensors& params);
+
+ private:
+  Kind kind_ = Kind::adamw;
+  AdamWOptions adam_;
+  SgdOptions sgd_;
+  std::int64_t steps_ = 0;
+  MoeTensors m_, v_;  // Adam moments; SGD: m_ is the momentum buffer
+};
+
+/// The global L2 norm of every gradient in `grads` (summed in double, in a fixed order).
+double grad_norm(const std::vector<const MoeTensors*>& grads);
+/// Scales every gradient so that the global norm is at most `max_norm` (no change if it is
+/// already); returns the norm before clipping. Throws std::invalid_argument for max_norm <= 0
+/// and std::runtime_error if the norm is not finite (naming nothing changed).
+double clip_grad_norm(const std::vector<MoeTensors*>& grads, double max_norm);
+
+}  // namespace moekit
