@@ -1,6 +1,7 @@
 // The umbrella header: everything public in moekit.
 #pragma once
 
+#include "moekit/checkpoint.hpp"
 #include "moekit/config.hpp"
 #include "moekit/experts.hpp"
 #include "moekit/layer.hpp"
