@@ -432,12 +432,14 @@ std::string join_ints(const std::vector<std::int64_t>& v) {
 // Results
 
 struct Row {
+  std::string mode = "forward";  // "forward", or "train" (forward_train + backward)
   std::string shape, dtype, layout;
   std::int64_t tokens = 0;
   int threads = 0;
   double median_ms = 0, min_ms = 0, tokens_per_s = 0, gflops = 0, weight_gbs = 0;
   std::string limit;  // "gemm_peak" or "dram_read"
   double limit_value = 0, limit_pct = 0;
+  double saved_bytes_per_token = 0;  // train: what the training forward keeps for the backward
 };
 
 struct Limits {
@@ -469,7 +471,7 @@ double median_of(std::vector<double> v) {
 std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, const std::string& layout,
                            const std::vector<std::int64_t>& tokens,
                            const std::vector<std::int64_t>& threads, int reps, std::uint64_t seed,
-                           const Limits& limits, bool progress) {
+                           const Limits& limits, bool progress, bool train) {
   const double needed = layer_weight_bytes(s, format);
   const double avail = available_memory();
   if (avail >= 0 && needed + 256e6 > avail)
@@ -502,19 +504,42 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
                      static_cast<long long>(T), static_cast<long long>(nt));
       set_num_threads(static_cast<int>(nt));
       std::size_t next = 0;
-      Tensor y = layer->forward(inputs[next++ % kBatches]);  // warm-up
       std::vector<double> secs;
-      double touched = 0.0;
-      for (int r = 0; r < reps; ++r) {
-        ForwardInfo info;
-        const auto t0 = Clock::now();
-        y = layer->forward(inputs[next++ % kBatches], &info);
-        secs.push_back(seconds_since(t0));
-        std::int64_t active = 0;
-        for (const std::int64_t c : expert_counts(info.routing.ids, s.E)) active += c > 0;
-        touched += per_expert * static_cast<double>(active + s.shared);
+      double touched = 0.0, saved_bytes = 0.0;
+      if (!train) {
+        Tensor y = layer->forward(inputs[next++ % kBatches]);  // warm-up
+        for (int r = 0; r < reps; ++r) {
+          ForwardInfo info;
+          const auto t0 = Clock::now();
+          y = layer->forward(inputs[next++ % kBatches], &info);
+          secs.push_back(seconds_since(t0));
+          std::int64_t active = 0;
+          for (const std::int64_t c : expert_counts(info.routing.ids, s.E)) active += c > 0;
+          touched += per_expert * static_cast<double>(active + s.shared);
+        }
+      } else {
+        // One training step: forward_train + backward into gradient buffers kept between
+        // steps (as a training loop keeps them), dy = a fixed random tensor.
+        Tensor dy = Tensor::uninitialized({T, s.D}, DType::f32);
+        fill_random(dy, 1.0f, seed * 1000 + 7);
+        MoeTensors grads = MoeTensors::zeros_like(*layer);
+        for (int r = -1; r < reps; ++r) {  // r = -1: warm-up
+          const auto t0 = Clock::now();
+          SavedForward saved;
+          layer->forward_train(inputs[next++ % kBatches], saved);
+          backward(*layer, saved, dy, grads);
+          const double dt = seconds_since(t0);
+          if (r < 0) continue;
+          secs.push_back(dt);
+          saved_bytes = static_cast<double>(saved.nbytes()) / static_cast<double>(T);
+          std::int64_t active = 0;
+          for (const std::int64_t c : saved.routed.plan.counts) active += c > 0;
+          touched += per_expert * static_cast<double>(active + s.shared);
+        }
       }
       Row row;
+      row.mode = train ? "train" : "forward";
+      row.saved_bytes_per_token = saved_bytes;
       row.shape = s.name;
       row.dtype = format.name();
       row.layout = format.quantized() ? "affine" : layout;
@@ -524,7 +549,7 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
       row.median_ms = med * 1e3;
       row.min_ms = *std::min_element(secs.begin(), secs.end()) * 1e3;
       row.tokens_per_s = static_cast<double>(T) / med;
-      row.gflops = 2.0 * 3.0 * static_cast<double>(T) * static_cast<double>(s.K + s.shared) *
+      row.gflops = (train ? 3.0 : 1.0) * 2.0 * 3.0 * static_cast<double>(T) * static_cast<double>(s.K + s.shared) *
                    static_cast<double>(s.D) * static_cast<double>(s.F) / med * 1e-9;
       row.weight_gbs = touched / reps / med * 1e-9;
       if (T >= 128) {
@@ -592,11 +617,11 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
         t, v, static_cast<long long>(kPeakM), static_cast<long long>(kPeakN),
         static_cast<long long>(kPeakK));
   std::printf(
-      "\n| shape | dtype | layout | T | threads | median ms | min ms | tokens/s | GFLOP/s | weight GB/s | "
+      "\n| mode | shape | dtype | layout | T | threads | median ms | min ms | tokens/s | GFLOP/s | weight GB/s | "
       "vs. limit |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
-    std::printf("| %s | %s | %s | %lld | %d | %s | %s | %s | %s | %s | %.0f %% of %s |\n",
+    std::printf("| %s | %s | %s | %s | %lld | %d | %s | %s | %s | %s | %s | %.0f %% of %s |\n", r.mode.c_str(),
                 r.shape.c_str(), r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads,
                 sig3(r.median_ms).c_str(), sig3(r.min_ms).c_str(),
                 fmt("%.0f", r.tokens_per_s).c_str(), sig3(r.gflops).c_str(),
@@ -606,19 +631,25 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
       "the "
       "call's routing touched (+ shared) / median; vs. limit: T >= 128 GFLOP/s against the GEMM "
       "peak "
-      "at the row's threads, T < 128 weight GB/s against DRAM read.\n");
+      "at the row's threads, T < 128 weight GB/s against DRAM read. train: one step = forward_train + "
+      "backward, 3x the forward's FLOPs.\n");
+  for (const Row& r : rows)
+    if (r.mode == "train")
+      std::printf("- train %s T = %lld: the training forward keeps %s per token for the backward\n", r.shape.c_str(),
+                  static_cast<long long>(r.tokens), format_bytes(static_cast<std::size_t>(r.saved_bytes_per_token)).c_str());
 }
 
 void print_csv(const Header& h, const std::vector<Row>& rows) {
   std::printf(
-      "shape,dtype,layout,tokens,threads,median_ms,min_ms,tokens_per_s,gflops,weight_gbs,limit,limit_"
+      "mode,shape,dtype,layout,tokens,threads,median_ms,min_ms,tokens_per_s,gflops,weight_gbs,limit,limit_"
       "value,"
-      "limit_pct,cpu,simd,commit\n");
+      "limit_pct,saved_bytes_per_token,cpu,simd,commit\n");
   for (const Row& r : rows)
-    std::printf("%s,%s,%s,%lld,%d,%.4f,%.4f,%.2f,%.3f,%.3f,%s,%.3f,%.2f,%s,%s,%s\n", r.shape.c_str(),
+    std::printf("%s,%s,%s,%s,%lld,%d,%.4f,%.4f,%.2f,%.3f,%.3f,%s,%.3f,%.2f,%.0f,%s,%s,%s\n", r.mode.c_str(),
+                r.shape.c_str(),
                 r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads, r.median_ms, r.min_ms,
                 r.tokens_per_s, r.gflops, r.weight_gbs, r.limit.c_str(), r.limit_value, r.limit_pct,
-                csv_field(h.cpu).c_str(), csv_field(h.simd).c_str(), csv_field(h.commit).c_str());
+                r.saved_bytes_per_token, csv_field(h.cpu).c_str(), csv_field(h.simd).c_str(), csv_field(h.commit).c_str());
 }
 
 void print_json(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
@@ -657,7 +688,9 @@ void print_json(const Header& h, const Limits& l, const std::vector<const BenchS
                            {"shared", s->shared}});
   j["results"] = nlohmann::json::array();
   for (const Row& r : rows)
-    j["results"].push_back({{"shape", r.shape},
+    j["results"].push_back({{"mode", r.mode},
+                            {"saved_bytes_per_token", r.saved_bytes_per_token},
+                            {"shape", r.shape},
                             {"dtype", r.dtype},
                             {"layout", r.layout},
                             {"tokens", r.tokens},
@@ -675,7 +708,7 @@ void print_json(const Header& h, const Limits& l, const std::vector<const BenchS
 
 struct Options {
   std::string shape = "all", dtype = "f32,bf16", layout = "panels", tokens = "1,32,512", threads, reps = "5",
-              seed = "0", output = "md", dram_mib = "1024";
+              seed = "0", output = "md", dram_mib = "1024", mode = "forward";
 };
 
 void run_bench(const Options& o) {
@@ -688,13 +721,20 @@ void run_bench(const Options& o) {
   const int reps = static_cast<int>(parse_int(o.reps, "--reps", 1, 1000));
   const auto seed = static_cast<std::uint64_t>(parse_int(o.seed, "--seed", 0, INT64_MAX));
   const std::int64_t dram_mib = parse_int(o.dram_mib, "--dram-mib", 1, 1 << 20);
+  if (o.mode != "forward" && o.mode != "train")
+    throw std::invalid_argument("--mode '" + o.mode + "' is not a mode (expected forward or train)");
+  const bool train = o.mode == "train";
+  if (train)
+    for (const WeightFormat& d : dtypes)
+      if (d.quantized())
+        throw std::invalid_argument("--mode train needs float weights; " + d.name() + " has no gradient");
   if (o.output != "md" && o.output != "csv" && o.output != "json")
     throw std::invalid_argument("-o '" + o.output +
                                 "' is not an output format (expected md, csv or json)");
   const double avail = available_memory();
   for (const BenchShape* s : shapes)
     for (const WeightFormat& d : dtypes)
-      if (avail >= 0 && layer_weight_bytes(*s, d) + 256e6 > avail)
+      if (avail >= 0 && layer_weight_bytes(*s, d) * (train ? 3 : 1) + 256e6 > avail)
         throw std::runtime_error("out of memory: " + std::string(s->name) + " " + d.name() +
                                  " needs " + gb(layer_weight_bytes(*s, d)) +
                                  " of weights but only " + gb(avail) + " is available");
@@ -722,7 +762,7 @@ void run_bench(const Options& o) {
       for (const std::string& lay : layouts) {
         // Quantized experts have one layout (MLX's, read in place): run them once.
         if (d.quantized() && lay != layouts.front()) continue;
-        for (Row& r : run_shape(*s, d, lay, tokens, threads, reps, seed, limits, progress))
+        for (Row& r : run_shape(*s, d, lay, tokens, threads, reps, seed, limits, progress, train))
           rows.push_back(std::move(r));
       }
 
@@ -753,6 +793,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--layout", opt->layout,
                   "Expert weight layouts, comma list of panels (repacked at load for the outer-product "
                   "kernel) and rows (as stored, read in place: mapped checkpoints) (default panels)");
+  cmd->add_option("--mode", opt->mode,
+                  "forward (inference) or train (one training step: forward_train + backward, against 3x the "
+                  "forward's FLOPs) (default forward)");
   cmd->add_option("--tokens", opt->tokens, "Token counts T, comma list (default 1,32,512)");
   cmd->add_option("--threads", opt->threads,
                   "Thread counts, comma list (default 1 and the hardware thread count)");

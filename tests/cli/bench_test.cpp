@@ -61,21 +61,23 @@ TEST(BenchCli, CsvHasAHeaderAndOneRowPerCombination) {
   const std::vector<std::string> lines = split(r.out, '\n');
   ASSERT_EQ(lines.size(), 1u + 2 * 2 * 2 * 2) << r.out;
   const std::vector<std::string> header = split(lines[0], ',');
-  const std::vector<std::string> expected = {"shape",      "dtype",  "layout", "tokens",       "threads",
-                                             "median_ms",  "min_ms", "tokens_per_s", "gflops",
-                                             "weight_gbs", "limit",  "limit_value",  "limit_pct",
-                                             "cpu",        "simd",   "commit"};
+  const std::vector<std::string> expected = {"mode",       "shape",     "dtype",       "layout",
+                                             "tokens",     "threads",   "median_ms",   "min_ms",
+                                             "tokens_per_s", "gflops",  "weight_gbs",  "limit",
+                                             "limit_value", "limit_pct", "saved_bytes_per_token",
+                                             "cpu",        "simd",      "commit"};
   EXPECT_EQ(header, expected);
   std::set<std::tuple<std::string, std::string, std::string, std::string>> combos;
   for (std::size_t i = 1; i < lines.size(); ++i) {
     const std::vector<std::string> f = split(lines[i], ',');
     ASSERT_GE(f.size(), expected.size()) << lines[i];  // a CPU name may hold a quoted comma
-    EXPECT_EQ(f[0], "tiny");
-    combos.insert({f[1], f[2], f[3], f[4]});
-    for (int c : {5, 6, 7, 8, 9, 11})
+    EXPECT_EQ(f[0], "forward");
+    EXPECT_EQ(f[1], "tiny");
+    combos.insert({f[2], f[3], f[4], f[5]});
+    for (int c : {6, 7, 8, 9, 10, 12})
       EXPECT_GT(std::stod(f[c]), 0.0) << expected[c] << " in " << lines[i];
-    EXPECT_LE(std::stod(f[6]), std::stod(f[5])) << "min > median in " << lines[i];
-    EXPECT_EQ(f[10], f[3] == "128" ? "gemm_peak" : "dram_read") << lines[i];
+    EXPECT_LE(std::stod(f[7]), std::stod(f[6])) << "min > median in " << lines[i];
+    EXPECT_EQ(f[11], f[4] == "128" ? "gemm_peak" : "dram_read") << lines[i];
   }
   EXPECT_EQ(combos.size(), 16u) << "a (dtype, layout, T, threads) combination is missing or repeated";
 }
@@ -111,6 +113,25 @@ TEST(BenchCli, JsonParsesWithLimitsAndResults) {
   EXPECT_EQ(j["results"][1]["tokens"], 2);
 }
 
+TEST(BenchCli, TrainModeTimesAStepAndReportsSavedBytes) {
+  const BenchRun r = run_bench(tiny({"--mode", "train", "--dtype", "f32", "--tokens", "3,130", "--threads", "1",
+                                     "-o", "json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["mode"], "train");
+    EXPECT_GT(row["gflops"].get<double>(), 0.0);
+    EXPECT_GT(row["saved_bytes_per_token"].get<double>(), 0.0);
+  }
+  const BenchRun q = run_bench(tiny({"--mode", "train", "--dtype", "q4"}));
+  EXPECT_EQ(q.exit_code, 1);
+  EXPECT_NE(q.err.find("needs float weights"), std::string::npos) << q.err;
+  const BenchRun m = run_bench(tiny({"--mode", "sideways"}));
+  EXPECT_EQ(m.exit_code, 1);
+  EXPECT_NE(m.err.find("--mode 'sideways'"), std::string::npos) << m.err;
+}
+
 TEST(BenchCli, MarkdownIsAHeaderTheLimitsAndATable) {
   const BenchRun r = run_bench(tiny({"--dtype", "f32", "--tokens", "1,3,130", "--threads", "1"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -118,13 +139,13 @@ TEST(BenchCli, MarkdownIsAHeaderTheLimitsAndATable) {
   EXPECT_NE(r.out.find("machine: "), std::string::npos);
   EXPECT_NE(r.out.find("| DRAM read | 1 |"), std::string::npos);
   EXPECT_NE(r.out.find("| moekit GEMM peak (cached) | 1 |"), std::string::npos);
-  EXPECT_NE(r.out.find("| shape | dtype | layout | T | threads | median ms | min ms | tokens/s | GFLOP/s | "
+  EXPECT_NE(r.out.find("| mode | shape | dtype | layout | T | threads | median ms | min ms | tokens/s | GFLOP/s | "
                        "weight GB/s | vs. limit |"),
             std::string::npos)
       << r.out;
   int rows = 0;
   for (const std::string& line : split(r.out, '\n'))
-    if (line.rfind("| tiny | f32 | panels |", 0) == 0) {
+    if (line.rfind("| forward | tiny | f32 | panels |", 0) == 0) {
       ++rows;
       EXPECT_NE(line.find(line.find("| 130 |") != std::string::npos ? "of GEMM peak |"
                                                                     : "of DRAM read |"),
