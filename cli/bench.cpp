@@ -523,9 +523,9 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
         Tensor dy = Tensor::uninitialized({T, s.D}, DType::f32);
         fill_random(dy, 1.0f, seed * 1000 + 7);
         MoeTensors grads = MoeTensors::zeros_like(*layer);
+        SavedForward saved;  // reused step after step, as a training loop does
         for (int r = -1; r < reps; ++r) {  // r = -1: warm-up
           const auto t0 = Clock::now();
-          SavedForward saved;
           layer->forward_train(inputs[next++ % kBatches], saved);
           backward(*layer, saved, dy, grads);
           const double dt = seconds_since(t0);

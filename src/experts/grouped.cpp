@@ -19,6 +19,7 @@
 #include "moekit/threading.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
+#include "util/workspace.hpp"
 
 namespace moekit {
 
@@ -102,6 +103,21 @@ void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e,
   expert_down(w, e, s.up.data(), r, out, out_scale, split, accumulate);
 }
 
+// The trace's pre-activation buffers for `rows` rows: the ones it holds when their shape is
+// right (a training loop's SavedForward reused step after step keeps its pages), else new ones.
+void prepare_trace(ExpertTrace& trace, std::int64_t rows, std::int64_t F, bool gated, float*& gate, float*& up) {
+  const auto buffer = [&](Tensor& t, bool want) -> float* {
+    if (!want || !trace.keep_pre_activations) {
+      t = Tensor();
+      return nullptr;
+    }
+    if (t.shape() != Shape{rows, F} || t.dtype() != DType::f32) t = Tensor::uninitialized({rows, F}, DType::f32);
+    return t.data_as<float>();
+  };
+  up = buffer(trace.pre_up, true);
+  gate = buffer(trace.pre_gate, gated);
+}
+
 void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int64_t D) {
   if (!x.defined() || x.rank() != 2 || x.dtype() != DType::f32 || x.dim(1) != D)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] x must be f32 [T, " << D << "], got "
@@ -138,18 +154,7 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
   const std::int64_t K = plan.top_k;
   float* keep_gate = nullptr;
   float* keep_up = nullptr;
-  if (trace) {
-    trace->pre_gate = Tensor();
-    trace->pre_up = Tensor();
-    if (trace->keep_pre_activations) {
-      trace->pre_up = Tensor::uninitialized({T * K, F}, DType::f32);
-      keep_up = trace->pre_up.data_as<float>();
-      if (w.gate.defined()) {
-        trace->pre_gate = Tensor::uninitialized({T * K, F}, DType::f32);
-        keep_gate = trace->pre_gate.data_as<float>();
-      }
-    }
-  }
+  if (trace) prepare_trace(*trace, T * K, F, w.gate.defined(), keep_gate, keep_up);
   const float* xs = x.data_as<const float>();
   const float* ws = weights.data_as<const float>();
   float* ys = y.data_as<float>();
@@ -164,22 +169,9 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
       tasks.push_back({e, r, std::min(kRowChunk, plan.offsets[e + 1] - r)});
 
   // [T*K, D] expert outputs in sorted order. Every row is written before it is read, so the
-  // buffer is never zeroed. Up to kKeptWorkspace floats it is a per-calling-thread workspace
-  // that stays between calls (re-faulting tens of MB of fresh pages on every forward measured
-  // ~10 % of a T = 512 forward); larger, rarer calls get a buffer freed on return, so a huge
-  // batch never pins its workspace.
-  constexpr std::size_t kKeptWorkspace = std::size_t{64} << 20 >> 2;  // 64 MB of floats
-  const std::size_t need = static_cast<std::size_t>(T * K * D);
-  thread_local std::vector<float> workspace;
-  std::unique_ptr<float[]> large;
-  float* pair_out;
-  if (need <= kKeptWorkspace) {
-    if (workspace.size() < need) workspace.resize(need);
-    pair_out = workspace.data();
-  } else {
-    large.reset(new float[need]);
-    pair_out = large.get();
-  }
+  // buffer is never zeroed (util/workspace.hpp: kept per thread between calls).
+  const detail::Workspace workspace(static_cast<std::size_t>(T * K * D), detail::WorkspaceSlot::forward_rows);
+  float* pair_out = workspace.data();
   // Fewer tasks than threads (decode with K = 1 or 2): run the tasks one after another with each
   // GEMM split over the pool instead of leaving threads idle.
   const std::int64_t n_tasks = static_cast<std::int64_t>(tasks.size());
@@ -234,16 +226,7 @@ void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorV
   float* keep_up = nullptr;
   if (trace) {
     trace->plan = DispatchPlan();
-    trace->pre_gate = Tensor();
-    trace->pre_up = Tensor();
-    if (trace->keep_pre_activations) {
-      trace->pre_up = Tensor::uninitialized({T, F}, DType::f32);
-      keep_up = trace->pre_up.data_as<float>();
-      if (w.gate.defined()) {
-        trace->pre_gate = Tensor::uninitialized({T, F}, DType::f32);
-        keep_gate = trace->pre_gate.data_as<float>();
-      }
-    }
+    prepare_trace(*trace, T, F, w.gate.defined(), keep_gate, keep_up);
   }
   expert_rows(w, body, 0, {x.data_as<const float>(), D}, T, y.data_as<float>(), nullptr, local, true, accumulate,
               keep_gate, keep_up);

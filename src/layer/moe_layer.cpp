@@ -118,8 +118,10 @@ std::size_t SavedForward::nbytes() const noexcept {
 Tensor MoeLayer::forward(const TensorView& x, ForwardInfo* info) const { return forward_impl(x, info, nullptr); }
 
 Tensor MoeLayer::forward_train(const TensorView& x, SavedForward& saved, bool keep_pre_activations) const {
-  saved = SavedForward();
+  // The pre-activation buffers of a SavedForward used before are reused when their shapes fit.
+  saved.shared_gate_logits = Tensor();
   saved.routed.keep_pre_activations = saved.shared.keep_pre_activations = keep_pre_activations;
+  if (config_.shared_width == 0) saved.shared = ExpertTrace();
   return forward_impl(x, nullptr, &saved);
 }
 

@@ -30,6 +30,7 @@
 #include "moekit/train.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
+#include "util/workspace.hpp"
 
 namespace moekit {
 
@@ -295,7 +296,8 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
     src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
     slot_weight[static_cast<std::size_t>(i)] = ws[pair];
   }
-  std::vector<float> pair_dx(static_cast<std::size_t>(T * K * D));
+  // [T*K, D] dL/d(input row) in sorted order; every row is written before it is read.
+  const detail::Workspace pair_dx(static_cast<std::size_t>(T * K * D), detail::WorkspaceSlot::backward_rows);
   std::vector<float> pair_dg(static_cast<std::size_t>(T * K));
   const GradSink sink{ptr(g.gate), ptr(g.up), ptr(g.down), ptr(g.gate_bias), ptr(g.up_bias), ptr(g.down_bias)};
   std::vector<std::int64_t> active;
