@@ -8,6 +8,7 @@
 // Column tails go through a zero-padded copy of B's row and a buffered store, with the same
 // arithmetic per lane, so a column gives the same bits whichever tile or thread computed it.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -42,7 +43,9 @@ struct NnOps {
 };
 
 // gemm_tn: a(i, k) = A(k)[m + i] · sA(k); b(k, ·) = B(k) · sB(k) (rows gathered by RowSource).
-template <bool kScaled>
+// Each side's scale is its own template flag: an unscaled side pays no multiply (the backward's
+// dW_down scales only A, Llama-4's dW_gate/up only B).
+template <bool kScaledA, bool kScaledB>
 struct TnOps {
   RowSource A, B;
   int64_t m, n;
@@ -52,11 +55,11 @@ struct TnOps {
     float sa, sb;
   };
   Step step(int64_t k) const { return {A.row(k) + m, B.row(k) + n, A.factor(k), B.factor(k)}; }
-  float a_at(const Step& st, int i) const { return kScaled ? st.a[i] * st.sa : st.a[i]; }
+  float a_at(const Step& st, int i) const { return kScaledA ? st.a[i] * st.sa : st.a[i]; }
   template <bool kTail>
   hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t cols) const {
     const auto v = LoadRow<kTail>(df, st.b, j, cols);
-    if constexpr (kScaled) return hn::Mul(v, hn::Set(df, st.sb));
+    if constexpr (kScaledB) return hn::Mul(v, hn::Set(df, st.sb));
     return v;
   }
 };
@@ -68,9 +71,20 @@ constexpr int kNv = HWY_MAX_BYTES >= 64 ? 4 : 3;
 
 // Column blocks of B stay in L2 while every row tile of A passes over them: a block of
 // kNv·lanes columns × K rows is 196 KB at K = 2048 f32 on AVX2.
+// When all of B is small (gemm_tn over the few rows one expert got: K = 32 rows of N = 2048
+// is 256 KB), it stays in L2 anyway: then each row tile sweeps all of N instead, so C is written
+// row by row (contiguous stores) and A's elements of the tile are reused across the sweep. The
+// order of tiles never changes an element's chain.
+constexpr int64_t kSmallB = 256 * 1024;
+
 template <class MakeOps>
 HWY_INLINE void OuterGemm(const MakeOps& make, const Output& C, int64_t M, int64_t N, int64_t K) {
   const DF df;
+  if (K * N * static_cast<int64_t>(sizeof(float)) <= kSmallB) {
+    for (int64_t m = 0; m < M; m += kMr)
+      OuterRows<kNv, kMr>(static_cast<int>(std::min<int64_t>(kMr, M - m)), make, K, C, m, 0, N);
+    return;
+  }
   const int64_t block = kNv * static_cast<int64_t>(hn::Lanes(df));
   for (int64_t n0 = 0; n0 < N; n0 += block) {
     const int64_t n1 = std::min(N, n0 + block);
@@ -127,12 +141,12 @@ void NnBlocks(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int
   }
 }
 
-template <bool kScaled>
+template <bool kScaledA, bool kScaledB>
 struct TnMaker {
   const RowSource* A;
   const RowSource* B;
   template <int MR>
-  TnOps<kScaled> make(int64_t m, int64_t n) const {
+  TnOps<kScaledA, kScaledB> make(int64_t m, int64_t n) const {
     return {*A, *B, m, n};
   }
 };
@@ -163,11 +177,10 @@ void GemmNn(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t 
 }
 
 void GemmTn(const RowSource& A, const RowSource& B, const Output& C, int64_t M, int64_t N, int64_t K) {
-  if (A.scale || B.scale) {
-    OuterGemm(TnMaker<true>{&A, &B}, C, M, N, K);
-  } else {
-    OuterGemm(TnMaker<false>{&A, &B}, C, M, N, K);
-  }
+  if (A.scale && B.scale) return OuterGemm(TnMaker<true, true>{&A, &B}, C, M, N, K);
+  if (A.scale) return OuterGemm(TnMaker<true, false>{&A, &B}, C, M, N, K);
+  if (B.scale) return OuterGemm(TnMaker<false, true>{&A, &B}, C, M, N, K);
+  OuterGemm(TnMaker<false, false>{&A, &B}, C, M, N, K);
 }
 
 }  // namespace moekit::kernels::HWY_NAMESPACE
