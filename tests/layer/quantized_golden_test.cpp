@@ -4,6 +4,8 @@
 // 1e-5 · max|y_mlx|); every module the generator quantized is quantized in moekit too.
 #include <gtest/gtest.h>
 
+#include "util/json_print.hpp"
+
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -120,6 +120,7 @@ struct Case {
   const char* golden;
   std::int64_t layer;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.golden; }
 
 class QuantizedGolden : public ::testing::TestWithParam<Case> {};
 

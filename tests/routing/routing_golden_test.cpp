@@ -5,6 +5,8 @@
 // documented order (descending selection score, ties to the lower id).
 #include <gtest/gtest.h>
 
+#include "util/json_print.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
