@@ -437,3 +437,35 @@ TEST(RouterBackward, SigmoidRenormClosedForm) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+// The dispatch plan the backward walks: sorted_pairs and inverse are inverse permutations
+// (permute -> unpermute is the identity), rows grouped by expert in pair order, and permuting
+// the combine weights to sorted order and back gives them unchanged.
+TEST(BackwardSparse, PermuteThenUnpermuteIsTheIdentity) {
+  const Built b = build(Case{}, 21, 37);
+  SavedForward saved;
+  b.layer.forward_train(b.x, saved);
+  const DispatchPlan& p = saved.routed.plan;
+  const std::int64_t n = p.num_tokens * p.top_k;
+  ASSERT_EQ(static_cast<std::int64_t>(p.sorted_pairs.size()), n);
+  const std::int32_t* ids = saved.routing.ids.data_as<const std::int32_t>();
+  const float* w = saved.routing.weights.data_as<const float>();
+  std::vector<float> sorted(static_cast<std::size_t>(n)), back(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(p.inverse[p.sorted_pairs[i]], i);
+    EXPECT_EQ(p.sorted_pairs[p.inverse[i]], i);
+    sorted[i] = w[p.sorted_pairs[i]];
+    if (i > 0) {
+      const std::int32_t e0 = ids[p.sorted_pairs[i - 1]], e1 = ids[p.sorted_pairs[i]];
+      EXPECT_TRUE(e0 < e1 || (e0 == e1 && p.sorted_pairs[i - 1] < p.sorted_pairs[i]));
+    }
+  }
+  for (std::int64_t i = 0; i < n; ++i) back[i] = sorted[p.inverse[i]];
+  for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(back[i], w[i]);
+}
+
+}  // namespace
+}  // namespace moekit
