@@ -64,10 +64,12 @@ AuxLosses aux_losses(const RouterConfig& cfg, const TensorView& logits, const Te
                      const AuxLossOptions& o) {
   validate(cfg);
   const std::int64_t E = cfg.num_experts, K = cfg.top_k;
-  for (const auto& [v, name] : {std::pair{o.switch_coef, "switch_coef"}, std::pair{o.seq_coef, "seq_coef"},
-                                std::pair{o.z_coef, "z_coef"}})
-    if (!std::isfinite(v) || v < 0)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] " << name << " must be finite and >= 0, got " << v));
+  // (Not a structured binding: clang 14 cannot capture one in MOEKIT_MSG's lambda.)
+  for (const auto& coef : {std::pair{o.switch_coef, "switch_coef"}, std::pair{o.seq_coef, "seq_coef"},
+                           std::pair{o.z_coef, "z_coef"}})
+    if (!std::isfinite(coef.first) || coef.first < 0)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] " << coef.second << " must be finite and >= 0, got "
+                                                                     << coef.first));
   if (!logits.defined() || logits.dtype() != DType::f32 || logits.rank() != 2 || logits.dim(1) != E)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] logits must be f32 [T, " << E << "], got "
                                                                                          << dtype_name(logits.dtype())

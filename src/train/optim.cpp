@@ -162,19 +162,22 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& st
     steps_ = 0;
     return;
   }
-  for (const auto& [prefix, dst] : slots)
-    for (const auto& [name, p] : ps) {
-      const auto it = given.find(prefix + name);
+  // (No structured bindings here: clang 14 cannot capture them in MOEKIT_MSG's lambda.)
+  for (const auto& slot : slots)
+    for (const auto& param : ps) {
+      const std::string key = slot.first + param.first;
+      const Shape& shape = param.second.shape();
+      const auto it = given.find(key);
       if (it == given.end())
-        throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::load_state] missing '" << prefix << name << "'"));
-      if (it->second.shape() != p.shape() || it->second.dtype() != DType::f32)
-        throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::load_state] '" << prefix << name << "' is "
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::load_state] missing '" << key << "'"));
+      if (it->second.shape() != shape || it->second.dtype() != DType::f32)
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::load_state] '" << key << "' is "
                                                                                    << dtype_name(it->second.dtype())
                                                                                    << " "
                                                                                    << shape_str(it->second.shape())
                                                                                    << ", the parameter f32 "
-                                                                                   << shape_str(p.shape())));
-      *member(*dst, name) = it->second.clone();
+                                                                                   << shape_str(shape)));
+      *member(*slot.second, param.first) = it->second.clone();
       given.erase(it);
     }
   if (!given.empty())
