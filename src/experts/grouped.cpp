@@ -81,7 +81,6 @@ void expert_down(const ExpertWeights& w, std::int64_t e, const float* h, std::in
 
 namespace {
 
-
 // r rows of xin (read in place: gathered and scaled as the RowSource says) -> out [r, D] (+)=
 // body(rows) · out_scale for expert e. `split` spreads each GEMM's columns over the pool (for
 // fewer tasks than threads, and the dense shared expert); the elements and their summation
