@@ -21,23 +21,9 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// softmax over n values with max subtraction; sum in index order.
-void softmax_inplace(float* v, std::int64_t n) {
-  float mx = v[0];
-  for (std::int64_t i = 1; i < n; ++i) mx = std::max(mx, v[i]);
-  float sum = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) {
-    v[i] = std::exp(v[i] - mx);
-    sum += v[i];
-  }
-  const float inv = 1.0f / sum;
-  for (std::int64_t i = 0; i < n; ++i) v[i] *= inv;
-}
-
-inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
-
-// softplus(z) = log(1 + e^z), computed without overflow.
-inline float softplus(float z) { return std::max(z, 0.0f) + std::log1p(std::exp(-std::fabs(z))); }
+void softmax_inplace(float* v, std::int64_t n) { kernels::router_softmax(v, n, v); }
+inline float sigmoid(float z) { return kernels::router_sigmoid(z); }
+inline float softplus(float z) { return kernels::router_softplus(z); }
 
 // Descending by value, ties to the lower index: the one ordering used for groups and experts.
 struct ByScore {

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/activation.hpp"
 #include "moekit/train.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
@@ -14,21 +15,9 @@ namespace moekit {
 
 namespace {
 
-inline float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
-inline float softplus(float z) { return std::max(z, 0.0f) + std::log1p(std::exp(-std::fabs(z))); }
-
-// softmax of n values into out, as route() computes it (max subtracted, sum in index order).
-void softmax(const float* v, std::int64_t n, float* out) {
-  float mx = v[0];
-  for (std::int64_t i = 1; i < n; ++i) mx = std::max(mx, v[i]);
-  float sum = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) {
-    out[i] = std::exp(v[i] - mx);
-    sum += out[i];
-  }
-  const float inv = 1.0f / sum;
-  for (std::int64_t i = 0; i < n; ++i) out[i] *= inv;
-}
+void softmax(const float* v, std::int64_t n, float* out) { kernels::router_softmax(v, n, out); }
+float sigmoid(float z) { return kernels::router_sigmoid(z); }
+float softplus(float z) { return kernels::router_softplus(z); }
 
 struct Scratch {
   std::vector<float> scores, v, dv;
