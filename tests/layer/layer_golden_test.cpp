@@ -11,6 +11,7 @@
 
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
+#include "util/golden_knobs.hpp"
 #include "util/compare.hpp"
 
 namespace moekit {
@@ -25,9 +26,7 @@ nlohmann::json manifest() {
 }
 
 // The knobs a golden may override to reproduce an mlx-lm quirk.
-void apply_overrides(RouterConfig& r, const nlohmann::json& o) {
-  for (const auto& [key, v] : o.items()) set_router_knob(r, key, v.is_string() ? v.get<std::string>() : v.dump());
-}
+using testing::apply_overrides;
 
 TEST(LayerGolden, EveryFamilyMatchesItsReference) {
   const nlohmann::json m = manifest();

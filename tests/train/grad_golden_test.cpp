@@ -14,6 +14,7 @@
 #include "cli/run_cli.hpp"
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
+#include "util/golden_knobs.hpp"
 #include "moekit/train.hpp"
 
 namespace moekit {
@@ -28,9 +29,7 @@ nlohmann::json manifest() {
   return nlohmann::json::parse(in);
 }
 
-void apply_overrides(RouterConfig& r, const nlohmann::json& o) {
-  for (const auto& [key, v] : o.items()) set_router_knob(r, key, v.is_string() ? v.get<std::string>() : v.dump());
-}
+using testing::apply_overrides;
 
 // f32 contents of a (possibly unaligned) mapped tensor.
 std::vector<float> floats(const SafetensorsFile& f, const std::string& name) {
