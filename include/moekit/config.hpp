@@ -108,6 +108,26 @@ std::string supported_model_types();
 /// or ill-typed required field (naming it), or a RouterConfig that fails validate().
 MoeConfig parse_hf_config(std::string_view json_text);
 
+/// The sizes of a block built from a family's preset (training from scratch).
+struct BlockShape {
+  std::int64_t hidden_size = 0;   ///< D
+  std::int64_t num_experts = 0;   ///< E
+  std::int64_t top_k = 0;         ///< K
+  std::int64_t expert_width = 0;  ///< F
+  std::int64_t shared_experts = -1;  ///< shared experts of width F; -1: the family's own default
+  std::int64_t num_layers = 1;    ///< decoder layers, every one an MoE block
+  /// Adds moekit's `moekit_selection_bias` field (a selection bias for loss-free balancing) to a
+  /// family without one; no effect on families that have one.
+  bool selection_bias = false;
+};
+
+/// A config.json text for family `model_type` (any parse_hf_config accepts) with these sizes and
+/// the family's routing as a from-scratch block uses it (DeepSeek: one group, scaling factor 1;
+/// every layer an MoE block). parse_hf_config reads it back to exactly these sizes. Throws
+/// std::invalid_argument for an unknown family, a shared-expert count the family cannot have,
+/// or sizes parse_hf_config refuses (naming the field).
+std::string preset_config_json(const std::string& model_type, const BlockShape& shape);
+
 /// Reads and parses `path` (a config.json file or a folder holding one). Throws
 /// std::runtime_error if it cannot be read, else as parse_hf_config (message names the file).
 MoeConfig load_hf_config(const std::string& path);

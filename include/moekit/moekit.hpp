@@ -5,6 +5,7 @@
 #include "moekit/config.hpp"
 #include "moekit/experts.hpp"
 #include "moekit/layer.hpp"
+#include "moekit/lm.hpp"
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
 #include "moekit/quantize.hpp"

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -250,7 +251,17 @@ struct SgdOptions {
   bool nesterov = false;
 };
 
-/// AdamW or SGD with momentum over one block's parameters (MoeTensors), fp32 state.
+/// Named f32 tensors in a fixed order: parameters, their gradients, optimizer state.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+/// `t`'s members (MoeTensors::for_each order and names) with `prefix` before each name; the
+/// tensors share `t`'s storage.
+NamedTensors named_tensors(const MoeTensors& t, const std::string& prefix = "");
+
+/// AdamW or SGD with momentum over named parameters (one block's MoeTensors, or every tensor of
+/// a whole model), fp32 state keyed by name. Weight decay applies to every tensor whose name
+/// contains neither "bias" nor "norm" (weight matrices and embeddings, never biases or norm
+/// gains).
 class Optimizer {
  public:
   enum class Kind : std::uint8_t { adamw, sgd };
@@ -261,6 +272,10 @@ class Optimizer {
   /// allocated on the first step. Throws std::invalid_argument if params and grads disagree
   /// (naming the tensor), or lr is negative or non-finite; nothing is updated then.
   void step(MoeTensors& params, const MoeTensors& grads, double lr);
+  /// The same over named tensors: `grads` must name the same tensors in the same order, with
+  /// the same shapes (f32). The update of each element depends only on its own values, so it
+  /// is the same bits whatever else is in the list.
+  void step(const NamedTensors& params, const NamedTensors& grads, double lr);
 
   Kind kind() const noexcept { return kind_; }
   std::int64_t steps() const noexcept { return steps_; }
@@ -273,13 +288,14 @@ class Optimizer {
   /// unexpected or mis-shaped tensor (checked against `params`) before changing anything.
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, std::int64_t steps,
                   const MoeTensors& params);
+  void load_state(const NamedTensors& state, std::int64_t steps, const NamedTensors& params);
 
  private:
   Kind kind_ = Kind::adamw;
   AdamWOptions adam_;
   SgdOptions sgd_;
   std::int64_t steps_ = 0;
-  MoeTensors m_, v_;  // Adam moments; SGD: m_ is the momentum buffer
+  std::map<std::string, Tensor> m_, v_;  // Adam moments; SGD: m_ is the momentum buffer
 };
 
 /// The global L2 norm of every gradient in `grads` (summed in double, in a fixed order).
@@ -288,5 +304,8 @@ double grad_norm(const std::vector<const MoeTensors*>& grads);
 /// already); returns the norm before clipping. Throws std::invalid_argument for max_norm <= 0
 /// and std::runtime_error if the norm is not finite (naming nothing changed).
 double clip_grad_norm(const std::vector<MoeTensors*>& grads, double max_norm);
+/// The same over named gradients (summed in list order).
+double grad_norm(const NamedTensors& grads);
+double clip_grad_norm(const NamedTensors& grads, double max_norm);
 
 }  // namespace moekit

@@ -233,22 +233,50 @@ void minimax_m2(const Fields& f, MoeConfig& c) {
   c.names.down_proj = "w2";
 }
 
+// --- presets: the same fields written back, for blocks trained from scratch ---------------
+
+// Shared experts: how a family states them, and how many it ships with.
+enum class SharedKind { none, count, width, one };
+
+struct Preset {
+  const char* experts_key;  // field of E
+  const char* width_key;    // field of F
+  SharedKind shared;
+  std::int64_t default_shared;  // shared experts when the caller does not say
+  json fixed;               // the family's routing fields as a from-scratch block uses them
+};
+
 struct Family {
   std::vector<const char*> model_types;
   std::function<void(const Fields&, MoeConfig&)> read;
+  Preset preset;
 };
 
 const std::vector<Family>& families() {
   static const std::vector<Family> kFamilies = {
-      {{"deepseek_v2"}, deepseek_v2},
-      {{"deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe"}, deepseek_v3},
-      {{"mixtral"}, mixtral},
-      {{"qwen2_moe"}, qwen2_moe},
-      {{"qwen3_moe"}, qwen3_moe},
-      {{"olmoe"}, olmoe},
-      {{"gpt_oss"}, gpt_oss},
-      {{"llama4", "llama4_text"}, llama4},
-      {{"minimax_m2", "minimax"}, minimax_m2},
+      {{"deepseek_v2"},
+       deepseek_v2,
+       {"n_routed_experts", "moe_intermediate_size", SharedKind::count, 2,
+        {{"topk_method", "greedy"}, {"norm_topk_prob", false}, {"routed_scaling_factor", 1.0}}}},
+      {{"deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe"},
+       deepseek_v3,
+       {"n_routed_experts", "moe_intermediate_size", SharedKind::count, 1,
+        {{"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"n_group", 1}, {"topk_group", 1},
+         {"norm_topk_prob", true}, {"routed_scaling_factor", 1.0}}}},
+      {{"mixtral"}, mixtral, {"num_local_experts", "intermediate_size", SharedKind::none, 0, json::object()}},
+      {{"qwen2_moe"},
+       qwen2_moe,
+       {"num_experts", "moe_intermediate_size", SharedKind::width, 1, {{"norm_topk_prob", false}}}},
+      {{"qwen3_moe"}, qwen3_moe, {"num_experts", "moe_intermediate_size", SharedKind::none, 0, {{"norm_topk_prob", true}}}},
+      {{"olmoe"}, olmoe, {"num_experts", "intermediate_size", SharedKind::none, 0, {{"norm_topk_prob", false}}}},
+      {{"gpt_oss"}, gpt_oss, {"num_local_experts", "intermediate_size", SharedKind::none, 0, {{"swiglu_limit", 7.0}}}},
+      {{"llama4", "llama4_text"},
+       llama4,
+       {"num_local_experts", "intermediate_size", SharedKind::one, 1, {{"interleave_moe_layer_step", 1}}}},
+      {{"minimax_m2", "minimax"},
+       minimax_m2,
+       {"num_local_experts", "intermediate_size", SharedKind::none, 0,
+        {{"scoring_func", "sigmoid"}, {"use_routing_bias", true}}}},
   };
   return kFamilies;
 }
@@ -358,6 +386,12 @@ MoeConfig parse_hf_config(std::string_view json_text) {
   c.body = body_from_act(f, true);
   family->read(f, c);
   c.quantization = parse_quantization(root, model_type);
+  // moekit's own extension: a selection bias for loss-free balancing on a family without one
+  // (written by `moekit train`; docs/formats.md), stored beside the router.
+  if (f.boolean("moekit_selection_bias", false) && !c.router.has_selection_bias) {
+    c.router.has_selection_bias = true;
+    c.names.selection_bias = c.names.router + ".e_score_correction_bias";
+  }
 
   const auto positive = [&](const char* what, std::int64_t v) {
     if (v < 1)
@@ -455,6 +489,47 @@ const char* body_name(BodyKind kind) noexcept {
       return "mlp_silu";
   }
   return "unknown";
+}
+
+std::string preset_config_json(const std::string& model_type, const BlockShape& shape) {
+  const Family* family = nullptr;
+  for (const Family& fam : families())
+    for (const char* t : fam.model_types)
+      if (model_type == t) family = &fam;
+  if (family == nullptr)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::preset_config_json] unknown family '"
+                                           << model_type << "' (supported: " << supported_model_types() << ")"));
+  const Preset& p = family->preset;
+  const std::int64_t shared = shape.shared_experts < 0 ? p.default_shared : shape.shared_experts;
+  if (p.shared == SharedKind::none && shared != 0)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::preset_config_json] " << model_type
+                                                                          << " has no shared experts (asked for "
+                                                                          << shared << ")"));
+  if (p.shared == SharedKind::one && shared != 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::preset_config_json] " << model_type
+                                                                          << " always has exactly one shared expert "
+                                                                             "(asked for "
+                                                                          << shared << ")"));
+  if (p.shared == SharedKind::width && shared > 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::preset_config_json] " << model_type
+                                                                          << " has at most one shared expert (asked for "
+                                                                          << shared << ")"));
+  json j = p.fixed;
+  j["model_type"] = model_type;
+  j["hidden_size"] = shape.hidden_size;
+  j["num_hidden_layers"] = shape.num_layers;
+  j["num_experts_per_tok"] = shape.top_k;
+  j[p.experts_key] = shape.num_experts;
+  j[p.width_key] = shape.expert_width;
+  if (p.shared == SharedKind::count) {
+    j["n_shared_experts"] = shared;
+    j["first_k_dense_replace"] = 0;
+  }
+  if (p.shared == SharedKind::width) j["shared_expert_intermediate_size"] = shared * shape.expert_width;
+  if (shape.selection_bias) j["moekit_selection_bias"] = true;
+  std::string text = j.dump(2);
+  parse_hf_config(text);  // what it writes must read back: sizes and knobs validated here
+  return text;
 }
 
 }  // namespace moekit

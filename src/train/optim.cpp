@@ -10,35 +10,32 @@ namespace moekit {
 
 namespace {
 
-using Named = std::vector<std::pair<std::string, Tensor>>;
-
-Named named(const MoeTensors& t) {
-  Named out;
-  t.for_each([&](const std::string& name, const Tensor& v) { out.emplace_back(name, v); });
-  return out;
+// Weight decay applies to matrices and embeddings, never to biases or norm gains.
+bool decays(const std::string& name) {
+  return name.find("bias") == std::string::npos && name.find("norm") == std::string::npos;
 }
 
-// Weight decay applies to matrices, never to biases (the usual convention).
-bool decays(const std::string& name) { return name.find("bias") == std::string::npos; }
-
-Tensor* member(MoeTensors& t, const std::string& name) {
-  Tensor* all[] = {&t.router, &t.router_bias, &t.gate, &t.up, &t.down, &t.gate_bias, &t.up_bias, &t.down_bias,
-                   &t.shared_gate_proj, &t.shared_up_proj, &t.shared_down_proj, &t.shared_gate};
-  const char* names[] = {"router", "router_bias", "experts.gate", "experts.up", "experts.down", "experts.gate_bias",
-                         "experts.up_bias", "experts.down_bias", "shared.gate_proj", "shared.up_proj",
-                         "shared.down_proj", "shared_gate"};
-  for (std::size_t i = 0; i < 12; ++i)
-    if (name == names[i]) return all[i];
-  return nullptr;
-}
-
-MoeTensors zeros_shaped(const MoeTensors& like) {
-  MoeTensors z;
-  like.for_each([&](const std::string& name, const Tensor& t) { *member(z, name) = Tensor(t.shape(), DType::f32); });
-  return z;
+void check_pairs(const NamedTensors& ps, const NamedTensors& gs) {
+  if (ps.size() != gs.size())
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::step] " << ps.size() << " parameters but "
+                                                                        << gs.size() << " gradients"));
+  for (std::size_t i = 0; i < ps.size(); ++i)
+    if (ps[i].first != gs[i].first || ps[i].second.shape() != gs[i].second.shape() ||
+        gs[i].second.dtype() != DType::f32 || ps[i].second.dtype() != DType::f32)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::step] parameter " << ps[i].first << " "
+                                                                                    << shape_str(ps[i].second.shape())
+                                                                                    << " vs gradient " << gs[i].first
+                                                                                    << " "
+                                                                                    << shape_str(gs[i].second.shape())));
 }
 
 }  // namespace
+
+NamedTensors named_tensors(const MoeTensors& t, const std::string& prefix) {
+  NamedTensors out;
+  t.for_each([&](const std::string& name, const Tensor& v) { out.emplace_back(prefix + name, v); });
+  return out;
+}
 
 double LrSchedule::at(std::int64_t step) const {
   if (warmup > 0 && step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
@@ -83,23 +80,29 @@ Optimizer Optimizer::sgd(SgdOptions options) {
 }
 
 void Optimizer::step(MoeTensors& params, const MoeTensors& grads, double lr) {
+  step(named_tensors(params), named_tensors(grads), lr);
+}
+
+void Optimizer::step(const NamedTensors& ps, const NamedTensors& gs, double lr) {
   if (!std::isfinite(lr) || lr < 0)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::step] lr must be finite and >= 0, got " << lr));
-  const Named ps = named(params), gs = named(grads);
-  if (ps.size() != gs.size())
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::step] " << ps.size() << " parameters but "
-                                                                        << gs.size() << " gradients"));
-  for (std::size_t i = 0; i < ps.size(); ++i)
-    if (ps[i].first != gs[i].first || ps[i].second.shape() != gs[i].second.shape() ||
-        gs[i].second.dtype() != DType::f32 || ps[i].second.dtype() != DType::f32)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::step] parameter " << ps[i].first << " "
-                                                                                    << shape_str(ps[i].second.shape())
-                                                                                    << " vs gradient " << gs[i].first
-                                                                                    << " "
-                                                                                    << shape_str(gs[i].second.shape())));
-  if (steps_ == 0 && named(m_).empty()) {
-    m_ = zeros_shaped(params);
-    if (kind_ == Kind::adamw) v_ = zeros_shaped(params);
+  check_pairs(ps, gs);
+  // The state is allocated on the first step; later steps must update the same tensors.
+  if (m_.empty()) {
+    for (const auto& [name, t] : ps) {
+      m_[name] = Tensor(t.shape(), DType::f32);
+      if (kind_ == Kind::adamw) v_[name] = Tensor(t.shape(), DType::f32);
+    }
+  } else {
+    bool same = m_.size() == ps.size();
+    for (std::size_t i = 0; same && i < ps.size(); ++i) {
+      const auto it = m_.find(ps[i].first);
+      same = it != m_.end() && it->second.shape() == ps[i].second.shape();
+    }
+    if (!same)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::step] the parameters differ from those of the first "
+                                             "step (" << m_.size() << " tensors in the state, "
+                                                      << ps.size() << " given)"));
   }
   ++steps_;
   const float flr = static_cast<float>(lr);
@@ -113,8 +116,8 @@ void Optimizer::step(MoeTensors& params, const MoeTensors& grads, double lr) {
     for (std::size_t i = 0; i < ps.size(); ++i) {
       float* p = ps[i].second.data_as<float>();
       const float* g = gs[i].second.data_as<const float>();
-      float* m = member(m_, ps[i].first)->data_as<float>();
-      float* v = member(v_, ps[i].first)->data_as<float>();
+      float* m = m_.at(ps[i].first).data_as<float>();
+      float* v = v_.at(ps[i].first).data_as<float>();
       const float decay = decays(ps[i].first) ? 1.0f - flr * static_cast<float>(adam_.weight_decay) : 1.0f;
       for (std::int64_t j = 0; j < ps[i].second.numel(); ++j) {
         m[j] = b1 * m[j] + (1.0f - b1) * g[j];
@@ -128,7 +131,7 @@ void Optimizer::step(MoeTensors& params, const MoeTensors& grads, double lr) {
   for (std::size_t i = 0; i < ps.size(); ++i) {
     float* p = ps[i].second.data_as<float>();
     const float* g = gs[i].second.data_as<const float>();
-    float* buf = member(m_, ps[i].first)->data_as<float>();
+    float* buf = m_.at(ps[i].first).data_as<float>();
     const bool d = decays(ps[i].first);
     for (std::int64_t j = 0; j < ps[i].second.numel(); ++j) {
       const float gj = d ? g[j] + wd * p[j] : g[j];
@@ -138,30 +141,32 @@ void Optimizer::step(MoeTensors& params, const MoeTensors& grads, double lr) {
   }
 }
 
-std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
-  Named out;
+NamedTensors Optimizer::state() const {
+  NamedTensors out;
   const char* first = kind_ == Kind::adamw ? "m." : "momentum.";
-  for (auto& [name, t] : named(m_)) out.emplace_back(first + name, t);
+  for (const auto& [name, t] : m_) out.emplace_back(first + name, t);
   if (kind_ == Kind::adamw)
-    for (auto& [name, t] : named(v_)) out.emplace_back("v." + name, t);
+    for (const auto& [name, t] : v_) out.emplace_back("v." + name, t);
   return out;
 }
 
-void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state, std::int64_t steps,
-                           const MoeTensors& params) {
+void Optimizer::load_state(const NamedTensors& state, std::int64_t steps, const MoeTensors& params) {
+  load_state(state, steps, named_tensors(params));
+}
+
+void Optimizer::load_state(const NamedTensors& state, std::int64_t steps, const NamedTensors& ps) {
   if (steps < 0) throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::load_state] steps (" << steps << ") < 0"));
-  std::map<std::string, Tensor> given(state.begin(), state.end());
-  MoeTensors m, v;
-  const Named ps = named(params);
-  const std::vector<std::pair<std::string, MoeTensors*>> slots =
-      kind_ == Kind::adamw ? std::vector<std::pair<std::string, MoeTensors*>>{{"m.", &m}, {"v.", &v}}
-                           : std::vector<std::pair<std::string, MoeTensors*>>{{"momentum.", &m}};
   if (steps == 0 && state.empty()) {
-    m_ = MoeTensors();
-    v_ = MoeTensors();
+    m_.clear();
+    v_.clear();
     steps_ = 0;
     return;
   }
+  std::map<std::string, Tensor> given(state.begin(), state.end());
+  std::map<std::string, Tensor> m, v;
+  const std::vector<std::pair<std::string, std::map<std::string, Tensor>*>> slots =
+      kind_ == Kind::adamw ? std::vector<std::pair<std::string, std::map<std::string, Tensor>*>>{{"m.", &m}, {"v.", &v}}
+                           : std::vector<std::pair<std::string, std::map<std::string, Tensor>*>>{{"momentum.", &m}};
   // (No structured bindings here: clang 14 cannot capture them in MOEKIT_MSG's lambda.)
   for (const auto& slot : slots)
     for (const auto& param : ps) {
@@ -177,43 +182,64 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& st
                                                                                    << shape_str(it->second.shape())
                                                                                    << ", the parameter f32 "
                                                                                    << shape_str(shape)));
-      *member(*slot.second, param.first) = it->second.clone();
+      (*slot.second)[param.first] = it->second.clone();
       given.erase(it);
     }
   if (!given.empty())
     throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::load_state] unexpected '" << given.begin()->first
                                                                                           << "' for this optimizer"));
-  m_ = m;
-  v_ = v;
+  m_ = std::move(m);
+  v_ = std::move(v);
   steps_ = steps;
 }
 
-double grad_norm(const std::vector<const MoeTensors*>& grads) {
+namespace {
+double sum_squares(const Tensor& t) {
   double sum = 0;
-  for (const MoeTensors* g : grads)
-    g->for_each([&](const std::string&, const Tensor& t) {
-      const float* p = t.data_as<const float>();
-      for (std::int64_t i = 0; i < t.numel(); ++i) sum += static_cast<double>(p[i]) * p[i];
-    });
+  const float* p = t.data_as<const float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) sum += static_cast<double>(p[i]) * p[i];
+  return sum;
+}
+void scale_all(const Tensor& t, float s) {
+  float* p = t.data_as<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] *= s;
+}
+}  // namespace
+
+double grad_norm(const NamedTensors& grads) {
+  double sum = 0;
+  for (const auto& [name, t] : grads) sum += sum_squares(t);
   return std::sqrt(sum);
 }
 
-double clip_grad_norm(const std::vector<MoeTensors*>& grads, double max_norm) {
+double clip_grad_norm(const NamedTensors& grads, double max_norm) {
   if (!(max_norm > 0) || !std::isfinite(max_norm))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::clip_grad_norm] max_norm must be finite and > 0, got " << max_norm));
-  const std::vector<const MoeTensors*> cg(grads.begin(), grads.end());
-  const double norm = grad_norm(cg);
+  const double norm = grad_norm(grads);
   if (!std::isfinite(norm))
     throw std::runtime_error(MOEKIT_MSG("[moekit::clip_grad_norm] the gradient norm is " << norm
                                                                                          << "; nothing was scaled"));
   if (norm <= max_norm) return norm;
   const float s = static_cast<float>(max_norm / (norm + 1e-6));
-  for (MoeTensors* g : grads)
-    g->for_each([&](const std::string&, const Tensor& t) {
-      float* p = t.data_as<float>();
-      for (std::int64_t i = 0; i < t.numel(); ++i) p[i] *= s;
-    });
+  for (const auto& [name, t] : grads) scale_all(t, s);
   return norm;
+}
+
+namespace {
+NamedTensors all_named(const std::vector<const MoeTensors*>& blocks) {
+  NamedTensors out;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    NamedTensors one = named_tensors(*blocks[i], std::to_string(i) + ".");
+    out.insert(out.end(), one.begin(), one.end());
+  }
+  return out;
+}
+}  // namespace
+
+double grad_norm(const std::vector<const MoeTensors*>& grads) { return grad_norm(all_named(grads)); }
+
+double clip_grad_norm(const std::vector<MoeTensors*>& grads, double max_norm) {
+  return clip_grad_norm(all_named(std::vector<const MoeTensors*>(grads.begin(), grads.end())), max_norm);
 }
 
 }  // namespace moekit

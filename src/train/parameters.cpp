@@ -7,6 +7,7 @@
 #include "kernels/gemm.hpp"
 #include "moekit/train.hpp"
 #include "util/error.hpp"
+#include "util/splitmix.hpp"
 
 namespace moekit {
 
@@ -38,26 +39,7 @@ void keep(MoeWeights& w, const Tensor& t) {
   if (t.numel() > 0) w.keep_alive.push_back(std::make_shared<Tensor>(t));
 }
 
-// splitmix64: the seed's stream.
-std::uint64_t splitmix(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// N(0, std^2) values by Box-Muller from 53-bit uniforms, in index order.
-void fill_normal(Tensor& t, double std_dev, std::uint64_t& state) {
-  float* p = t.data_as<float>();
-  const std::int64_t n = t.numel();
-  for (std::int64_t i = 0; i < n; i += 2) {
-    const double u1 = (static_cast<double>(splitmix(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    const double u2 = static_cast<double>(splitmix(state) >> 11) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1)), a = 6.283185307179586 * u2;
-    p[i] = static_cast<float>(std_dev * r * std::cos(a));
-    if (i + 1 < n) p[i + 1] = static_cast<float>(std_dev * r * std::sin(a));
-  }
-}
+using detail::fill_normal;
 
 }  // namespace
 

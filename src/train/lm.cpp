@@ -1,0 +1,410 @@
+// The byte-level language model around the MoE blocks (moekit/lm.hpp): embedding, context
+// mixing, RMSNorm, residual MoE blocks, output projection and softmax cross-entropy, forward
+// and backward. Products go through the kernel layer; per-row work is split over rows and every
+// reduction over rows runs in row order, so results are the same bits for any thread count.
+#include "moekit/lm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+#include "kernels/gemm.hpp"
+#include "util/error.hpp"
+#include "util/splitmix.hpp"
+#include "util/thread_pool.hpp"
+
+namespace moekit {
+
+namespace {
+
+using kernels::Output;
+using kernels::RowSource;
+using kernels::WeightMatrix;
+
+WeightMatrix weight(const Tensor& w) { return WeightMatrix{w.data(), DType::f32, w.dim(1), kernels::WeightLayout::rows, {}}; }
+RowSource rows(const Tensor& t) { return RowSource{t.data_as<const float>(), t.dim(-1), nullptr, nullptr}; }
+
+void ensure(Tensor& t, const Shape& shape) {
+  if (t.shape() != shape || t.dtype() != DType::f32) t = Tensor::uninitialized(shape, DType::f32);
+}
+
+// out = x · r · g per row, r = 1 / sqrt(mean(x²) + eps) (the mean summed in double, in order).
+void rms_norm(const Tensor& x, const Tensor& g, float eps, Tensor& inv_rms, Tensor& out) {
+  const std::int64_t T = x.dim(0), D = x.dim(1);
+  ensure(inv_rms, {T});
+  ensure(out, {T, D});
+  const float* px = x.data_as<const float>();
+  const float* pg = g.data_as<const float>();
+  float* pr = inv_rms.data_as<float>();
+  float* po = out.data_as<float>();
+  detail::parallel_for(T, 64, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const float* row = px + t * D;
+      double ss = 0;
+      for (std::int64_t d = 0; d < D; ++d) ss += static_cast<double>(row[d]) * row[d];
+      const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(D) + eps));
+      pr[t] = r;
+      for (std::int64_t d = 0; d < D; ++d) po[t * D + d] = row[d] * r * pg[d];
+    }
+  });
+}
+
+// The backward of rms_norm: dx (+)= r·g·dy − r³·x·(Σ_d dy·g·x)/D per row; dg (+)= Σ_t dy·x·r.
+void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& inv_rms, const Tensor& g, Tensor& dx,
+                       bool add_dx, Tensor& dg, bool add_dg) {
+  const std::int64_t T = x.dim(0), D = x.dim(1);
+  const float* pdy = dy.data_as<const float>();
+  const float* px = x.data_as<const float>();
+  const float* pr = inv_rms.data_as<const float>();
+  const float* pg = g.data_as<const float>();
+  float* pdx = dx.data_as<float>();
+  detail::parallel_for(T, 64, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const float* a = pdy + t * D;
+      const float* b = px + t * D;
+      double s = 0;
+      for (std::int64_t d = 0; d < D; ++d) s += static_cast<double>(a[d]) * pg[d] * b[d];
+      const float r = pr[t];
+      const float c = static_cast<float>(s * r * r * r / static_cast<double>(D));
+      float* o = pdx + t * D;
+      for (std::int64_t d = 0; d < D; ++d) {
+        const float v = r * pg[d] * a[d] - c * b[d];
+        o[d] = add_dx ? o[d] + v : v;
+      }
+    }
+  });
+  float* pdg = dg.data_as<float>();
+  detail::parallel_for(D, 16, [&](std::int64_t d0, std::int64_t d1) {
+    for (std::int64_t d = d0; d < d1; ++d) {
+      float acc = add_dg ? pdg[d] : 0.0f;
+      for (std::int64_t t = 0; t < T; ++t) acc += pdy[t * D + d] * px[t * D + d] * pr[t];
+      pdg[d] = acc;
+    }
+  });
+}
+
+void check_shape(const Tensor& t, const Shape& want, const std::string& name) {
+  if (t.dtype() != DType::f32 || t.shape() != want)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] " << name << " must be f32 " << shape_str(want)
+                                                                      << ", got " << dtype_name(t.dtype()) << " "
+                                                                      << shape_str(t.shape())));
+}
+
+}  // namespace
+
+void LmConfig::validate() const {
+  const auto positive = [](const char* what, std::int64_t v) {
+    if (v < 1) throw std::invalid_argument(MOEKIT_MSG("[moekit::LmConfig] " << what << " (" << v << ") must be >= 1"));
+  };
+  positive("vocab", vocab);
+  positive("context", context);
+  positive("layers", block.num_layers);
+  positive("hidden_size", block.hidden_size);
+  if (vocab > std::numeric_limits<std::int32_t>::max())
+    throw std::invalid_argument("[moekit::LmConfig] vocab must fit int32");
+  if (!(norm_eps > 0) || !std::isfinite(norm_eps))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LmConfig] norm_eps (" << norm_eps << ") must be finite and > 0"));
+  const auto moe = block.moe_layer_indices();
+  if (static_cast<std::int64_t>(moe.size()) != block.num_layers)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LmConfig] every layer must be an MoE block; the config makes "
+                                           << block.num_layers - static_cast<std::int64_t>(moe.size()) << " of "
+                                           << block.num_layers << " dense"));
+  moekit::validate(block.router);
+  check_trainable(block);
+}
+
+NamedTensors LmParams::named() const {
+  NamedTensors out{{"embed", embed}, {"context_proj", context_proj}};
+  for (std::size_t l = 0; l < blocks.size(); ++l) {
+    const std::string prefix = "layers." + std::to_string(l) + ".";
+    if (l < norms.size()) out.emplace_back(prefix + "norm", norms[l]);
+    NamedTensors b = named_tensors(blocks[l], prefix);
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  out.emplace_back("final_norm", final_norm);
+  out.emplace_back("head", head);
+  return out;
+}
+
+LmParams LmParams::zeros_like(const LmParams& like) {
+  const auto z = [](const Tensor& t) { return Tensor(t.shape(), DType::f32); };
+  LmParams p;
+  p.embed = z(like.embed);
+  p.context_proj = z(like.context_proj);
+  for (const Tensor& n : like.norms) p.norms.push_back(z(n));
+  p.final_norm = z(like.final_norm);
+  p.head = z(like.head);
+  for (const MoeTensors& b : like.blocks) {
+    MoeTensors g;
+    const auto zm = [&](const Tensor& t) { return t.numel() > 0 ? z(t) : Tensor(); };
+    g.router = zm(b.router);
+    g.router_bias = zm(b.router_bias);
+    g.gate = zm(b.gate);
+    g.up = zm(b.up);
+    g.down = zm(b.down);
+    g.gate_bias = zm(b.gate_bias);
+    g.up_bias = zm(b.up_bias);
+    g.down_bias = zm(b.down_bias);
+    g.shared_gate_proj = zm(b.shared_gate_proj);
+    g.shared_up_proj = zm(b.shared_up_proj);
+    g.shared_down_proj = zm(b.shared_down_proj);
+    g.shared_gate = zm(b.shared_gate);
+    p.blocks.push_back(std::move(g));
+  }
+  return p;
+}
+
+LmParams init_lm_parameters(const LmConfig& config, std::uint64_t seed) {
+  config.validate();
+  const std::int64_t V = config.vocab, D = config.dim(), N = config.context, L = config.layers();
+  std::uint64_t state = seed;
+  const auto draw = [&](Shape shape, double std_dev) {
+    Tensor t(std::move(shape), DType::f32);
+    detail::fill_normal(t, std_dev, state);
+    return t;
+  };
+  LmParams p;
+  p.embed = draw({V, D}, 1.0);
+  p.context_proj = draw({D, N * D}, 1.0 / std::sqrt(static_cast<double>(N * D)));
+  p.head = draw({V, D}, 1.0 / std::sqrt(static_cast<double>(D)));
+  const auto ones = [&] {
+    Tensor t({D}, DType::f32);
+    std::fill_n(t.data_as<float>(), D, 1.0f);
+    return t;
+  };
+  p.final_norm = ones();
+  for (std::int64_t l = 0; l < L; ++l) {
+    p.norms.push_back(ones());
+    p.blocks.push_back(init_parameters(config.block, detail::splitmix(state)));
+  }
+  return p;
+}
+
+LmBatch make_lm_batch(const std::vector<std::uint8_t>& text, const std::vector<std::int64_t>& starts,
+                      std::int64_t seq_len, std::int64_t context) {
+  if (seq_len < 1 || context < 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::make_lm_batch] seq_len (" << seq_len << ") and context ("
+                                                                              << context << ") must be >= 1"));
+  const std::int64_t n = static_cast<std::int64_t>(text.size());
+  LmBatch b;
+  b.tokens = seq_len * static_cast<std::int64_t>(starts.size());
+  b.window.resize(static_cast<std::size_t>(b.tokens * context));
+  b.targets.resize(static_cast<std::size_t>(b.tokens));
+  std::int64_t row = 0;
+  for (const std::int64_t s : starts) {
+    if (s < 0 || s + seq_len >= n)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::make_lm_batch] a sequence at " << s << " of " << seq_len
+                                                                                      << " positions does not fit a text of "
+                                                                                      << n << " tokens"));
+    b.sequence_starts.push_back(row);
+    for (std::int64_t i = 0; i < seq_len; ++i, ++row) {
+      const std::int64_t p = s + i;
+      for (std::int64_t j = 0; j < context; ++j)
+        b.window[static_cast<std::size_t>(row * context + j)] = p - j >= 0 ? text[static_cast<std::size_t>(p - j)] : -1;
+      b.targets[static_cast<std::size_t>(row)] = text[static_cast<std::size_t>(p + 1)];
+    }
+  }
+  return b;
+}
+
+LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases)
+    : config_(std::move(config)), params_(std::move(params)), biases_(std::move(selection_biases)) {
+  config_.validate();
+  const std::int64_t V = config_.vocab, D = config_.dim(), N = config_.context, L = config_.layers();
+  const std::int64_t E = config_.block.router.num_experts;
+  check_shape(params_.embed, {V, D}, "embed");
+  check_shape(params_.context_proj, {D, N * D}, "context_proj");
+  check_shape(params_.final_norm, {D}, "final_norm");
+  check_shape(params_.head, {V, D}, "head");
+  if (static_cast<std::int64_t>(params_.norms.size()) != L || static_cast<std::int64_t>(params_.blocks.size()) != L)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] " << params_.norms.size() << " norms and "
+                                                                      << params_.blocks.size() << " blocks for " << L
+                                                                      << " layers"));
+  if (biases_.empty()) biases_.resize(static_cast<std::size_t>(L));
+  if (static_cast<std::int64_t>(biases_.size()) != L)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] " << biases_.size() << " selection biases for " << L
+                                                                      << " layers"));
+  for (std::int64_t l = 0; l < L; ++l) {
+    const std::string name = "layers." + std::to_string(l);
+    check_shape(params_.norms[static_cast<std::size_t>(l)], {D}, name + ".norm");
+    Tensor& bias = biases_[static_cast<std::size_t>(l)];
+    if (config_.block.router.has_selection_bias) {
+      if (bias.numel() == 0) bias = Tensor({E}, DType::f32);
+      check_shape(bias, {E}, name + " selection bias");
+    } else if (bias.numel() != 0) {
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] " << name
+                                                                        << ": a selection bias for a router without one"));
+    }
+    layers_.push_back(make_trainable_layer(config_.block, params_.blocks[static_cast<std::size_t>(l)], bias));
+  }
+}
+
+double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool training, bool keep,
+                                   std::vector<std::vector<std::int64_t>>* counts) const {
+  const std::int64_t T = batch.tokens, D = config_.dim(), N = config_.context, V = config_.vocab;
+  const std::int64_t L = config_.layers(), E = config_.block.router.num_experts;
+  if (T < 1 || static_cast<std::int64_t>(batch.window.size()) != T * N ||
+      static_cast<std::int64_t>(batch.targets.size()) != T)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] a batch of " << T << " tokens needs " << T * N
+                                                                                 << " window entries and " << T
+                                                                                 << " targets, got "
+                                                                                 << batch.window.size() << " and "
+                                                                                 << batch.targets.size()));
+  for (std::size_t i = 0; i < batch.window.size(); ++i)
+    if (batch.window[i] < -1 || batch.window[i] >= V)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] token " << batch.window[i] << " at window entry "
+                                                                              << i << " is outside [0, " << V << ")"));
+  for (std::size_t i = 0; i < batch.targets.size(); ++i)
+    if (batch.targets[i] < 0 || batch.targets[i] >= V)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] target " << batch.targets[i] << " of row " << i
+                                                                               << " is outside [0, " << V << ")"));
+  if (counts && (static_cast<std::int64_t>(counts->size()) != L))
+    counts->assign(static_cast<std::size_t>(L), std::vector<std::int64_t>(static_cast<std::size_t>(E), 0));
+  s.tokens = T;
+  s.window = batch.window;
+  s.targets = batch.targets;
+  // Concatenated embeddings (zeros before the text's start), then the context projection.
+  ensure(s.x0, {T, N * D});
+  const float* emb = params_.embed.data_as<const float>();
+  float* x0 = s.x0.data_as<float>();
+  detail::parallel_for(T, 64, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t)
+      for (std::int64_t j = 0; j < N; ++j) {
+        const std::int32_t tok = batch.window[static_cast<std::size_t>(t * N + j)];
+        float* dst = x0 + (t * N + j) * D;
+        if (tok < 0) {
+          std::fill_n(dst, D, 0.0f);
+        } else {
+          std::memcpy(dst, emb + tok * D, static_cast<std::size_t>(D) * sizeof(float));
+        }
+      }
+  });
+  s.h.resize(static_cast<std::size_t>(L + 1));
+  s.inv_rms.resize(static_cast<std::size_t>(L + 1));
+  if (training) s.blocks.resize(static_cast<std::size_t>(L));
+  ensure(s.h[0], {T, D});
+  kernels::gemm_nt(rows(s.x0), weight(params_.context_proj), Output{s.h[0].data_as<float>(), D, nullptr, false}, T, D,
+                   N * D);
+  Tensor normed;
+  for (std::int64_t l = 0; l < L; ++l) {
+    const auto li = static_cast<std::size_t>(l);
+    rms_norm(s.h[li], params_.norms[li], config_.norm_eps, s.inv_rms[li], normed);
+    Tensor y;
+    try {
+      if (training) {
+        y = layers_[li].forward_train(normed, s.blocks[li], keep);
+      } else {
+        ForwardInfo info;
+        y = layers_[li].forward(normed, counts ? &info : nullptr);
+        if (counts) {
+          const auto c = expert_counts(info.routing.ids, E);
+          for (std::int64_t e = 0; e < E; ++e) (*counts)[li][static_cast<std::size_t>(e)] += c[static_cast<std::size_t>(e)];
+        }
+      }
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] layer " << l << ": " << e.what()));
+    }
+    ensure(s.h[li + 1], {T, D});
+    const float* a = s.h[li].data_as<const float>();
+    const float* b = y.data_as<const float>();
+    float* o = s.h[li + 1].data_as<float>();
+    for (std::int64_t i = 0; i < T * D; ++i) o[i] = a[i] + b[i];
+  }
+  rms_norm(s.h[static_cast<std::size_t>(L)], params_.final_norm, config_.norm_eps,
+           s.inv_rms[static_cast<std::size_t>(L)], s.f);
+  ensure(s.probs, {T, V});
+  kernels::gemm_nt(rows(s.f), weight(params_.head), Output{s.probs.data_as<float>(), V, nullptr, false}, T, V, D);
+  // Softmax cross-entropy per row; the logits become the probabilities the backward needs.
+  std::vector<double> ce(static_cast<std::size_t>(T));
+  float* pp = s.probs.data_as<float>();
+  detail::parallel_for(T, 32, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      float* z = pp + t * V;
+      float m = z[0];
+      for (std::int64_t v = 1; v < V; ++v) m = std::max(m, z[v]);
+      double sum = 0;
+      for (std::int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - m);
+      const double lse = m + std::log(sum);
+      ce[static_cast<std::size_t>(t)] = lse - z[batch.targets[static_cast<std::size_t>(t)]];
+      for (std::int64_t v = 0; v < V; ++v) z[v] = static_cast<float>(std::exp(static_cast<double>(z[v]) - lse));
+    }
+  });
+  double total = 0;
+  for (const double c : ce) total += c;
+  if (!std::isfinite(total))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] the loss is " << total
+                                                                                  << " (non-finite logits)"));
+  s.loss_sum = total;
+  return total;
+}
+
+double LanguageModel::forward_train(const LmBatch& batch, LmSaved& saved, bool keep_pre_activations) const {
+  return forward_impl(batch, saved, true, keep_pre_activations, nullptr) / static_cast<double>(batch.tokens);
+}
+
+double LanguageModel::loss_sum(const LmBatch& batch, std::vector<std::vector<std::int64_t>>* counts) const {
+  LmSaved s;
+  return forward_impl(batch, s, false, false, counts);
+}
+
+void LanguageModel::backward(const LmSaved& s, double loss_scale, LmParams& g, bool accumulate,
+                             const std::vector<Tensor>& router_dlogits) const {
+  const std::int64_t T = s.tokens, D = config_.dim(), N = config_.context, V = config_.vocab;
+  const std::int64_t L = config_.layers();
+  if (T < 1 || static_cast<std::int64_t>(s.blocks.size()) != L)
+    throw std::invalid_argument("[moekit::LanguageModel::backward] `saved` is not from a training forward of this model");
+  if (!router_dlogits.empty() && static_cast<std::int64_t>(router_dlogits.size()) != L)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel::backward] " << router_dlogits.size()
+                                                                                << " router gradients for " << L
+                                                                                << " layers"));
+  if (g.blocks.size() != params_.blocks.size()) g = LmParams::zeros_like(params_);
+  // dL/dlogits = scale · (p − onehot(target)).
+  Tensor dz = Tensor::uninitialized({T, V}, DType::f32);
+  const float scale = static_cast<float>(loss_scale);
+  const float* pp = s.probs.data_as<const float>();
+  float* pz = dz.data_as<float>();
+  detail::parallel_for(T, 64, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      for (std::int64_t v = 0; v < V; ++v) pz[t * V + v] = scale * pp[t * V + v];
+      pz[t * V + s.targets[static_cast<std::size_t>(t)]] -= scale;
+    }
+  });
+  kernels::gemm_tn(rows(dz), rows(s.f), Output{g.head.data_as<float>(), D, nullptr, accumulate}, V, D, T);
+  Tensor df = Tensor::uninitialized({T, D}, DType::f32);
+  kernels::gemm_nn(rows(dz), weight(params_.head), Output{df.data_as<float>(), D, nullptr, false}, T, D, V);
+  Tensor dh = Tensor::uninitialized({T, D}, DType::f32);
+  const auto Ls = static_cast<std::size_t>(L);
+  rms_norm_backward(df, s.h[Ls], s.inv_rms[Ls], params_.final_norm, dh, false, g.final_norm, accumulate);
+  for (std::int64_t l = L - 1; l >= 0; --l) {
+    const auto li = static_cast<std::size_t>(l);
+    BackwardOptions opts;
+    opts.accumulate = accumulate;
+    if (!router_dlogits.empty() && router_dlogits[li].numel() > 0) opts.extra_dlogits = router_dlogits[li];
+    const Tensor dx = moekit::backward(layers_[li], s.blocks[li], dh, g.blocks[li], opts);
+    rms_norm_backward(dx, s.h[li], s.inv_rms[li], params_.norms[li], dh, true, g.norms[li], accumulate);
+  }
+  kernels::gemm_tn(rows(dh), rows(s.x0), Output{g.context_proj.data_as<float>(), N * D, nullptr, accumulate}, D, N * D,
+                   T);
+  Tensor dx0 = Tensor::uninitialized({T, N * D}, DType::f32);
+  kernels::gemm_nn(rows(dh), weight(params_.context_proj), Output{dx0.data_as<float>(), N * D, nullptr, false}, T,
+                   N * D, D);
+  // Scatter-add into the embedding rows, column chunks in parallel, rows in order.
+  float* de = g.embed.data_as<float>();
+  if (!accumulate) std::fill_n(de, V * D, 0.0f);
+  const float* px = dx0.data_as<const float>();
+  detail::parallel_for(D, 16, [&](std::int64_t d0, std::int64_t d1) {
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t j = 0; j < N; ++j) {
+        const std::int32_t tok = s.window[static_cast<std::size_t>(t * N + j)];
+        if (tok < 0) continue;
+        const float* src = px + (t * N + j) * D;
+        float* dst = de + tok * D;
+        for (std::int64_t d = d0; d < d1; ++d) dst[d] += src[d];
+      }
+  });
+}
+
+}  // namespace moekit
