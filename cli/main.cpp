@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   moekit::cli::register_quantize(app);
   moekit::cli::register_demo(app);
   moekit::cli::register_bench(app);
+  moekit::cli::register_train(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "moekit/lm.hpp"
 #include "moekit/model.hpp"
 #include "moekit/train.hpp"
 
@@ -49,5 +50,49 @@ void save_block_checkpoint(const std::string& dir, const std::string& config_jso
 /// optimizer) is a std::runtime_error / std::invalid_argument naming the file and the reason.
 void load_training_state(const std::string& dir, const MoeTensors& params, Optimizer& optimizer,
                          LoadBalancer* balancer, Tensor& selection_bias, TrainingState& state);
+
+// ---------------------------------------------------------------------------------------------
+// The language model of lm.hpp as a checkpoint folder (`moekit train --save`): every MoE block
+// loads with load_moe_layer / `moekit forward` / `moekit inspect` like any checkpoint's.
+
+/// config.json of an LM: `block_config_json` (the family's config, preset_config_json) with an
+/// added "moekit_lm" object {"vocab", "context", "norm_eps", "tokenizer": "bytes"}.
+std::string lm_config_json(const LmConfig& config, const std::string& block_config_json);
+/// The LmConfig of such a config.json text. Throws std::invalid_argument for a config without
+/// "moekit_lm" (not a moekit LM) or with bad fields (naming them), else as parse_hf_config.
+LmConfig parse_lm_config(const std::string& config_json);
+
+/// How a from-scratch block is stored: the family's HF layout (per-expert tensors; fused
+/// transposed for Llama-4, fused transposed interleaved for GPT-OSS) at layer `layer`'s prefix.
+StoredLayout natural_layout(const MoeConfig& config, std::int64_t layer);
+
+/// An LM's tensors under their checkpoint names: "model.embed_tokens.weight",
+/// "model.context_proj.weight", "model.layers.{l}.post_attention_layernorm.weight", every
+/// block's tensors (stored_tensors, natural_layout) and selection bias under the family's names,
+/// "model.norm.weight", "lm_head.weight".
+std::vector<std::pair<std::string, Tensor>> lm_stored_tensors(const LmConfig& config, const LmParams& params,
+                                                              const std::vector<Tensor>& selection_biases);
+
+/// Writes folder `dir` (atomically, as save_block_checkpoint): config.json (`config_json`
+/// verbatim, from lm_config_json), model.safetensors (lm_stored_tensors) and the training state
+/// (optimizer moments, step, RNG state, `state.user_json`). Throws std::runtime_error naming the
+/// path on an I/O failure, the previous checkpoint intact.
+void save_lm_checkpoint(const std::string& dir, const std::string& config_json, const LmConfig& config,
+                        const LmParams& params, const std::vector<Tensor>& selection_biases,
+                        const Optimizer& optimizer, const TrainingState& state);
+
+struct LmCheckpoint {
+  LmConfig config;
+  std::string config_json;
+  LmParams params;
+  std::vector<Tensor> selection_biases;
+  Optimizer optimizer;   ///< a copy of the given one with the saved state loaded
+  TrainingState state;
+};
+
+/// Reads a folder save_lm_checkpoint wrote, restoring the optimizer state into a copy of
+/// `optimizer` (its kind must match). Throws std::runtime_error / std::invalid_argument naming
+/// the file and what is missing, mis-shaped or foreign.
+LmCheckpoint load_lm_checkpoint(const std::string& dir, const Optimizer& optimizer);
 
 }  // namespace moekit

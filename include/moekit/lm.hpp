@@ -81,6 +81,7 @@ struct LmSaved {
   Tensor f;                       ///< [T, D] the final normalised state
   Tensor probs;                   ///< [T, V] softmax of the logits
   double loss_sum = 0;            ///< Σ_t CE_t in nats
+  double moe_seconds = 0;         ///< wall time of the forward spent in the MoE blocks
 };
 
 class LanguageModel {
@@ -104,7 +105,8 @@ class LanguageModel {
   /// The gradient of loss_scale · Σ_t CE_t (loss_scale = 1/T for the mean of one batch; 1/T_step
   /// for micro-batches of a step) into `grads` (added when `accumulate`). `router_dlogits`: per
   /// layer [T, E] extra dL/dlogits (aux losses) or empty. Bit-identical for any thread count.
-  void backward(const LmSaved& saved, double loss_scale, LmParams& grads, bool accumulate,
+  /// Returns the wall time spent in the MoE blocks' backward (seconds).
+  double backward(const LmSaved& saved, double loss_scale, LmParams& grads, bool accumulate,
                 const std::vector<Tensor>& router_dlogits = {}) const;
 
   /// Σ_t CE_t (nats) of `batch` by the inference forward (the same bits as forward_train's);

@@ -3,9 +3,11 @@
 
 #include "moekit/checkpoint.hpp"
 #include "moekit/config.hpp"
+#include "moekit/corpus.hpp"
 #include "moekit/experts.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/lm.hpp"
+#include "moekit/lm_train.hpp"
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
 #include "moekit/quantize.hpp"

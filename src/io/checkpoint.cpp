@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -32,9 +33,128 @@ void write_safetensors(const std::string& path, const Named& tensors, const std:
   w.commit();
 }
 
-void fail_io(const std::string& what, const fs::path& p, const std::error_code& ec) {
-  throw std::runtime_error(MOEKIT_MSG("[moekit::save_block_checkpoint] cannot " << what << " '" << p.string()
-                                                                               << "': " << ec.message()));
+void fail_io(const char* who, const std::string& what, const fs::path& p, const std::error_code& ec) {
+  throw std::runtime_error(MOEKIT_MSG("[moekit::" << who << "] cannot " << what << " '" << p.string()
+                                                 << "': " << ec.message()));
+}
+
+void write_text(const fs::path& path, const std::string& text, const char* who) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) throw std::runtime_error(MOEKIT_MSG("[moekit::" << who << "] cannot write '" << path.string() << "'"));
+}
+
+// Writes folder `dir` atomically: fill(partial) writes every file under `<dir>.partial`; an
+// existing `dir` is moved to `<dir>.old`, the new folder renamed into place, then `<dir>.old`
+// removed. The last complete checkpoint is under dir or dir.old at every instant.
+template <class Fill>
+void write_folder(const std::string& dir, const char* who, Fill&& fill) {
+  const fs::path final_dir(dir), partial(dir + ".partial"), old(dir + ".old");
+  std::error_code ec;
+  fs::remove_all(partial, ec);
+  if (!fs::create_directories(partial, ec) && ec) fail_io(who, "create", partial, ec);
+  try {
+    fill(partial);
+  } catch (...) {
+    fs::remove_all(partial, ec);
+    throw;
+  }
+  fs::remove_all(old, ec);
+  const bool had = fs::exists(final_dir, ec);
+  if (had) {
+    fs::rename(final_dir, old, ec);
+    if (ec) fail_io(who, "move the previous checkpoint aside from", final_dir, ec);
+  }
+  fs::rename(partial, final_dir, ec);
+  if (ec) {
+    std::error_code ec2;
+    if (had) fs::rename(old, final_dir, ec2);
+    fail_io(who, "move the new checkpoint into place at", final_dir, ec);
+  }
+  if (had) fs::remove_all(old, ec);
+}
+
+// The training state's metadata (kTrainingStateFile).
+std::map<std::string, std::string> state_meta(const Optimizer& opt, const TrainingState& st, const std::string& balancer) {
+  return {{"format", kFormat},
+          {"version", kVersion},
+          {"step", std::to_string(st.step)},
+          {"rng_state", std::to_string(st.rng_state)},
+          {"optimizer", opt.kind() == Optimizer::Kind::adamw ? "adamw" : "sgd"},
+          {"optimizer_steps", std::to_string(opt.steps())},
+          {"balancer", balancer},
+          {"user", st.user_json}};
+}
+
+// A training state file read and checked against `optimizer`'s kind: its tensors, step, RNG
+// state, optimizer steps and user JSON.
+struct StateFile {
+  Named tensors;
+  TrainingState state;
+  std::int64_t optimizer_steps = 0;
+};
+
+StateFile read_state_file(const std::string& dir, const Optimizer& optimizer, const char* who) {
+  const std::string path = (fs::path(dir) / kTrainingStateFile).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    const bool old = fs::exists(fs::path(dir + ".old") / kTrainingStateFile, ec);
+    throw std::runtime_error(MOEKIT_MSG("[moekit::" << who << "] '" << path << "' does not exist"
+                                                    << (old ? " (an interrupted save left the previous checkpoint at '" +
+                                                                  dir + ".old')"
+                                                            : "")));
+  }
+  const auto file = SafetensorsFile::open(path);  // a truncated or malformed file throws here, naming it
+  const auto& meta = file->metadata();
+  const auto get = [&](const std::string& key) -> const std::string& {
+    const auto it = meta.find(key);
+    if (it == meta.end())
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << who << "] " << path << ": no '" << key
+                                                         << "' in its metadata: not a moekit training state"));
+    return it->second;
+  };
+  if (get("format") != kFormat)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << who << "] " << path << ": format '" << get("format")
+                                                       << "', expected '" << kFormat
+                                                       << "': not a moekit training state"));
+  if (get("version") != kVersion)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << who << "] " << path << ": version " << get("version")
+                                                       << ", this moekit reads version " << kVersion));
+  const std::string kind = optimizer.kind() == Optimizer::Kind::adamw ? "adamw" : "sgd";
+  if (get("optimizer") != kind)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << who << "] " << path << ": saved with optimizer '"
+                                                       << get("optimizer") << "', resuming with '" << kind << "'"));
+  const auto number = [&](const std::string& key) {
+    const std::string& v = get(key);
+    std::size_t used = 0;
+    unsigned long long n = 0;
+    try {
+      n = std::stoull(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != v.size())
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << who << "] " << path << ": '" << key << "' is '" << v
+                                                         << "', not a number"));
+    return n;
+  };
+  StateFile out;
+  out.state.step = static_cast<std::int64_t>(number("step"));
+  out.state.rng_state = number("rng_state");
+  out.optimizer_steps = static_cast<std::int64_t>(number("optimizer_steps"));
+  out.state.user_json = get("user");
+  for (const std::string& name : file->names()) {
+    const TensorInfo& info = file->info(name);
+    const bool is_counts = name.rfind("balancer.counts", 0) == 0;
+    if (info.dtype_name != (is_counts ? "I32" : "F32"))
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << who << "] " << path << ": tensor '" << name
+                                                         << "' has dtype " << info.dtype_name));
+    Tensor t(info.shape, is_counts ? DType::i32 : DType::f32);
+    if (t.nbytes() > 0) std::memcpy(t.data(), file->bytes(name), t.nbytes());
+    out.tensors.emplace_back(name, t);
+  }
+  return out;
 }
 
 }  // namespace
@@ -56,130 +176,39 @@ void save_block_checkpoint(const std::string& dir, const std::string& config_jso
   Named tensors = stored_tensors(config, where, params);  // validates shapes first
   if (config.router.has_selection_bias)
     tensors.emplace_back(where.block + "." + config.names.selection_bias, selection_bias);
-  const fs::path final_dir(dir), partial(dir + ".partial"), old(dir + ".old");
-  std::error_code ec;
-  fs::remove_all(partial, ec);
-  if (!fs::create_directories(partial, ec) && ec) fail_io("create", partial, ec);
-  try {
-    {
-      std::ofstream out(partial / "config.json", std::ios::binary);
-      out << config_json;
-      out.close();
-      if (!out) throw std::runtime_error("[moekit::save_block_checkpoint] cannot write '" +
-                                         (partial / "config.json").string() + "'");
-    }
+  write_folder(dir, "save_block_checkpoint", [&](const fs::path& partial) {
+    write_text(partial / "config.json", config_json, "save_block_checkpoint");
     write_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
-    if (training) {
-      const Optimizer& opt = *training->optimizer;
-      Named st = opt.state();
-      if (training->balancer) {
-        const auto& c = training->balancer->counts();
-        Tensor counts({static_cast<std::int64_t>(c.size())}, DType::i32);
-        for (std::size_t i = 0; i < c.size(); ++i) {
-          if (c[i] > INT32_MAX)
-            throw std::invalid_argument("[moekit::save_block_checkpoint] a balancer count exceeds int32");
-          counts.data_as<std::int32_t>()[i] = static_cast<std::int32_t>(c[i]);
-        }
-        st.emplace_back("balancer.counts", counts);
+    if (!training) return;
+    const Optimizer& opt = *training->optimizer;
+    Named st = opt.state();
+    if (training->balancer) {
+      const auto& c = training->balancer->counts();
+      Tensor counts({static_cast<std::int64_t>(c.size())}, DType::i32);
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        if (c[i] > INT32_MAX)
+          throw std::invalid_argument("[moekit::save_block_checkpoint] a balancer count exceeds int32");
+        counts.data_as<std::int32_t>()[i] = static_cast<std::int32_t>(c[i]);
       }
-      if (training->selection_bias.numel() > 0) st.emplace_back("selection_bias", training->selection_bias);
-      const std::map<std::string, std::string> meta = {
-          {"format", kFormat},
-          {"version", kVersion},
-          {"step", std::to_string(training->state.step)},
-          {"rng_state", std::to_string(training->state.rng_state)},
-          {"optimizer", opt.kind() == Optimizer::Kind::adamw ? "adamw" : "sgd"},
-          {"optimizer_steps", std::to_string(opt.steps())},
-          {"balancer", training->balancer ? (training->balancer->rule() == BalanceRule::sign ? "sign" : "proportional")
-                                          : "none"},
-          {"user", training->state.user_json}};
-      write_safetensors((partial / kTrainingStateFile).string(), st, meta);
+      st.emplace_back("balancer.counts", counts);
     }
-  } catch (...) {
-    fs::remove_all(partial, ec);
-    throw;
-  }
-  // Swap: the last good checkpoint is under dir or dir.old at every instant.
-  fs::remove_all(old, ec);
-  const bool had = fs::exists(final_dir, ec);
-  if (had) {
-    fs::rename(final_dir, old, ec);
-    if (ec) fail_io("move the previous checkpoint aside from", final_dir, ec);
-  }
-  fs::rename(partial, final_dir, ec);
-  if (ec) {
-    std::error_code ec2;
-    if (had) fs::rename(old, final_dir, ec2);
-    fail_io("move the new checkpoint into place at", final_dir, ec);
-  }
-  if (had) fs::remove_all(old, ec);
+    if (training->selection_bias.numel() > 0) st.emplace_back("selection_bias", training->selection_bias);
+    const std::string balancer =
+        training->balancer ? (training->balancer->rule() == BalanceRule::sign ? "sign" : "proportional") : "none";
+    write_safetensors((partial / kTrainingStateFile).string(), st, state_meta(opt, training->state, balancer));
+  });
 }
 
 void load_training_state(const std::string& dir, const MoeTensors& params, Optimizer& optimizer,
                          LoadBalancer* balancer, Tensor& selection_bias, TrainingState& state) {
   const std::string path = (fs::path(dir) / kTrainingStateFile).string();
-  std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    const bool old = fs::exists(fs::path(dir + ".old") / kTrainingStateFile, ec);
-    throw std::runtime_error(MOEKIT_MSG("[moekit::load_training_state] '" << path << "' does not exist"
-                                                                          << (old ? " (an interrupted save left the "
-                                                                                    "previous checkpoint at '" +
-                                                                                        dir + ".old')"
-                                                                                  : "")));
-  }
-  const auto file = SafetensorsFile::open(path);  // a truncated or malformed file throws here, naming it
-  const auto& meta = file->metadata();
-  const auto get = [&](const std::string& key) -> const std::string& {
-    const auto it = meta.find(key);
-    if (it == meta.end())
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::load_training_state] " << path << ": no '" << key
-                                                                              << "' in its metadata: not a moekit "
-                                                                                 "training state"));
-    return it->second;
-  };
-  if (get("format") != kFormat)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::load_training_state] " << path << ": format '" << get("format")
-                                                                            << "', expected '" << kFormat
-                                                                            << "': not a moekit training state"));
-  if (get("version") != kVersion)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::load_training_state] " << path << ": version " << get("version")
-                                                                            << ", this moekit reads version "
-                                                                            << kVersion));
-  const std::string kind = optimizer.kind() == Optimizer::Kind::adamw ? "adamw" : "sgd";
-  if (get("optimizer") != kind)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::load_training_state] " << path << ": saved with optimizer '"
-                                                                            << get("optimizer") << "', resuming with '"
-                                                                            << kind << "'"));
-  const auto number = [&](const std::string& key) {
-    const std::string& s = get(key);
-    std::size_t used = 0;
-    unsigned long long v = 0;
-    try {
-      v = std::stoull(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != s.size())
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::load_training_state] " << path << ": '" << key << "' is '" << s
-                                                                              << "', not a number"));
-    return v;
-  };
-  TrainingState st;
-  st.step = static_cast<std::int64_t>(number("step"));
-  st.rng_state = number("rng_state");
-  const std::int64_t opt_steps = static_cast<std::int64_t>(number("optimizer_steps"));
-  st.user_json = get("user");
+  StateFile file = read_state_file(dir, optimizer, "load_training_state");
+  const TrainingState& st = file.state;
+  const std::int64_t opt_steps = file.optimizer_steps;
   Named opt_state;
   Tensor counts, bias;
-  for (const std::string& name : file->names()) {
-    const TensorInfo& info = file->info(name);
-    const bool is_counts = name == "balancer.counts";
-    if (info.dtype_name != (is_counts ? "I32" : "F32"))
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::load_training_state] " << path << ": tensor '" << name
-                                                                              << "' has dtype " << info.dtype_name));
-    Tensor t(info.shape, is_counts ? DType::i32 : DType::f32);
-    if (t.nbytes() > 0) std::memcpy(t.data(), file->bytes(name), t.nbytes());
-    if (is_counts) {
+  for (auto& [name, t] : file.tensors) {
+    if (name == "balancer.counts") {
       counts = t;
     } else if (name == "selection_bias") {
       bias = t;
@@ -209,6 +238,137 @@ void load_training_state(const std::string& dir, const MoeTensors& params, Optim
   }
   if (bias.numel() > 0) selection_bias = bias;
   state = st;
+}
+
+std::string lm_config_json(const LmConfig& config, const std::string& block_config_json) {
+  nlohmann::json j = nlohmann::json::parse(block_config_json);
+  j["moekit_lm"] = {{"vocab", config.vocab},
+                    {"context", config.context},
+                    {"norm_eps", config.norm_eps},
+                    {"tokenizer", "bytes"}};
+  return j.dump(2);
+}
+
+LmConfig parse_lm_config(const std::string& config_json) {
+  LmConfig c;
+  c.block = parse_hf_config(config_json);  // valid JSON from here on
+  const nlohmann::json j = nlohmann::json::parse(config_json);
+  if (!j.contains("moekit_lm") || !j.at("moekit_lm").is_object())
+    throw std::invalid_argument("[moekit::parse_lm_config] no \"moekit_lm\" object: not a language model written by "
+                                "moekit train");
+  const nlohmann::json& m = j.at("moekit_lm");
+  const auto integer = [&](const char* key) {
+    if (!m.contains(key) || !m.at(key).is_number_integer())
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_lm_config] moekit_lm." << key << " must be an integer"));
+    return m.at(key).get<std::int64_t>();
+  };
+  c.vocab = integer("vocab");
+  c.context = integer("context");
+  if (!m.contains("norm_eps") || !m.at("norm_eps").is_number())
+    throw std::invalid_argument("[moekit::parse_lm_config] moekit_lm.norm_eps must be a number");
+  c.norm_eps = m.at("norm_eps").get<float>();
+  if (m.value("tokenizer", std::string()) != "bytes")
+    throw std::invalid_argument("[moekit::parse_lm_config] moekit_lm.tokenizer must be \"bytes\"");
+  c.validate();
+  return c;
+}
+
+StoredLayout natural_layout(const MoeConfig& config, std::int64_t layer) {
+  StoredLayout w;
+  w.block = config.names.block;
+  const auto at = w.block.find("{L}");
+  if (at != std::string::npos) w.block.replace(at, 3, std::to_string(layer));
+  w.layout = !config.names.fused_transposed      ? "per_expert"
+             : config.names.fused_interleaved ? "fused_gate_up_transposed_interleaved"
+                                              : "fused_gate_up_transposed";
+  return w;
+}
+
+std::vector<std::pair<std::string, Tensor>> lm_stored_tensors(const LmConfig& config, const LmParams& params,
+                                                              const std::vector<Tensor>& selection_biases) {
+  Named out{{"model.embed_tokens.weight", params.embed}, {"model.context_proj.weight", params.context_proj}};
+  for (std::int64_t l = 0; l < config.layers(); ++l) {
+    const auto li = static_cast<std::size_t>(l);
+    out.emplace_back("model.layers." + std::to_string(l) + ".post_attention_layernorm.weight", params.norms.at(li));
+    const StoredLayout where = natural_layout(config.block, l);
+    Named block = stored_tensors(config.block, where, params.blocks.at(li));
+    out.insert(out.end(), block.begin(), block.end());
+    if (config.block.router.has_selection_bias)
+      out.emplace_back(where.block + "." + config.block.names.selection_bias, selection_biases.at(li));
+  }
+  out.emplace_back("model.norm.weight", params.final_norm);
+  out.emplace_back("lm_head.weight", params.head);
+  return out;
+}
+
+void save_lm_checkpoint(const std::string& dir, const std::string& config_json, const LmConfig& config,
+                        const LmParams& params, const std::vector<Tensor>& selection_biases,
+                        const Optimizer& optimizer, const TrainingState& state) {
+  if (!nlohmann::json::accept(state.user_json))
+    throw std::invalid_argument("[moekit::save_lm_checkpoint] state.user_json is not valid JSON");
+  const Named tensors = lm_stored_tensors(config, params, selection_biases);  // validates shapes first
+  write_folder(dir, "save_lm_checkpoint", [&](const fs::path& partial) {
+    write_text(partial / "config.json", config_json, "save_lm_checkpoint");
+    write_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
+    write_safetensors((partial / kTrainingStateFile).string(), optimizer.state(), state_meta(optimizer, state, "lm"));
+  });
+}
+
+LmCheckpoint load_lm_checkpoint(const std::string& dir, const Optimizer& optimizer) {
+  const fs::path config_path = fs::path(dir) / "config.json";
+  std::ifstream in(config_path, std::ios::binary);
+  if (!in)
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] cannot read '" << config_path.string() << "'"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  LmCheckpoint ck{};
+  try {
+    ck.config = parse_lm_config(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(MOEKIT_MSG(config_path.string() << ": " << e.what()));
+  }
+  ck.config_json = text;
+  // The parameters: shapes from a fresh init of the config, values from the file by name.
+  ck.params = init_lm_parameters(ck.config, 0);
+  ck.selection_biases.resize(static_cast<std::size_t>(ck.config.layers()));
+  if (ck.config.block.router.has_selection_bias)
+    for (Tensor& b : ck.selection_biases) b = Tensor({ck.config.block.router.num_experts}, DType::f32);
+  const Named want = lm_stored_tensors(ck.config, ck.params, ck.selection_biases);
+  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
+  const auto file = SafetensorsFile::open(model_path);
+  // lm_stored_tensors' tensors are the parameters themselves, or (split / fused layouts) copies:
+  // read them into the stored form, then invert the layout through the loader's own reading.
+  for (const auto& [name, t] : want) {
+    if (!file->contains(name))
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] " << model_path << ": no tensor '" << name
+                                                                          << "'"));
+    const TensorInfo& info = file->info(name);
+    if (info.dtype_name != "F32" || info.shape != t.shape())
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] " << model_path << ": '" << name << "' is "
+                                                                          << info.dtype_name << " "
+                                                                          << shape_str(info.shape) << ", expected F32 "
+                                                                          << shape_str(t.shape())));
+  }
+  const auto copy_in = [&](const std::string& name, const Tensor& t) {
+    std::memcpy(t.data(), file->bytes(name), t.nbytes());
+  };
+  copy_in("model.embed_tokens.weight", ck.params.embed);
+  copy_in("model.context_proj.weight", ck.params.context_proj);
+  copy_in("model.norm.weight", ck.params.final_norm);
+  copy_in("lm_head.weight", ck.params.head);
+  for (std::int64_t l = 0; l < ck.config.layers(); ++l) {
+    const auto li = static_cast<std::size_t>(l);
+    copy_in("model.layers." + std::to_string(l) + ".post_attention_layernorm.weight", ck.params.norms[li]);
+    // The block through load_moe_layer (the loader every checkpoint goes through), widened back
+    // into trainable f32 tensors.
+    const MoeLayer layer = load_moe_layer(dir, ck.config.block, l);
+    ck.params.blocks[li] = trainable_parameters(layer);
+    if (ck.config.block.router.has_selection_bias) ck.selection_biases[li] = layer.weights().selection_bias.clone();
+  }
+  StateFile st = read_state_file(dir, optimizer, "load_lm_checkpoint");
+  ck.optimizer = optimizer;
+  ck.optimizer.load_state(st.tensors, st.optimizer_steps, ck.params.named());
+  ck.state = st.state;
+  return ck;
 }
 
 }  // namespace moekit

@@ -5,6 +5,7 @@
 #include "moekit/lm.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -264,6 +265,7 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
   if (counts && (static_cast<std::int64_t>(counts->size()) != L))
     counts->assign(static_cast<std::size_t>(L), std::vector<std::int64_t>(static_cast<std::size_t>(E), 0));
   s.tokens = T;
+  s.moe_seconds = 0;
   s.window = batch.window;
   s.targets = batch.targets;
   // Concatenated embeddings (zeros before the text's start), then the context projection.
@@ -293,6 +295,7 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
     const auto li = static_cast<std::size_t>(l);
     rms_norm(s.h[li], params_.norms[li], config_.norm_eps, s.inv_rms[li], normed);
     Tensor y;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       if (training) {
         y = layers_[li].forward_train(normed, s.blocks[li], keep);
@@ -307,6 +310,7 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] layer " << l << ": " << e.what()));
     }
+    s.moe_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ensure(s.h[li + 1], {T, D});
     const float* a = s.h[li].data_as<const float>();
     const float* b = y.data_as<const float>();
@@ -350,8 +354,8 @@ double LanguageModel::loss_sum(const LmBatch& batch, std::vector<std::vector<std
   return forward_impl(batch, s, false, false, counts);
 }
 
-void LanguageModel::backward(const LmSaved& s, double loss_scale, LmParams& g, bool accumulate,
-                             const std::vector<Tensor>& router_dlogits) const {
+double LanguageModel::backward(const LmSaved& s, double loss_scale, LmParams& g, bool accumulate,
+                               const std::vector<Tensor>& router_dlogits) const {
   const std::int64_t T = s.tokens, D = config_.dim(), N = config_.context, V = config_.vocab;
   const std::int64_t L = config_.layers();
   if (T < 1 || static_cast<std::int64_t>(s.blocks.size()) != L)
@@ -361,6 +365,7 @@ void LanguageModel::backward(const LmSaved& s, double loss_scale, LmParams& g, b
                                                                                 << " router gradients for " << L
                                                                                 << " layers"));
   if (g.blocks.size() != params_.blocks.size()) g = LmParams::zeros_like(params_);
+  double moe_seconds = 0;
   // dL/dlogits = scale · (p − onehot(target)).
   Tensor dz = Tensor::uninitialized({T, V}, DType::f32);
   const float scale = static_cast<float>(loss_scale);
@@ -383,7 +388,9 @@ void LanguageModel::backward(const LmSaved& s, double loss_scale, LmParams& g, b
     BackwardOptions opts;
     opts.accumulate = accumulate;
     if (!router_dlogits.empty() && router_dlogits[li].numel() > 0) opts.extra_dlogits = router_dlogits[li];
+    const auto t0 = std::chrono::steady_clock::now();
     const Tensor dx = moekit::backward(layers_[li], s.blocks[li], dh, g.blocks[li], opts);
+    moe_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rms_norm_backward(dx, s.h[li], s.inv_rms[li], params_.norms[li], dh, true, g.norms[li], accumulate);
   }
   kernels::gemm_tn(rows(dh), rows(s.x0), Output{g.context_proj.data_as<float>(), N * D, nullptr, accumulate}, D, N * D,
@@ -405,6 +412,7 @@ void LanguageModel::backward(const LmSaved& s, double loss_scale, LmParams& g, b
         for (std::int64_t d = d0; d < d1; ++d) dst[d] += src[d];
       }
   });
+  return moe_seconds;
 }
 
 }  // namespace moekit

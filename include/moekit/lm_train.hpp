@@ -1,0 +1,125 @@
+// Training the language model of lm.hpp: batches drawn from a text, micro-batches, the
+// loss-free balancer or an auxiliary loss, clipping, the optimizer, evaluation on held-out text,
+// and the metrics of every step (docs/training.md, "moekit train"). `moekit train` is this class
+// plus flags, files and plots; checkpoints are in checkpoint.hpp (save_lm_checkpoint).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moekit/lm.hpp"
+#include "moekit/train.hpp"
+
+namespace moekit {
+
+/// How the experts' load is kept even.
+enum class BalanceMode : std::uint8_t {
+  none,                    ///< nothing
+  loss_free_sign,          ///< the selection bias, sign rule (Wang et al. 2024, DeepSeek-V3)
+  loss_free_proportional,  ///< the selection bias, proportional rule
+  aux,                     ///< the Switch/GShard auxiliary loss, coefficient aux_coef
+  seq_aux,                 ///< DeepSeek-V3's sequence-wise auxiliary loss, coefficient aux_coef
+};
+/// "none", "loss_free_sign", ... and back; parse throws std::invalid_argument listing the names.
+const char* balance_mode_name(BalanceMode mode) noexcept;
+BalanceMode parse_balance_mode(const std::string& name);
+
+struct LmTrainOptions {
+  std::int64_t steps = 600;
+  std::int64_t batch_tokens = 4096;   ///< T per step
+  std::int64_t seq_len = 256;         ///< positions per sequence (min with batch_tokens)
+  std::int64_t micro_batches = 1;     ///< M: the step's sequences split into M forwards/backwards
+  LrSchedule lr{3e-3, 30, 600, LrSchedule::Decay::cosine, 3e-4};
+  Optimizer::Kind optimizer = Optimizer::Kind::adamw;
+  AdamWOptions adamw{0.9, 0.95, 1e-8, 0.01};
+  SgdOptions sgd{0.9, 0.0, false};
+  double clip = 1.0;                  ///< global gradient-norm clip (0: none)
+  BalanceMode balance = BalanceMode::loss_free_sign;
+  RateSchedule bias_rate{1e-3, -1, -1, 0.0, {}, -1};
+  double aux_coef = 1e-3;             ///< α of aux / seq_aux
+  double z_coef = 0;                  ///< router z-loss coefficient (any balance mode)
+  bool init_collapsed = false;        ///< start every router collapsed onto its first K experts
+  std::int64_t eval_every = 50;       ///< 0: only at the end
+  std::int64_t eval_tokens = 16384;   ///< held-out positions per evaluation (at most)
+  std::uint64_t seed = 1;
+  bool keep_pre_activations = true;   ///< false: recompute them in the backward (less memory)
+
+  /// Throws std::invalid_argument naming the option.
+  void validate() const;
+};
+
+/// One layer's load in one step (training forwards only) or one evaluation.
+struct LayerLoad {
+  LoadMetrics load;
+  std::vector<double> relative;  ///< c_i / mean(c), per expert
+  std::vector<float> bias;       ///< the selection bias after the step's update (empty without one)
+};
+
+struct EvalResult {
+  std::int64_t tokens = 0;
+  double loss = 0;   ///< nats per token
+  double ppl = 0;    ///< exp(loss)
+  double bpb = 0;    ///< bits per byte (= loss / ln 2 for byte tokens)
+  std::vector<LayerLoad> layers;  ///< MaxVio_global per layer: layers[l].load.max_violation
+};
+
+struct StepResult {
+  std::int64_t step = 0;     ///< 1-based: steps done after this one
+  std::int64_t tokens = 0;   ///< tokens trained on so far
+  double train_loss = 0;     ///< mean CE of the step's tokens
+  double aux_loss = 0, z_loss = 0;  ///< summed over layers
+  double lr = 0, bias_rate = 0, grad_norm = 0;
+  std::vector<LayerLoad> layers;  ///< MaxVio_batch per layer
+  double seconds = 0, moe_seconds = 0;  ///< the step's wall time and the part in the MoE blocks
+  bool evaluated = false;
+  EvalResult eval;
+};
+
+class LmTrainer {
+ public:
+  /// A fresh model from options.seed, or (resume) the given model state. `train_text` must
+  /// hold at least one batch (batch_tokens + 1 bytes), `eval_text` at least one sequence.
+  /// Throws std::invalid_argument naming what is wrong (options, sizes, a loss-free mode on a
+  /// router without a selection bias) before anything is computed.
+  LmTrainer(LmConfig config, LmTrainOptions options, std::vector<std::uint8_t> train_text,
+            std::vector<std::uint8_t> eval_text);
+
+  /// One optimizer step. Throws std::runtime_error naming the step if the loss or the gradient
+  /// is not finite: the parameters, optimizer, biases and RNG are then those before the step.
+  StepResult step();
+  /// The loss and load of the held-out text (evaluation forwards are never counted by the
+  /// balancer).
+  EvalResult evaluate() const;
+  bool done() const noexcept { return step_ >= options_.steps; }
+
+  const LmConfig& config() const noexcept { return config_; }
+  const LmTrainOptions& options() const noexcept { return options_; }
+  const LanguageModel& model() const noexcept { return model_; }
+  const LmParams& params() const noexcept { return params_; }
+  const std::vector<Tensor>& selection_biases() const noexcept { return biases_; }
+  const Optimizer& optimizer() const noexcept { return optimizer_; }
+  std::int64_t steps_done() const noexcept { return step_; }
+  std::uint64_t rng_state() const noexcept { return rng_; }
+
+  /// Replaces the state with a checkpoint's (load_lm_checkpoint): parameters copied into the
+  /// model's own tensors, biases, optimizer state, step and RNG. Throws std::invalid_argument
+  /// for shapes that do not match, changing nothing.
+  void restore(const LmParams& params, const std::vector<Tensor>& biases, const Optimizer& optimizer,
+               std::int64_t step, std::uint64_t rng_state);
+
+ private:
+  LmConfig config_;
+  LmTrainOptions options_;
+  std::vector<std::uint8_t> train_, eval_;
+  LmParams params_, grads_;
+  std::vector<Tensor> biases_;
+  LanguageModel model_;
+  Optimizer optimizer_;
+  std::vector<LoadBalancer> balancers_;
+  LmSaved saved_;
+  std::int64_t step_ = 0;
+  std::uint64_t rng_ = 0;
+};
+
+}  // namespace moekit
