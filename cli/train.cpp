@@ -67,7 +67,7 @@ struct TrainFlags {
   std::int64_t bias_freeze_step = -1;
   double aux_coef = 1e-3, z_loss = 0, clip = 1.0;
   bool init_collapsed = false, recompute = false;
-  std::int64_t eval_every = 50, eval_tokens = 16384, save_every = 0;
+  std::int64_t eval_every = 50, eval_tokens = 16384, save_every = 0, stop_at = 0;
   std::uint64_t seed = 1;
   // Outputs (never restored from a checkpoint).
   std::string csv, plot, save, resume, compare;
@@ -83,32 +83,32 @@ struct Saved {
 };
 
 template <class T>
-void bind(std::vector<Saved>& out, const std::string& flag, T& var) {
+void bind_flag(std::vector<Saved>& out, const std::string& flag, T& var) {
   out.push_back({flag, [&var] { return json(var); }, [&var](const json& j) { var = j.get<T>(); }});
 }
 
 std::vector<Saved> saved_flags(TrainFlags& f) {
   std::vector<Saved> s;
-  bind(s, "data", f.data);
-  bind(s, "steps", f.steps);
-  bind(s, "batch-tokens", f.batch_tokens);
-  bind(s, "micro-batches", f.micro_batches);
-  bind(s, "seq-len", f.seq_len);
-  bind(s, "lr", f.lr);
-  bind(s, "warmup", f.warmup);
-  bind(s, "optimizer", f.optimizer);
-  bind(s, "balance", f.balance);
-  bind(s, "bias-rate", f.bias_rate);
-  bind(s, "bias-freeze-step", f.bias_freeze_step);
-  bind(s, "aux-coef", f.aux_coef);
-  bind(s, "z-loss", f.z_loss);
-  bind(s, "clip", f.clip);
-  bind(s, "init-collapsed", f.init_collapsed);
-  bind(s, "recompute", f.recompute);
-  bind(s, "eval-every", f.eval_every);
-  bind(s, "eval-tokens", f.eval_tokens);
-  bind(s, "save-every", f.save_every);
-  bind(s, "seed", f.seed);
+  bind_flag(s, "data", f.data);
+  bind_flag(s, "steps", f.steps);
+  bind_flag(s, "batch-tokens", f.batch_tokens);
+  bind_flag(s, "micro-batches", f.micro_batches);
+  bind_flag(s, "seq-len", f.seq_len);
+  bind_flag(s, "lr", f.lr);
+  bind_flag(s, "warmup", f.warmup);
+  bind_flag(s, "optimizer", f.optimizer);
+  bind_flag(s, "balance", f.balance);
+  bind_flag(s, "bias-rate", f.bias_rate);
+  bind_flag(s, "bias-freeze-step", f.bias_freeze_step);
+  bind_flag(s, "aux-coef", f.aux_coef);
+  bind_flag(s, "z-loss", f.z_loss);
+  bind_flag(s, "clip", f.clip);
+  bind_flag(s, "init-collapsed", f.init_collapsed);
+  bind_flag(s, "recompute", f.recompute);
+  bind_flag(s, "eval-every", f.eval_every);
+  bind_flag(s, "eval-tokens", f.eval_tokens);
+  bind_flag(s, "save-every", f.save_every);
+  bind_flag(s, "seed", f.seed);
   return s;
 }
 
@@ -535,7 +535,7 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
         save_checkpoint(paths.save, config_json, *trainer, f, corpus);
         last_saved = r.step;
       }
-      if (g_interrupted) break;
+      if (g_interrupted || (f.stop_at > 0 && r.step >= f.stop_at)) break;
     }
   } catch (const std::runtime_error& e) {
     std::signal(SIGINT, SIG_DFL);
@@ -674,6 +674,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--data", f->data,
                   std::string("Text files or folders to train on (default: ") + kDefaultCorpus +
                       ", the licence texts every Debian system ships)");
+  // A repeated option takes its last value (scripts append overrides to a base command line).
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--family", f->family, "MoE family preset: " + supported_model_types())->capture_default_str();
   cmd->add_option("--layers", f->layers, "MoE blocks (each a pre-norm residual block)")->capture_default_str();
   cmd->add_option("--dim", f->dim, "Model width D")->capture_default_str();
@@ -707,6 +709,9 @@ void register_train(CLI::App& app) {
   cmd->add_option("--plot", f->plot, "Folder for PNG plots (and their data: train.csv, load.csv, bias.csv)");
   cmd->add_option("--save", f->save, "Checkpoint folder, written at the end (and every --save-every steps)");
   cmd->add_option("--save-every", f->save_every, "Also save every N steps (0: only at the end)")->capture_default_str();
+  cmd->add_option("--stop-at", f->stop_at,
+                  "Stop (and --save) after this step of the --steps schedule, to resume later (0: run to the end)")
+      ->capture_default_str();
   cmd->add_option("--resume", f->resume, "Continue the run saved in this checkpoint folder");
   cmd->add_option("--compare", f->compare,
                   "Run the aux-loss-free comparison (loss-free sign/proportional, aux losses, none, a collapsed "

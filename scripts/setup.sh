@@ -15,7 +15,7 @@ for arg in "$@"; do
 done
 pkgs=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
       libgtest-dev libgmock-dev libbenchmark-dev libhwy-dev nlohmann-json3-dev libcli11-dev libopenblas-dev
-      llvm)  # llvm: llvm-symbolizer, so sanitizer and fuzzer reports name functions and lines
+      llvm python3-matplotlib)  # llvm: llvm-symbolizer, so sanitizer and fuzzer reports name functions and lines
 if ((goldens)); then pkgs+=(python3 python3-pip python3-numpy python3-torch); fi
 missing=()
 for p in "${pkgs[@]}"; do
