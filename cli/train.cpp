@@ -405,7 +405,6 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': " + e.what());
     }
-    f.balance = loss_free(f.balance) && !config.block.router.has_selection_bias ? "none" : f.balance;
   }
   const LmTrainOptions options = train_options(f);
   if (f.resume.empty()) {
@@ -663,6 +662,7 @@ void run_compare(const TrainFlags& base, const CLI::App* app, const std::string&
   std::printf("\n%s\nwrote %s\n", table.str().c_str(), (fs::path(base.compare) / "compare.md").string().c_str());
   run_plot_script(python, compare_args);
   run_plot_script(python, collapsed_args);
+  if (!results.empty() && results.back().interrupted) throw CLI::RuntimeError(130);
 }
 
 }  // namespace

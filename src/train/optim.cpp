@@ -1,14 +1,18 @@
 // AdamW and SGD with momentum, global-norm clipping and learning-rate schedules, fp32.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <stdexcept>
 
 #include "moekit/train.hpp"
 #include "util/error.hpp"
+#include "util/thread_pool.hpp"
 
 namespace moekit {
 
 namespace {
+
+constexpr std::int64_t kGrain = 1 << 15;  // elements per chunk of the elementwise updates
 
 // Weight decay applies to matrices and embeddings, never to biases or norm gains.
 bool decays(const std::string& name) {
@@ -119,11 +123,14 @@ void Optimizer::step(const NamedTensors& ps, const NamedTensors& gs, double lr) 
       float* m = m_.at(ps[i].first).data_as<float>();
       float* v = v_.at(ps[i].first).data_as<float>();
       const float decay = decays(ps[i].first) ? 1.0f - flr * static_cast<float>(adam_.weight_decay) : 1.0f;
-      for (std::int64_t j = 0; j < ps[i].second.numel(); ++j) {
-        m[j] = b1 * m[j] + (1.0f - b1) * g[j];
-        v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
-        p[j] = p[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_sqrt_c2 + eps);
-      }
+      // Elementwise: any split over threads gives the same bits.
+      detail::parallel_for(ps[i].second.numel(), kGrain, [&](std::int64_t j0, std::int64_t j1) {
+        for (std::int64_t j = j0; j < j1; ++j) {
+          m[j] = b1 * m[j] + (1.0f - b1) * g[j];
+          v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+          p[j] = p[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_sqrt_c2 + eps);
+        }
+      });
     }
     return;
   }
@@ -133,11 +140,13 @@ void Optimizer::step(const NamedTensors& ps, const NamedTensors& gs, double lr) 
     const float* g = gs[i].second.data_as<const float>();
     float* buf = m_.at(ps[i].first).data_as<float>();
     const bool d = decays(ps[i].first);
-    for (std::int64_t j = 0; j < ps[i].second.numel(); ++j) {
-      const float gj = d ? g[j] + wd * p[j] : g[j];
-      buf[j] = steps_ == 1 ? gj : mu * buf[j] + gj;
-      p[j] -= flr * (sgd_.nesterov ? gj + mu * buf[j] : buf[j]);
-    }
+    detail::parallel_for(ps[i].second.numel(), kGrain, [&](std::int64_t j0, std::int64_t j1) {
+      for (std::int64_t j = j0; j < j1; ++j) {
+        const float gj = d ? g[j] + wd * p[j] : g[j];
+        buf[j] = steps_ == 1 ? gj : mu * buf[j] + gj;
+        p[j] -= flr * (sgd_.nesterov ? gj + mu * buf[j] : buf[j]);
+      }
+    });
   }
 }
 
@@ -194,15 +203,29 @@ void Optimizer::load_state(const NamedTensors& state, std::int64_t steps, const 
 }
 
 namespace {
+// Σ x² in double: fixed blocks of kBlock elements summed in order, then the block sums in order
+// (the same bits for any thread count).
 double sum_squares(const Tensor& t) {
-  double sum = 0;
+  constexpr std::int64_t kBlock = 1 << 16;
   const float* p = t.data_as<const float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) sum += static_cast<double>(p[i]) * p[i];
+  const std::int64_t n = t.numel(), blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> part(static_cast<std::size_t>(blocks), 0.0);
+  detail::parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      double s = 0;
+      for (std::int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) s += static_cast<double>(p[i]) * p[i];
+      part[static_cast<std::size_t>(b)] = s;
+    }
+  });
+  double sum = 0;
+  for (const double s : part) sum += s;
   return sum;
 }
 void scale_all(const Tensor& t, float s) {
   float* p = t.data_as<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] *= s;
+  detail::parallel_for(t.numel(), kGrain, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) p[i] *= s;
+  });
 }
 }  // namespace
 

@@ -175,6 +175,18 @@ TEST_F(Cli, DemoRunsAndPrintsMaxVio) {
   EXPECT_NE(r.out.find("(2 threads)"), std::string::npos) << r.out;
 }
 
+TEST_F(Cli, DemoShowsLossFreeBalancingEvenTheLoad) {
+  const RunResult r = run({"demo", "--runs", "1", "--threads", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto maxvio_after = [&](const std::string& label) {
+    const auto at = r.out.find(label);
+    EXPECT_NE(at, std::string::npos) << r.out;
+    return at == std::string::npos ? -1.0 : std::stod(r.out.substr(r.out.find("(MaxVio ", at) + 8));
+  };
+  EXPECT_GT(maxvio_after("held-out load per expert before"), 2.0) << r.out;
+  EXPECT_LT(maxvio_after("held-out load per expert after"), 0.5) << r.out;
+}
+
 TEST_F(Cli, DemoChecksumDoesNotDependOnThreads) {
   auto checksum = [](const std::string& out) {
     const auto at = out.find("checksum:");
