@@ -7,7 +7,9 @@
 //   -> logits = (RMSNorm(h_L) · g_f) · Wᵀ -> softmax cross-entropy against the next byte
 //
 // The context window (N tokens, the current one included) stands in for attention: enough to
-// make the MoE blocks learn real statistics of text, cheap enough to train in minutes.
+// make the MoE blocks learn real statistics of text, cheap enough to train in minutes. The
+// projection is computed through per-offset tables Q_j = E · P_jᵀ (V·N·D² instead of T·N·D²
+// multiply-adds: the same function, a different summation order).
 #pragma once
 
 #include <cstdint>
@@ -74,7 +76,7 @@ LmBatch make_lm_batch(const std::vector<std::uint8_t>& text, const std::vector<s
 struct LmSaved {
   std::int64_t tokens = 0;
   std::vector<std::int32_t> window, targets;
-  Tensor x0;                      ///< [T, N·D] the concatenated embeddings
+  Tensor tables;                  ///< [N, V, D]: Q_j = E · P_jᵀ, the context projection per offset
   std::vector<Tensor> h;          ///< L + 1 × [T, D]: the residual stream before each block, and after the last
   std::vector<Tensor> inv_rms;    ///< L + 1 × [T]: 1 / rms of each h
   std::vector<SavedForward> blocks;

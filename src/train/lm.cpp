@@ -268,28 +268,33 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
   s.moe_seconds = 0;
   s.window = batch.window;
   s.targets = batch.targets;
-  // Concatenated embeddings (zeros before the text's start), then the context projection.
-  ensure(s.x0, {T, N * D});
-  const float* emb = params_.embed.data_as<const float>();
-  float* x0 = s.x0.data_as<float>();
-  detail::parallel_for(T, 64, [&](std::int64_t t0, std::int64_t t1) {
-    for (std::int64_t t = t0; t < t1; ++t)
-      for (std::int64_t j = 0; j < N; ++j) {
-        const std::int32_t tok = batch.window[static_cast<std::size_t>(t * N + j)];
-        float* dst = x0 + (t * N + j) * D;
-        if (tok < 0) {
-          std::fill_n(dst, D, 0.0f);
-        } else {
-          std::memcpy(dst, emb + tok * D, static_cast<std::size_t>(D) * sizeof(float));
-        }
-      }
-  });
+  // The context projection through per-offset tables: h0_t = Σ_j [E(x_{t-j})] · P_jᵀ =
+  // Σ_j Q_j[x_{t-j}] with Q_j = E · P_jᵀ [V, D] (P_j: columns j·D.. of P). V·N·D² multiply-adds
+  // instead of T·N·D² (V = 256 bytes, T thousands of tokens); the sum over j runs in j order.
+  ensure(s.tables, {N, V, D});
+  for (std::int64_t j = 0; j < N; ++j)
+    kernels::gemm_nt(rows(params_.embed),
+                     WeightMatrix{params_.context_proj.data_as<const float>() + j * D, DType::f32, N * D,
+                                  kernels::WeightLayout::rows, {}},
+                     Output{s.tables.data_as<float>() + j * V * D, D, nullptr, false}, V, D, D);
   s.h.resize(static_cast<std::size_t>(L + 1));
   s.inv_rms.resize(static_cast<std::size_t>(L + 1));
   if (training) s.blocks.resize(static_cast<std::size_t>(L));
   ensure(s.h[0], {T, D});
-  kernels::gemm_nt(rows(s.x0), weight(params_.context_proj), Output{s.h[0].data_as<float>(), D, nullptr, false}, T, D,
-                   N * D);
+  const float* q = s.tables.data_as<const float>();
+  float* h0 = s.h[0].data_as<float>();
+  detail::parallel_for(T, 64, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      float* dst = h0 + t * D;
+      std::fill_n(dst, D, 0.0f);
+      for (std::int64_t j = 0; j < N; ++j) {
+        const std::int32_t tok = batch.window[static_cast<std::size_t>(t * N + j)];
+        if (tok < 0) continue;  // before the text's start: a zero embedding
+        const float* src = q + (j * V + tok) * D;
+        for (std::int64_t d = 0; d < D; ++d) dst[d] += src[d];
+      }
+    }
+  });
   Tensor normed;
   for (std::int64_t l = 0; l < L; ++l) {
     const auto li = static_cast<std::size_t>(l);
@@ -393,25 +398,31 @@ double LanguageModel::backward(const LmSaved& s, double loss_scale, LmParams& g,
     moe_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rms_norm_backward(dx, s.h[li], s.inv_rms[li], params_.norms[li], dh, true, g.norms[li], accumulate);
   }
-  kernels::gemm_tn(rows(dh), rows(s.x0), Output{g.context_proj.data_as<float>(), N * D, nullptr, accumulate}, D, N * D,
-                   T);
-  Tensor dx0 = Tensor::uninitialized({T, N * D}, DType::f32);
-  kernels::gemm_nn(rows(dh), weight(params_.context_proj), Output{dx0.data_as<float>(), N * D, nullptr, false}, T,
-                   N * D, D);
-  // Scatter-add into the embedding rows, column chunks in parallel, rows in order.
-  float* de = g.embed.data_as<float>();
-  if (!accumulate) std::fill_n(de, V * D, 0.0f);
-  const float* px = dx0.data_as<const float>();
+  // dQ_j[v] = Σ_{t : x_{t-j} = v} dh0_t (column chunks in parallel, rows in order), then
+  // dE (+)= Σ_j dQ_j · P_j and dP_j (+)= dQ_jᵀ · E.
+  Tensor dq = Tensor::uninitialized({N, V, D}, DType::f32);
+  float* pdq = dq.data_as<float>();
+  std::fill_n(pdq, N * V * D, 0.0f);
+  const float* pdh = dh.data_as<const float>();
   detail::parallel_for(D, 16, [&](std::int64_t d0, std::int64_t d1) {
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t j = 0; j < N; ++j) {
         const std::int32_t tok = s.window[static_cast<std::size_t>(t * N + j)];
         if (tok < 0) continue;
-        const float* src = px + (t * N + j) * D;
-        float* dst = de + tok * D;
+        const float* src = pdh + t * D;
+        float* dst = pdq + (j * V + tok) * D;
         for (std::int64_t d = d0; d < d1; ++d) dst[d] += src[d];
       }
   });
+  for (std::int64_t j = 0; j < N; ++j) {
+    const RowSource dqj{pdq + j * V * D, D, nullptr, nullptr};
+    kernels::gemm_nn(dqj,
+                     WeightMatrix{params_.context_proj.data_as<const float>() + j * D, DType::f32, N * D,
+                                  kernels::WeightLayout::rows, {}},
+                     Output{g.embed.data_as<float>(), D, nullptr, accumulate || j > 0}, V, D, D);
+    kernels::gemm_tn(dqj, rows(params_.embed), Output{g.context_proj.data_as<float>() + j * D, N * D, nullptr, accumulate},
+                     D, D, V);
+  }
   return moe_seconds;
 }
 
