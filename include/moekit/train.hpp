@@ -275,7 +275,10 @@ class Optimizer {
   /// The same over named tensors: `grads` must name the same tensors in the same order, with
   /// the same shapes (f32). The update of each element depends only on its own values, so it
   /// is the same bits whatever else is in the list.
-  void step(const NamedTensors& params, const NamedTensors& grads, double lr);
+  /// `grad_scale` multiplies every gradient element (rounded to f32) before it is used: the
+  /// same bits as clip_grad_norm's scaling followed by step(), without a pass over the
+  /// gradients.
+  void step(const NamedTensors& params, const NamedTensors& grads, double lr, float grad_scale = 1.0f);
 
   Kind kind() const noexcept { return kind_; }
   std::int64_t steps() const noexcept { return steps_; }
@@ -307,5 +310,7 @@ double clip_grad_norm(const std::vector<MoeTensors*>& grads, double max_norm);
 /// The same over named gradients (summed in list order).
 double grad_norm(const NamedTensors& grads);
 double clip_grad_norm(const NamedTensors& grads, double max_norm);
+/// The factor clip_grad_norm scales by for a gradient of norm `norm` (1 if norm <= max_norm).
+float clip_factor(double norm, double max_norm);
 
 }  // namespace moekit

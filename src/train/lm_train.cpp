@@ -233,13 +233,10 @@ StepResult LmTrainer::step() {
     out.moe_seconds += model_.backward(saved_, 1.0 / static_cast<double>(T), grads_, m > 0, dlogits);
   }
   const NamedTensors gn = grads_.named();
-  try {
-    out.grad_norm = options_.clip > 0 ? clip_grad_norm(gn, options_.clip) : grad_norm(gn);
-  } catch (const std::runtime_error& e) {
-    throw fail(e.what());
-  }
+  out.grad_norm = grad_norm(gn);
   if (!std::isfinite(out.grad_norm)) throw fail(MOEKIT_MSG("the gradient norm is " << out.grad_norm));
-  optimizer_.step(params_.named(), gn, out.lr);
+  // Clipping folded into the update (the same bits as clip_grad_norm, one pass fewer).
+  optimizer_.step(params_.named(), gn, out.lr, options_.clip > 0 ? clip_factor(out.grad_norm, options_.clip) : 1.0f);
   for (std::int64_t l = 0; l < L; ++l) {
     const auto& c = counts[static_cast<std::size_t>(l)];
     if (!balancers_.empty()) {

@@ -87,7 +87,7 @@ void Optimizer::step(MoeTensors& params, const MoeTensors& grads, double lr) {
   step(named_tensors(params), named_tensors(grads), lr);
 }
 
-void Optimizer::step(const NamedTensors& ps, const NamedTensors& gs, double lr) {
+void Optimizer::step(const NamedTensors& ps, const NamedTensors& gs, double lr, float grad_scale) {
   if (!std::isfinite(lr) || lr < 0)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::Optimizer::step] lr must be finite and >= 0, got " << lr));
   check_pairs(ps, gs);
@@ -126,8 +126,9 @@ void Optimizer::step(const NamedTensors& ps, const NamedTensors& gs, double lr) 
       // Elementwise: any split over threads gives the same bits.
       detail::parallel_for(ps[i].second.numel(), kGrain, [&](std::int64_t j0, std::int64_t j1) {
         for (std::int64_t j = j0; j < j1; ++j) {
-          m[j] = b1 * m[j] + (1.0f - b1) * g[j];
-          v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+          const float gj = grad_scale == 1.0f ? g[j] : g[j] * grad_scale;
+          m[j] = b1 * m[j] + (1.0f - b1) * gj;
+          v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
           p[j] = p[j] * decay - step_size * m[j] / (std::sqrt(v[j]) * inv_sqrt_c2 + eps);
         }
       });
@@ -142,7 +143,8 @@ void Optimizer::step(const NamedTensors& ps, const NamedTensors& gs, double lr) 
     const bool d = decays(ps[i].first);
     detail::parallel_for(ps[i].second.numel(), kGrain, [&](std::int64_t j0, std::int64_t j1) {
       for (std::int64_t j = j0; j < j1; ++j) {
-        const float gj = d ? g[j] + wd * p[j] : g[j];
+        const float gs_j = grad_scale == 1.0f ? g[j] : g[j] * grad_scale;
+        const float gj = d ? gs_j + wd * p[j] : gs_j;
         buf[j] = steps_ == 1 ? gj : mu * buf[j] + gj;
         p[j] -= flr * (sgd_.nesterov ? gj + mu * buf[j] : buf[j]);
       }
@@ -243,9 +245,13 @@ double clip_grad_norm(const NamedTensors& grads, double max_norm) {
     throw std::runtime_error(MOEKIT_MSG("[moekit::clip_grad_norm] the gradient norm is " << norm
                                                                                          << "; nothing was scaled"));
   if (norm <= max_norm) return norm;
-  const float s = static_cast<float>(max_norm / (norm + 1e-6));
+  const float s = clip_factor(norm, max_norm);
   for (const auto& [name, t] : grads) scale_all(t, s);
   return norm;
+}
+
+float clip_factor(double norm, double max_norm) {
+  return norm <= max_norm ? 1.0f : static_cast<float>(max_norm / (norm + 1e-6));
 }
 
 namespace {

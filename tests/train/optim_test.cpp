@@ -155,3 +155,26 @@ TEST(Optimizer, BlockLearnsATeacher) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+TEST(Optimizer, GradScaleEqualsClippingFirst) {
+  const MoeConfig cfg = small_config();
+  for (const bool adam : {true, false}) {
+    MoeTensors p1 = init_parameters(cfg, 3), p2 = init_parameters(cfg, 3);
+    MoeTensors g1 = init_parameters(cfg, 4), g2 = init_parameters(cfg, 4);  // any values will do
+    Optimizer o1 = adam ? Optimizer::adamw() : Optimizer::sgd(), o2 = o1;
+    const NamedTensors n1 = named_tensors(g1), n2 = named_tensors(g2);
+    const double norm = clip_grad_norm(n1, 0.5);
+    o1.step(named_tensors(p1), n1, 1e-2);
+    o2.step(named_tensors(p2), n2, 1e-2, clip_factor(norm, 0.5));
+    ASSERT_LT(clip_factor(norm, 0.5), 1.0f);
+    const NamedTensors a = named_tensors(p1), b = named_tensors(p2);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(std::memcmp(a[i].second.data(), b[i].second.data(), a[i].second.nbytes()), 0) << a[i].first;
+  }
+}
+
+}  // namespace
+}  // namespace moekit
