@@ -327,42 +327,41 @@ LmCheckpoint load_lm_checkpoint(const std::string& dir, const Optimizer& optimiz
     throw std::invalid_argument(MOEKIT_MSG(config_path.string() << ": " << e.what()));
   }
   ck.config_json = text;
-  // The parameters: shapes from a fresh init of the config, values from the file by name.
-  ck.params = init_lm_parameters(ck.config, 0);
-  ck.selection_biases.resize(static_cast<std::size_t>(ck.config.layers()));
-  if (ck.config.block.router.has_selection_bias)
-    for (Tensor& b : ck.selection_biases) b = Tensor({ck.config.block.router.num_experts}, DType::f32);
-  const Named want = lm_stored_tensors(ck.config, ck.params, ck.selection_biases);
+  const std::int64_t V = ck.config.vocab, D = ck.config.dim(), N = ck.config.context, L = ck.config.layers();
   const std::string model_path = (fs::path(dir) / "model.safetensors").string();
   const auto file = SafetensorsFile::open(model_path);
-  // lm_stored_tensors' tensors are the parameters themselves, or (split / fused layouts) copies:
-  // read them into the stored form, then invert the layout through the loader's own reading.
-  for (const auto& [name, t] : want) {
+  // Everything moekit train writes is f32; the blocks' names and shapes are checked by
+  // load_moe_layer below, the rest here.
+  for (const std::string& name : file->names())
+    if (file->info(name).dtype_name != "F32")
+      throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] " << model_path << ": '" << name << "' is "
+                                                                          << file->info(name).dtype_name
+                                                                          << ", expected F32"));
+  const auto read = [&](const std::string& name, const Shape& shape) {
     if (!file->contains(name))
       throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] " << model_path << ": no tensor '" << name
                                                                           << "'"));
-    const TensorInfo& info = file->info(name);
-    if (info.dtype_name != "F32" || info.shape != t.shape())
+    if (file->info(name).shape != shape)
       throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] " << model_path << ": '" << name << "' is "
-                                                                          << info.dtype_name << " "
-                                                                          << shape_str(info.shape) << ", expected F32 "
-                                                                          << shape_str(t.shape())));
-  }
-  const auto copy_in = [&](const std::string& name, const Tensor& t) {
+                                                                          << shape_str(file->info(name).shape)
+                                                                          << ", expected " << shape_str(shape)));
+    Tensor t = Tensor::uninitialized(shape, DType::f32);
     std::memcpy(t.data(), file->bytes(name), t.nbytes());
+    return t;
   };
-  copy_in("model.embed_tokens.weight", ck.params.embed);
-  copy_in("model.context_proj.weight", ck.params.context_proj);
-  copy_in("model.norm.weight", ck.params.final_norm);
-  copy_in("lm_head.weight", ck.params.head);
-  for (std::int64_t l = 0; l < ck.config.layers(); ++l) {
-    const auto li = static_cast<std::size_t>(l);
-    copy_in("model.layers." + std::to_string(l) + ".post_attention_layernorm.weight", ck.params.norms[li]);
+  ck.params.embed = read("model.embed_tokens.weight", {V, D});
+  ck.params.context_proj = read("model.context_proj.weight", {D, N * D});
+  ck.params.final_norm = read("model.norm.weight", {D});
+  ck.params.head = read("lm_head.weight", {V, D});
+  ck.selection_biases.resize(static_cast<std::size_t>(L));
+  for (std::int64_t l = 0; l < L; ++l) {
+    ck.params.norms.push_back(read("model.layers." + std::to_string(l) + ".post_attention_layernorm.weight", {D}));
     // The block through load_moe_layer (the loader every checkpoint goes through), widened back
     // into trainable f32 tensors.
     const MoeLayer layer = load_moe_layer(dir, ck.config.block, l);
-    ck.params.blocks[li] = trainable_parameters(layer);
-    if (ck.config.block.router.has_selection_bias) ck.selection_biases[li] = layer.weights().selection_bias.clone();
+    ck.params.blocks.push_back(trainable_parameters(layer));
+    if (ck.config.block.router.has_selection_bias)
+      ck.selection_biases[static_cast<std::size_t>(l)] = layer.weights().selection_bias.clone();
   }
   StateFile st = read_state_file(dir, optimizer, "load_lm_checkpoint");
   ck.optimizer = optimizer;
