@@ -234,6 +234,13 @@ std::string hms(double seconds) {
   return buf;
 }
 
+// The max over layers of their MaxVio (MaxVio_batch of a step, MaxVio_global of an evaluation).
+double max_maxvio(const std::vector<LayerLoad>& layers) {
+  double v = 0;
+  for (const LayerLoad& l : layers) v = std::max(v, l.load.max_violation);
+  return v;
+}
+
 // The per-step CSV and, for plots, the per-expert load and bias files.
 class MetricsFiles {
  public:
@@ -268,11 +275,11 @@ class MetricsFiles {
 
   void write(const StepResult& r) {
     if (csv_.is_open()) {
-      double vb = 0, vg = 0, bmin = 0, bmax = 0;
+      const double vb = max_maxvio(r.layers), vg = r.evaluated ? max_maxvio(r.eval.layers) : 0.0;
+      double bmin = 0, bmax = 0;
       std::int64_t dead = 0;
       bool has_bias = false;
       for (const LayerLoad& l : r.layers) {
-        vb = std::max(vb, l.load.max_violation);
         dead += l.load.dead_experts;
         for (const float b : l.bias) {
           bmin = has_bias ? std::min<double>(bmin, b) : b;
@@ -280,8 +287,6 @@ class MetricsFiles {
           has_bias = true;
         }
       }
-      if (r.evaluated)
-        for (const LayerLoad& l : r.eval.layers) vg = std::max(vg, l.load.max_violation);
       csv_ << r.step << "," << r.tokens << "," << num(r.train_loss) << ","
            << (r.evaluated ? num(r.eval.loss) : "") << "," << (r.evaluated ? num(r.eval.ppl) : "") << ","
            << (r.evaluated ? num(r.eval.bpb) : "") << "," << num(vb) << "," << (r.evaluated ? num(vg) : "") << ","
@@ -496,8 +501,7 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
       total_s += r.seconds;
       moe_s += r.moe_seconds;
       trained_tokens += static_cast<double>(options.batch_tokens);
-      double vb = 0;
-      for (const LayerLoad& l : r.layers) vb = std::max(vb, l.load.max_violation);
+      const double vb = max_maxvio(r.layers);
       vb_history.push_back(vb);
       if (r.evaluated) sum.eval = r.eval;
       if (!quiet) {
@@ -519,13 +523,7 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
           std::printf("step %lld/%lld  loss %.4f%s  MaxVio_batch %.3f%s  lr %.2e  %.0f tok/s  ETA %s\n",
                       static_cast<long long>(r.step), static_cast<long long>(options.steps), r.train_loss,
                       r.evaluated ? ("  eval " + num(r.eval.loss) + " (ppl " + num(r.eval.ppl) + ")").c_str() : "", vb,
-                      [&] {
-                        if (!r.evaluated) return std::string();
-                        double vg = 0;
-                        for (const LayerLoad& l : r.eval.layers) vg = std::max(vg, l.load.max_violation);
-                        return "  MaxVio_global " + num(vg);
-                      }()
-                          .c_str(),
+                      r.evaluated ? ("  MaxVio_global " + num(max_maxvio(r.eval.layers))).c_str() : "",
                       r.lr, tps, hms(eta).c_str());
         }
         std::fflush(stdout);
@@ -562,8 +560,7 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
   }
   if (sum.eval.tokens == 0) sum.eval = trainer->evaluate();
   if (!quiet) {
-    double vg = 0;
-    for (const LayerLoad& l : sum.eval.layers) vg = std::max(vg, l.load.max_violation);
+    const double vg = max_maxvio(sum.eval.layers);
     std::printf("done: %lld steps, eval loss %.4f nats (ppl %.3f, %.3f bits/byte), MaxVio_global %.3f, "
                 "%.0f tokens/s (%.0f%% in the MoE blocks)\n",
                 static_cast<long long>(sum.steps), sum.eval.loss, sum.eval.ppl, sum.eval.bpb, vg, sum.tokens_per_s,
@@ -638,8 +635,7 @@ void run_compare(const TrainFlags& base, const CLI::App* app, const std::string&
     std::fflush(stdout);
     results.push_back(run_training(f, nullptr, paths_for(f), v.label, python, true));
     const RunSummary& r = results.back();
-    double vg = 0;
-    for (const LayerLoad& l : r.eval.layers) vg = std::max(vg, l.load.max_violation);
+    const double vg = max_maxvio(r.eval.layers);
     std::printf(" eval ppl %.4f  MaxVio_global %.3f  (%.0f s)\n", r.eval.ppl, vg,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     (v.collapsed ? collapsed_args : compare_args) += " " + quote(v.label + "=" + paths_for(f).csv);
@@ -651,8 +647,7 @@ void run_compare(const TrainFlags& base, const CLI::App* app, const std::string&
   table << "| run | eval loss (nats) | eval ppl | bits/byte | MaxVio_global | MaxVio_batch (last 10 % of steps) |\n"
            "|---|---|---|---|---|---|\n";
   for (const RunSummary& r : results) {
-    double vg = 0;
-    for (const LayerLoad& l : r.eval.layers) vg = std::max(vg, l.load.max_violation);
+    const double vg = max_maxvio(r.eval.layers);
     char row[256];
     std::snprintf(row, sizeof row, "| %s | %.4f | %.4f | %.4f | %.3f | %.3f |\n", r.label.c_str(), r.eval.loss,
                   r.eval.ppl, r.eval.bpb, vg, r.maxvio_batch_tail);

@@ -34,24 +34,44 @@ struct MoeTensors {
   /// Calls fn(name, tensor) for every non-empty member in the order above, named "router",
   /// "router_bias", "experts.gate", "experts.up", "experts.down", "experts.gate_bias",
   /// "experts.up_bias", "experts.down_bias", "shared.gate_proj", "shared.up_proj",
-  /// "shared.down_proj", "shared_gate".
+  /// "shared.down_proj", "shared_gate" (kMoeTensorMembers).
   template <class Fn>
-  void for_each(Fn&& fn) const {
-    const std::pair<const char*, const Tensor*> all[] = {
-        {"router", &router},           {"router_bias", &router_bias},
-        {"experts.gate", &gate},       {"experts.up", &up},
-        {"experts.down", &down},       {"experts.gate_bias", &gate_bias},
-        {"experts.up_bias", &up_bias}, {"experts.down_bias", &down_bias},
-        {"shared.gate_proj", &shared_gate_proj}, {"shared.up_proj", &shared_up_proj},
-        {"shared.down_proj", &shared_down_proj}, {"shared_gate", &shared_gate}};
-    for (const auto& [name, t] : all)
-      if (t->numel() > 0) fn(std::string(name), *t);
-  }
+  void for_each(Fn&& fn) const;
   /// Bytes of all members.
   std::size_t nbytes() const;
   /// Zero tensors with the shapes of `layer`'s parameters.
   static MoeTensors zeros_like(const MoeLayer& layer);
+  /// Zero tensors shaped like `like`'s members (empty where `like`'s are).
+  static MoeTensors zeros_like(const MoeTensors& like);
 };
+
+/// Every member of MoeTensors with its name, in for_each's order.
+struct MoeTensorMember {
+  const char* name;
+  Tensor MoeTensors::*member;
+};
+inline constexpr MoeTensorMember kMoeTensorMembers[] = {
+    {"router", &MoeTensors::router},
+    {"router_bias", &MoeTensors::router_bias},
+    {"experts.gate", &MoeTensors::gate},
+    {"experts.up", &MoeTensors::up},
+    {"experts.down", &MoeTensors::down},
+    {"experts.gate_bias", &MoeTensors::gate_bias},
+    {"experts.up_bias", &MoeTensors::up_bias},
+    {"experts.down_bias", &MoeTensors::down_bias},
+    {"shared.gate_proj", &MoeTensors::shared_gate_proj},
+    {"shared.up_proj", &MoeTensors::shared_up_proj},
+    {"shared.down_proj", &MoeTensors::shared_down_proj},
+    {"shared_gate", &MoeTensors::shared_gate},
+};
+
+template <class Fn>
+void MoeTensors::for_each(Fn&& fn) const {
+  for (const MoeTensorMember& m : kMoeTensorMembers) {
+    const Tensor& t = this->*(m.member);
+    if (t.numel() > 0) fn(std::string(m.name), t);
+  }
+}
 
 /// An owned f32 copy of `layer`'s parameters (float weights of any dtype or layout, panels
 /// included, widened exactly). Throws std::invalid_argument for quantized weights, which have no

@@ -281,6 +281,14 @@ const std::vector<Family>& families() {
   return kFamilies;
 }
 
+// The family row of `model_type`, or nullptr.
+const Family* find_family(const std::string& model_type) {
+  for (const Family& fam : families())
+    for (const char* t : fam.model_types)
+      if (model_type == t) return &fam;
+  return nullptr;
+}
+
 }  // namespace
 
 std::string supported_model_types() {
@@ -369,10 +377,7 @@ MoeConfig parse_hf_config(std::string_view json_text) {
   if (model_type.empty())
     throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] missing 'model_type' (supported: "
                                            << supported_model_types() << ")"));
-  const Family* family = nullptr;
-  for (const Family& fam : families())
-    for (const char* t : fam.model_types)
-      if (model_type == t) family = &fam;
+  const Family* family = find_family(model_type);
   if (family == nullptr)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] unknown model_type '"
                                            << model_type << "' (supported: " << supported_model_types() << ")"));
@@ -492,10 +497,7 @@ const char* body_name(BodyKind kind) noexcept {
 }
 
 std::string preset_config_json(const std::string& model_type, const BlockShape& shape) {
-  const Family* family = nullptr;
-  for (const Family& fam : families())
-    for (const char* t : fam.model_types)
-      if (model_type == t) family = &fam;
+  const Family* family = find_family(model_type);
   if (family == nullptr)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::preset_config_json] unknown family '"
                                            << model_type << "' (supported: " << supported_model_types() << ")"));

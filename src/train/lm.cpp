@@ -138,23 +138,7 @@ LmParams LmParams::zeros_like(const LmParams& like) {
   for (const Tensor& n : like.norms) p.norms.push_back(z(n));
   p.final_norm = z(like.final_norm);
   p.head = z(like.head);
-  for (const MoeTensors& b : like.blocks) {
-    MoeTensors g;
-    const auto zm = [&](const Tensor& t) { return t.numel() > 0 ? z(t) : Tensor(); };
-    g.router = zm(b.router);
-    g.router_bias = zm(b.router_bias);
-    g.gate = zm(b.gate);
-    g.up = zm(b.up);
-    g.down = zm(b.down);
-    g.gate_bias = zm(b.gate_bias);
-    g.up_bias = zm(b.up_bias);
-    g.down_bias = zm(b.down_bias);
-    g.shared_gate_proj = zm(b.shared_gate_proj);
-    g.shared_up_proj = zm(b.shared_up_proj);
-    g.shared_down_proj = zm(b.shared_down_proj);
-    g.shared_gate = zm(b.shared_gate);
-    p.blocks.push_back(std::move(g));
-  }
+  for (const MoeTensors& b : like.blocks) p.blocks.push_back(MoeTensors::zeros_like(b));
   return p;
 }
 

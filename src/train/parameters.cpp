@@ -110,6 +110,13 @@ MoeTensors MoeTensors::zeros_like(const MoeLayer& layer) {
   return t;
 }
 
+MoeTensors MoeTensors::zeros_like(const MoeTensors& like) {
+  MoeTensors z;
+  for (const MoeTensorMember& m : kMoeTensorMembers)
+    if ((like.*m.member).numel() > 0) z.*m.member = Tensor((like.*m.member).shape(), DType::f32);
+  return z;
+}
+
 MoeTensors trainable_parameters(const MoeLayer& layer) {
   const MoeWeights& w = layer.weights();
   for (const ExpertWeights* x : {&w.experts, &w.shared})
