@@ -95,9 +95,10 @@ void LmTrainOptions::validate() const {
                                                                            << micro_batches << " equal parts"));
   lr.validate();
   bias_rate.validate();
-  for (const auto& [what, v] : {std::pair{"clip", clip}, std::pair{"aux_coef", aux_coef}, std::pair{"z_coef", z_coef}})
-    if (!std::isfinite(v) || v < 0)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainOptions] " << what << " (" << v
+  // (No structured bindings here: clang 14 cannot capture them in MOEKIT_MSG's lambda.)
+  for (const auto& item : {std::pair{"clip", clip}, std::pair{"aux_coef", aux_coef}, std::pair{"z_coef", z_coef}})
+    if (!std::isfinite(item.second) || item.second < 0)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainOptions] " << item.first << " (" << item.second
                                                                          << ") must be finite and >= 0"));
   make_optimizer(*this);  // validates the optimizer's options
 }
