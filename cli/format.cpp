@@ -12,24 +12,6 @@
 
 namespace moekit::cli {
 
-std::string format_bytes(std::size_t bytes) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int unit = 0;
-  while (v >= 1024.0 && unit < 4) {
-    v /= 1024.0;
-    ++unit;
-  }
-  std::ostringstream os;
-  os << bytes << " bytes";
-  if (unit > 0) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, " (%.1f %s)", v, kUnits[unit]);
-    os << buf;
-  }
-  return os.str();
-}
-
 std::vector<std::string> split_list(const std::string& text, const std::string& option) {
   std::vector<std::string> items;
   std::size_t start = 0;

@@ -15,9 +15,6 @@ class Option;
 
 namespace moekit::cli {
 
-/// "98304 bytes (96.0 KiB)".
-std::string format_bytes(std::size_t bytes);
-
 /// Splits "a,b,c" at commas, trimming blanks around each item. Throws std::invalid_argument
 /// naming `option` for an empty list or an empty item ("1,,2").
 std::vector<std::string> split_list(const std::string& text, const std::string& option);

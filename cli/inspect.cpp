@@ -1,16 +1,11 @@
-// `moekit inspect`: what moekit reads from a checkpoint folder — the config as moekit
-// understands it, then one MoE layer loaded for real (layout, dtypes, bytes).
+// `moekit inspect`: prints inspect_report (model.hpp) for a checkpoint folder.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <iostream>
 #include <memory>
-#include <sstream>
-#include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "commands.hpp"
-#include "format.hpp"
 #include "moekit/moekit.hpp"
 
 namespace moekit::cli {
@@ -22,108 +17,6 @@ struct InspectOptions {
   std::int64_t layer = -1;
 };
 
-// "f32" when all defined matrices share a format, else per projection: "gate 4-bit affine,
-// group 64, bf16 scales (1.5 MB), up ..., down ...".
-std::string matrix_formats(const ExpertWeights& w) {
-  std::vector<std::pair<const char*, const ExpertMatrix*>> ms;
-  if (w.gate.defined()) ms.emplace_back("gate", &w.gate);
-  ms.emplace_back("up", &w.up);
-  ms.emplace_back("down", &w.down);
-  bool same = true, quantized = false;
-  for (const auto& m : ms) {
-    same = same && m.second->format() == ms.front().second->format();
-    quantized = quantized || m.second->quantized();
-  }
-  if (same && !quantized) return ms.front().second->format();
-  std::ostringstream os;
-  for (std::size_t i = 0; i < ms.size(); ++i)
-    os << (i ? "; " : "") << ms[i].first << " " << ms[i].second->format() << " ("
-       << format_bytes(ms[i].second->nbytes()) << ")";
-  return os.str();
-}
-
-std::string describe_experts(const ExpertWeights& w) {
-  std::ostringstream os;
-  os << w.num_experts() << " x " << (w.gate.defined() ? "gate, up " : "up ")
-     << shape_str({w.width(), w.hidden_size()}) << ", down "
-     << shape_str({w.hidden_size(), w.width()}) << ", " << matrix_formats(w) << ", "
-     << format_bytes(w.nbytes());
-  if (w.up_bias.numel() > 0 || w.down_bias.numel() > 0) os << ", with f32 biases";
-  return os.str();
-}
-
-void run_inspect(const InspectOptions& opt) {
-  // Everything that can fail happens before anything is printed.
-  const MoeConfig cfg = load_hf_config(opt.model);
-  std::vector<std::int64_t> moe, dense;
-  for (std::int64_t l = 0; l < cfg.num_layers; ++l)
-    (cfg.is_moe_layer(l) ? moe : dense).push_back(l);
-  const std::int64_t layer = opt.layer >= 0 ? opt.layer : (moe.empty() ? -1 : moe.front());
-  std::unique_ptr<MoeLayer> moe_layer;
-  if (layer >= 0) moe_layer = std::make_unique<MoeLayer>(load_moe_layer(opt.model, cfg, layer));
-
-  std::ostringstream out;
-  out << "model: " << opt.model << "\n";
-  out << "family: " << cfg.model_type << "\n";
-  out << "layers: " << cfg.num_layers << "\n";
-  out << "MoE layers: " << compact_ranges(moe) << "\n";
-  out << "dense layers: " << compact_ranges(dense) << "\n";
-  out << "D: " << cfg.hidden_size << " (hidden_size)\n";
-  out << "E: " << cfg.router.num_experts << " (routed experts)\n";
-  out << "K: " << cfg.router.top_k << " (top_k)\n";
-  out << "F: " << cfg.expert_width << " (routed expert width)\n";
-  out << "routing: " << describe(cfg.router) << "\n";
-  out << "shared experts: ";
-  if (cfg.shared_width > 0)
-    out << "width " << cfg.shared_width << ", "
-        << (cfg.shared_gated ? "gated (sigmoid gate)" : "not gated") << "\n";
-  else
-    out << "none\n";
-  out << "expert body: " << body_name(cfg.body);
-  if (cfg.body == BodyKind::swiglu_clamped)
-    out << " (limit " << cfg.swiglu_limit << ", alpha " << cfg.swiglu_alpha << ")";
-  if (cfg.expert_bias) out << ", with expert biases";
-  out << "\n";
-
-  if (!moe_layer) {
-    out << "(no MoE layer to load)\n";
-  } else {
-    const MoeWeights& w = moe_layer->weights();
-    out << "\nlayer " << layer << ":\n";
-    out << "  layout: " << (w.layout.empty() ? "(unnamed)" : w.layout) << ", "
-        << (w.mapped ? "mapped (used in place)" : "copied") << "\n";
-    if (w.router_quantized.defined()) {
-      out << "  router: " << w.router_quantized.format() << " "
-          << shape_str({w.router_quantized.rows, w.router_quantized.cols}) << " ("
-          << format_bytes(w.router_quantized.nbytes()) << ")";
-    } else {
-      out << "  router: " << dtype_name(w.router.dtype()) << " " << shape_str(w.router.shape());
-    }
-    if (w.router_bias.numel() > 0) out << " + bias " << dtype_name(w.router_bias.dtype());
-    out << "\n";
-    if (w.selection_bias.numel() > 0)
-      out << "  selection bias: " << dtype_name(w.selection_bias.dtype()) << " "
-          << shape_str(w.selection_bias.shape()) << "\n";
-    out << "  routed experts: " << describe_experts(w.experts) << "\n";
-    if ((w.shared.num_experts() > 0))
-      out << "  shared experts: " << describe_experts(w.shared) << "\n";
-    // What `forward --pack` (MoeLayer::pack_weights) would hold resident: the experts in panels.
-    const std::size_t packed = w.experts.packed_nbytes() + w.shared.packed_nbytes();
-    out << "  resident expert bytes: " << (w.mapped ? "mapped, only the pages a batch touches; " : "")
-        << format_bytes(packed) << " when packed (forward --pack"
-        << (w.experts.up.quantized() ? "; quantized projections stay in their packed codes" : "") << ")\n";
-    if (w.shared_gate.defined())
-      out << "  shared gate: " << dtype_name(w.shared_gate.dtype()) << " "
-          << shape_str(w.shared_gate.shape()) << "\n";
-    if (w.shared_gate_quantized.defined())
-      out << "  shared gate: " << w.shared_gate_quantized.format() << " " << shape_str({1, cfg.hidden_size}) << "\n";
-    const std::size_t total =
-        w.experts.nbytes() + ((w.shared.num_experts() > 0) ? w.shared.nbytes() : 0);
-    out << "  expert weight bytes: " << format_bytes(total) << " (routed + shared)\n";
-  }
-  std::cout << out.str() << std::flush;
-}
-
 }  // namespace
 
 void register_inspect(CLI::App& app) {
@@ -133,7 +26,7 @@ void register_inspect(CLI::App& app) {
       ->required();
   cmd->add_option("--layer", opt->layer, "MoE layer to load (default: the first MoE layer)")
       ->check(CLI::NonNegativeNumber);
-  cmd->callback([opt] { run_inspect(*opt); });
+  cmd->callback([opt] { std::cout << inspect_report(opt->model, opt->layer) << std::flush; });
 }
 
 }  // namespace moekit::cli

@@ -29,6 +29,9 @@ const char* body_name(BodyKind kind) noexcept;
 /// "1-3, 5" for {1, 2, 3, 5}; "none" for an empty list. Values must be sorted.
 std::string compact_ranges(const std::vector<std::int64_t>& values);
 
+/// "98304 bytes (96.0 KiB)" (inspect reports, messages).
+std::string format_bytes(std::size_t bytes);
+
 /// Where the weights of one MoE block live in a checkpoint (SEMANTICS.md §3). `{L}` stands for
 /// the layer index.
 struct WeightNames {

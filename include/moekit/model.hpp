@@ -42,6 +42,13 @@ MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::i
 /// As load_moe_layer on an already-opened checkpoint (in-memory images, fuzzing).
 MoeLayer load_moe_layer(std::shared_ptr<const Checkpoint> checkpoint, const MoeConfig& config, std::int64_t layer);
 
+/// A human-readable report of what moekit reads from the checkpoint folder `path`: the config
+/// as moekit understands it (family, layer schedule, D/E/K/F, routing knobs, shared experts,
+/// body), then MoE layer `layer` (default, -1: the first MoE layer) loaded for real: its layout,
+/// mapped or copied, dtypes and shapes, expert bytes and the bytes resident once packed. Throws
+/// what load_hf_config and load_moe_layer throw; nothing is returned half-built.
+std::string inspect_report(const std::string& path, std::int64_t layer = -1);
+
 /// How one block's tensors are named and laid out in a checkpoint: the block prefix and one of
 /// load_moe_layer's expert layouts ("per_expert", "fused_gate_up", "fused_gate_up_transposed",
 /// "fused_gate_up_transposed_interleaved", "switch_mlp" with its container).

@@ -2,6 +2,7 @@
 // how they map onto RouterConfig knobs (SEMANTICS.md §2). Generic code below never tests a
 // model_type.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -472,6 +473,24 @@ std::string compact_ranges(const std::vector<std::int64_t>& values) {
     os << values[i];
     if (j > i) os << "-" << values[j];
     i = j + 1;
+  }
+  return os.str();
+}
+
+std::string format_bytes(std::size_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int unit = 0;
+  while (v >= 1024.0 && unit < 4) {
+    v /= 1024.0;
+    ++unit;
+  }
+  std::ostringstream os;
+  os << bytes << " bytes";
+  if (unit > 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " (%.1f %s)", v, kUnits[unit]);
+    os << buf;
   }
   return os.str();
 }
