@@ -12,6 +12,7 @@ sizes for both models; only the feed-forward block differs.
 """
 
 import argparse
+import os
 import math
 import pathlib
 import time
@@ -58,11 +59,12 @@ def transformers_block(d, e, k, f):
     try:
         from transformers.models.qwen3_moe import configuration_qwen3_moe as qc
         from transformers.models.qwen3_moe import modeling_qwen3_moe as qm
-    except Exception:  # noqa: BLE001 - transformers missing or too new/old for this torch
+
+        cfg = qc.Qwen3MoeConfig(hidden_size=d, moe_intermediate_size=f, num_experts=e, num_experts_per_tok=k,
+                                norm_topk_prob=True, num_hidden_layers=1)
+        block = qm.Qwen3MoeSparseMoeBlock(cfg)
+    except Exception:  # noqa: BLE001 - transformers missing, or too new/old for this torch
         return None
-    cfg = qc.Qwen3MoeConfig(hidden_size=d, moe_intermediate_size=f, num_experts=e, num_experts_per_tok=k,
-                            norm_topk_prob=True, num_hidden_layers=1)
-    block = qm.Qwen3MoeSparseMoeBlock(cfg)
     with torch.no_grad():  # bare transformers 5 modules are uninitialised
         for p in block.parameters():
             p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]))
@@ -150,11 +152,13 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0, help="torch and moekit threads (0: all cores)")
+    ap.add_argument("--threads", type=int, default=0, help="torch and moekit threads (0: every core)")
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="torch's intra-op threads (0: as --threads); see docs/python.md on spinning OpenMP threads")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        moekit.set_num_threads(args.threads)
+    threads = args.threads or os.cpu_count()
+    torch.set_num_threads(args.torch_threads or threads)  # Debian's torch defaults to 1
+    moekit.set_num_threads(threads)
     data = corpus()
     d, e, k, f = args.dim, args.experts, args.top_k, args.expert_width
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; moekit {moekit.num_threads()} threads; "
