@@ -164,7 +164,9 @@ void mixtral(const Fields& f, MoeConfig& c) {
 }
 
 void qwen_like(const Fields& f, MoeConfig& c, const char* width_key) {
-  c.router.num_experts = f.integer("num_experts");
+  // transformers 5 writes Qwen3-MoE's expert count as num_local_experts (its attribute_map
+  // aliases num_experts to it); checkpoints on the hub say num_experts.
+  c.router.num_experts = f.integer_any({"num_experts", "num_local_experts"});
   c.expert_width = f.integer(width_key);
   c.router.score_func = ScoreFunc::softmax;
   // Read the field; HF's class default is false (Qwen3 checkpoints set true).

@@ -103,6 +103,12 @@ TEST(HfConfig, MixtralQwenOlmoe) {
     "num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,"norm_topk_prob":true})");
   EXPECT_EQ(q3.router.renorm, Renorm::sum);
   EXPECT_EQ(q3.shared_width, 0);
+  // transformers 5's Qwen3MoeConfig.to_dict() names the count num_local_experts.
+  const MoeConfig q3t = parse_hf_config(R"({"model_type":"qwen3_moe","hidden_size":32,"num_hidden_layers":2,
+    "num_local_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,"norm_topk_prob":true})");
+  EXPECT_EQ(q3t.router.num_experts, 8);
+  EXPECT_THROW(parse_hf_config(R"({"model_type":"qwen3_moe","hidden_size":32,"num_hidden_layers":2,
+    "num_experts_per_tok":2,"moe_intermediate_size":16})"), std::invalid_argument);
 
   const MoeConfig o = parse_hf_config(R"({"model_type":"olmoe","hidden_size":32,"num_hidden_layers":2,
     "num_experts":8,"num_experts_per_tok":2,"intermediate_size":16,"norm_topk_prob":false})");
