@@ -42,6 +42,7 @@ from ._moekit import (  # noqa: F401
     num_threads,
     parse_hf_config,
     preset_config,
+    quantize_checkpoint,
     route,
     router_logits,
     set_num_threads,

@@ -5,6 +5,8 @@
 
 #include <shared_mutex>
 
+#include <cstdint>
+
 #include "moekit/layer.hpp"
 
 namespace moekit::py {
@@ -18,6 +20,23 @@ std::shared_mutex& compute_mutex();
 
 /// MoeLayer.forward (also used by the trainable layer).
 nb::object layer_forward(const MoeLayer& layer, nb::handle x, bool return_routing);
+
+/// What a training forward keeps (Python's SavedForward), tagged with the block it came from.
+struct Saved {
+  SavedForward saved;
+  std::uint64_t owner = 0;  ///< owner_tag of the block that made it
+  std::int64_t num_experts = 0;
+};
+
+/// The tag of a loaded MoeLayer (its address, high bit set: never a TrainableMoe's counter id).
+inline std::uint64_t owner_tag(const MoeLayer& layer) {
+  return reinterpret_cast<std::uintptr_t>(&layer) | (std::uint64_t{1} << 63);
+}
+
+/// MoeLayer.forward_train / MoeLayer.backward (train.cpp): `layer` computes, `tag` names it.
+nb::tuple forward_train_tagged(const MoeLayer& layer, std::uint64_t tag, nb::handle x, bool keep_pre_activations);
+nb::tuple backward_tagged(const MoeLayer& layer, std::uint64_t tag, const Saved& s, nb::handle dy,
+                          nb::handle extra_dlogits);
 
 void bind_core(nb::module_& m);
 void bind_training(nb::module_& m);

@@ -379,7 +379,21 @@ void bind_core(nb::module_& m) {
             std::unique_lock lock(compute_mutex());
             l.set_int8_activations(on);
           },
-          "on"_a, "The fast int8-activation mode for MLX-quantized experts (docs/numerics.md bounds it).");
+          "on"_a, "The fast int8-activation mode for MLX-quantized experts (docs/numerics.md bounds it).")
+      .def(
+          "forward_train",
+          [](const MoeLayer& l, nb::handle x, bool keep) { return forward_train_tagged(l, owner_tag(l), x, keep); },
+          "x"_a, "keep_pre_activations"_a = true,
+          "(y, saved): y exactly as forward computes it, and what backward needs (float weights).")
+      .def(
+          "backward",
+          [](const MoeLayer& l, const Saved& s, nb::handle dy, nb::handle extra) {
+            return backward_tagged(l, owner_tag(l), s, dy, extra);
+          },
+          "saved"_a, "dy"_a, "extra_dlogits"_a = nb::none(),
+          "(dx float32, {name: gradient}) of this layer's parameters ('router', 'experts.gate', ...,\n"
+          "stacked [E, out, in]; moekit.stored_tensors maps them to the checkpoint's names) for\n"
+          "dL/dy = dy. Raises ValueError for a quantized layer.");
 
   m.def(
       "load_moe_layer",

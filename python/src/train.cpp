@@ -52,11 +52,6 @@ struct TrainableMoe {
   void build() { layer = std::make_unique<MoeLayer>(make_trainable_layer(config, params, selection_bias)); }
 };
 
-struct Saved {
-  SavedForward saved;
-  std::uint64_t owner = 0;  // TrainableMoe::id
-  std::int64_t num_experts = 0;
-};
 
 std::unique_ptr<TrainableMoe> fresh(const MoeConfig& config, std::uint64_t seed) {
   auto t = std::make_unique<TrainableMoe>();
@@ -84,37 +79,11 @@ nb::dict parameters(const TrainableMoe& t, const std::string& framework) {
 }
 
 nb::tuple forward_train(const TrainableMoe& t, nb::handle x, bool keep_pre_activations) {
-  const InputArray in = import_array(x, "x");
-  auto s = std::make_unique<Saved>();
-  s->owner = t.id;
-  s->num_experts = t.config.router.num_experts;
-  Tensor y;
-  {
-    nb::gil_scoped_release release;
-    std::shared_lock lock(compute_mutex());
-    y = t.layer->forward_train(in.view, s->saved, keep_pre_activations);
-  }
-  return nb::make_tuple(export_tensor(std::move(y), in.framework), nb::cast(s.release(), nb::rv_policy::take_ownership));
+  return forward_train_tagged(*t.layer, t.id, x, keep_pre_activations);
 }
 
 nb::tuple backward(const TrainableMoe& t, const Saved& s, nb::handle dy, nb::handle extra_dlogits) {
-  if (s.owner != t.id)
-    throw std::invalid_argument("[moekit::TrainableMoe.backward] saved comes from another layer's forward_train");
-  const InputArray d = import_array(dy, "dy");
-  InputArray extra;
-  if (!extra_dlogits.is_none()) extra = import_array(extra_dlogits, "extra_dlogits");
-  MoeTensors grads;
-  Tensor dx;
-  {
-    nb::gil_scoped_release release;
-    std::shared_lock lock(compute_mutex());
-    BackwardOptions opt;
-    opt.extra_dlogits = extra.view;
-    dx = moekit::backward(*t.layer, s.saved, d.view, grads, opt);
-  }
-  nb::dict g;
-  grads.for_each([&](const std::string& name, const Tensor& v) { g[name.c_str()] = share(v, d.framework); });
-  return nb::make_tuple(export_tensor(std::move(dx), d.framework), g);
+  return backward_tagged(*t.layer, t.id, s, dy, extra_dlogits);
 }
 
 nb::dict update_dict(const BalanceUpdate& u) {
@@ -150,6 +119,41 @@ MoeTensors tensors_from_dict(const nb::dict& d) {
 }
 
 }  // namespace
+
+nb::tuple forward_train_tagged(const MoeLayer& layer, std::uint64_t tag, nb::handle x, bool keep_pre_activations) {
+  const InputArray in = import_array(x, "x");
+  auto s = std::make_unique<Saved>();
+  s->owner = tag;
+  s->num_experts = layer.config().router.num_experts;
+  Tensor y;
+  {
+    nb::gil_scoped_release release;
+    std::shared_lock lock(compute_mutex());
+    y = layer.forward_train(in.view, s->saved, keep_pre_activations);
+  }
+  return nb::make_tuple(export_tensor(std::move(y), in.framework), nb::cast(s.release(), nb::rv_policy::take_ownership));
+}
+
+nb::tuple backward_tagged(const MoeLayer& layer, std::uint64_t tag, const Saved& s, nb::handle dy,
+                          nb::handle extra_dlogits) {
+  if (s.owner != tag)
+    throw std::invalid_argument("[moekit::backward] saved comes from another layer's forward_train");
+  const InputArray d = import_array(dy, "dy");
+  InputArray extra;
+  if (!extra_dlogits.is_none()) extra = import_array(extra_dlogits, "extra_dlogits");
+  MoeTensors grads;
+  Tensor dx;
+  {
+    nb::gil_scoped_release release;
+    std::shared_lock lock(compute_mutex());
+    BackwardOptions opt;
+    opt.extra_dlogits = extra.view;
+    dx = moekit::backward(layer, s.saved, d.view, grads, opt);
+  }
+  nb::dict g;
+  grads.for_each([&](const std::string& name, const Tensor& v) { g[name.c_str()] = share(v, d.framework); });
+  return nb::make_tuple(export_tensor(std::move(dx), d.framework), g);
+}
 
 void bind_training(nb::module_& m) {
   nb::class_<Saved>(m, "SavedForward",
@@ -291,6 +295,49 @@ void bind_training(nb::module_& m) {
       "A block's parameters or gradients ({name: array} as TrainableMoe.parameters names them) under\n"
       "the checkpoint's own tensor names and stored shapes, for the layout `layer` was loaded from\n"
       "(per-expert, fused, transposed, mlx switch_mlp), as float32 numpy arrays.");
+  m.def(
+      "quantize_checkpoint",
+      [](const std::string& model_dir, const std::string& out_dir, int bits, int group_size, int router_bits,
+         const std::string& recipe, const std::string& dtype) {
+        QuantizeOptions o;
+        o.bits = bits;
+        o.group_size = group_size;
+        o.router_bits = router_bits;
+        o.recipe = recipe;
+        o.dtype = dtype;
+        QuantizeReport r;
+        {
+          nb::gil_scoped_release release;
+          r = quantize_checkpoint(model_dir, out_dir, o);
+        }
+        nb::dict d;
+        d["model_type"] = r.model_type;
+        d["tensors_written"] = r.tensors_written;
+        d["tensors_kept_float"] = r.tensors_kept_float;
+        d["tensors_dropped"] = r.tensors_dropped;
+        d["shards"] = r.shards;
+        d["bytes_in"] = r.bytes_in;
+        d["bytes_out"] = r.bytes_out;
+        nb::list q;
+        for (const QuantizedTensorReport& t : r.quantized) {
+          nb::dict e;
+          e["name"] = t.name;
+          e["shape"] = t.shape;
+          e["bits"] = t.bits;
+          e["group_size"] = t.group_size;
+          e["max_abs_error"] = t.max_abs_error;
+          e["rms_error"] = t.rms_error;
+          e["rms_weight"] = t.rms_weight;
+          q.append(e);
+        }
+        d["quantized"] = q;
+        return d;
+      },
+      "model_dir"_a, "out_dir"_a, nb::kw_only(), "bits"_a = 4, "group_size"_a = 64, "router_bits"_a = -1,
+      "recipe"_a = "", "dtype"_a = "",
+      "`moekit quantize`: writes out_dir (mlx-lm's quantized folder, byte for byte what\n"
+      "mlx_lm.convert -q writes) from the float checkpoint model_dir; returns the report (per\n"
+      "tensor errors). recipe: '', 'mixed_2_6', 'mixed_3_4', 'mixed_3_6', 'mixed_4_6'.");
   m.def(
       "load_metrics",
       [](const std::vector<std::int64_t>& counts) {
