@@ -22,6 +22,7 @@ from ._moekit import (  # noqa: F401
     BalanceUpdate,
     BodyKind,
     GroupMode,
+    LmTrainer,
     LoadBalancer,
     MaskFill,
     MoeConfig,

@@ -40,5 +40,6 @@ nb::tuple backward_tagged(const MoeLayer& layer, std::uint64_t tag, const Saved&
 
 void bind_core(nb::module_& m);
 void bind_training(nb::module_& m);
+void bind_lm(nb::module_& m);
 
 }  // namespace moekit::py

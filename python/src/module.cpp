@@ -421,4 +421,5 @@ NB_MODULE(_moekit, m) {
   m.doc() = "moekit's C++ core: exact MoE blocks of every family (see the moekit package).";
   moekit::py::bind_core(m);
   moekit::py::bind_training(m);
+  moekit::py::bind_lm(m);
 }

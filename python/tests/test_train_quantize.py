@@ -94,3 +94,29 @@ def test_quantize_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="quantized"):  # no trainable float form
         _, saved = layer.forward_train(x)
         layer.backward(saved, x)
+
+
+def test_lm_trainer(tmp_path):
+    kw = dict(layers=1, dim=32, experts=4, top_k=2, expert_width=32, steps=30, batch_tokens=512, seq_len=64,
+              warmup=3, eval_every=15, eval_tokens=1024, seed=3)
+    t = moekit.LmTrainer("qwen3_moe", **kw)
+    assert t.data_bytes > 100_000 and t.data_files
+    results = [t.step() for _ in range(30)]
+    assert t.done and t.steps_done == 30
+    assert results[-1]["train_loss"] < results[0]["train_loss"] - 0.5
+    assert results[0]["eval"] is None and results[14]["eval"] is not None
+    e = results[-1]["eval"]
+    assert e["ppl"] == pytest.approx(np.exp(e["loss"])) and len(e["layers"]) == 1
+    assert results[-1]["layers"][0]["bias"]  # loss-free balancing by default: a selection bias
+    t.save(str(tmp_path / "ck"))
+    layer = moekit.load_moe_layer(str(tmp_path / "ck"), 0)
+    assert layer.config.hidden_size == 32 and "family: qwen3_moe" in moekit.inspect(str(tmp_path / "ck"))
+    # The same seed gives the same run, step for step.
+    again = moekit.LmTrainer("qwen3_moe", **kw)
+    assert again.step()["train_loss"] == results[0]["train_loss"]
+    with pytest.raises(ValueError, match="balance"):
+        moekit.LmTrainer("qwen3_moe", balance="sometimes")
+    with pytest.raises(ValueError, match="optimizer"):
+        moekit.LmTrainer("qwen3_moe", optimizer="lion")
+    with pytest.raises(ValueError):
+        moekit.LmTrainer("qwen3_moe", data=[str(tmp_path / "missing.txt")])
