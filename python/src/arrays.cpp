@@ -134,10 +134,14 @@ InputArray import_array(nb::handle obj, const char* what) {
   auto* dst = static_cast<unsigned char*>(in.copy.data());
   const auto* base = static_cast<const unsigned char*>(arr.data());
   const std::int64_t n = in.copy.numel();
+  // Element strides: the array's, or C order's where it gave none (a misaligned compact array).
+  std::vector<std::int64_t> step(ndim, 1);
+  for (std::size_t i = ndim; i-- > 0;)
+    step[i] = strides ? strides[i] : (i + 1 < ndim ? step[i + 1] * shape[i + 1] : 1);
   std::vector<std::int64_t> index(ndim, 0);
   for (std::int64_t k = 0; k < n; ++k) {
     std::int64_t offset = 0;
-    for (std::size_t i = 0; i < ndim; ++i) offset += index[i] * (strides ? strides[i] : 0);
+    for (std::size_t i = 0; i < ndim; ++i) offset += index[i] * step[i];
     std::memcpy(dst + k * elem, base + offset * elem, static_cast<std::size_t>(elem));
     for (std::size_t i = ndim; i-- > 0;) {
       if (++index[i] < shape[i]) break;

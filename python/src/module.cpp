@@ -169,10 +169,17 @@ void add_tensor(nb::dict& out, const char* name, const TensorView& t, nb::handle
   out[name] = export_view(t.data(), t.dtype(), t.shape(), {}, owner, Framework::numpy, false);
 }
 
+// A copy of the layer's weights description, taken while no pack_weights() runs.
+MoeWeights weights_snapshot(const MoeLayer& layer) {
+  nb::gil_scoped_release release;
+  std::shared_lock lock(compute_mutex());
+  return layer.weights();
+}
+
 nb::dict layer_weights(const MoeLayer& layer) {
   // The arrays keep a copy of the weights' description alive: its keep_alive holds the mapped
   // file or the owned tensors, even after pack_weights() replaces the layer's own.
-  auto held = std::make_unique<MoeWeights>(layer.weights());
+  auto held = std::make_unique<MoeWeights>(weights_snapshot(layer));
   const MoeWeights& w = *held;
   nb::capsule owner(held.get(), [](void* p) noexcept { delete static_cast<MoeWeights*>(p); });
   held.release();
@@ -359,8 +366,8 @@ void bind_core(nb::module_& m) {
                    "expert biases, 'shared.gate_proj' / 'shared.up_proj' / 'shared.down_proj',\n"
                    "'shared_gate'. bfloat16 tensors show their raw bits as uint16 (moekit.weights_as_bf16\n"
                    "reinterprets them where ml_dtypes is installed).")
-      .def_prop_ro("layout", [](const MoeLayer& l) { return l.weights().layout; })
-      .def_prop_ro("mapped", [](const MoeLayer& l) { return l.weights().mapped; },
+      .def_prop_ro("layout", [](const MoeLayer& l) { return weights_snapshot(l).layout; })
+      .def_prop_ro("mapped", [](const MoeLayer& l) { return weights_snapshot(l).mapped; },
                    "True when the experts are used in place from the memory-mapped file.")
       .def_prop_ro("block", [](const MoeLayer& l) { return l.weights().block; })
       .def(

@@ -145,3 +145,14 @@ def test_set_num_threads_validates():
     moekit.set_num_threads(1)
     assert moekit.num_threads() == 1
     moekit.set_num_threads(n)
+
+
+def test_misaligned_input_is_copied_and_correct(layer):
+    D = layer.config.hidden_size
+    x = x_for(layer, T=8)
+    raw = np.zeros(x.nbytes + 4, dtype=np.uint8)
+    shifted = raw[1 : 1 + x.nbytes].view(np.float32).reshape(x.shape)  # 1 byte off: not 4-aligned
+    shifted[...] = x
+    address, copied = moekit._moekit._input_address(shifted)
+    assert copied and shifted.ctypes.data % 4 == 1 and D > 0
+    np.testing.assert_array_equal(layer.forward(shifted), layer.forward(x))
