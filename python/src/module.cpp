@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -426,6 +427,10 @@ void bind_core(nb::module_& m) {
 
 NB_MODULE(_moekit, m) {
   m.doc() = "moekit's C++ core: exact MoE blocks of every family (see the moekit package).";
+  // Objects still referenced when the interpreter exits (a torch autograd graph held by a global
+  // keeps its moekit block alive) are not leaks of a running program; nanobind's report of them
+  // at exit only confuses. MOEKIT_LEAK_WARNINGS=1 turns it back on.
+  nanobind::set_leak_warnings(std::getenv("MOEKIT_LEAK_WARNINGS") != nullptr);
   moekit::py::bind_core(m);
   moekit::py::bind_training(m);
   moekit::py::bind_lm(m);
