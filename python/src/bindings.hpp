@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "moekit/layer.hpp"
+#include "moekit/train.hpp"
 
 namespace moekit::py {
 
@@ -37,6 +38,17 @@ inline std::uint64_t owner_tag(const MoeLayer& layer) {
 nb::tuple forward_train_tagged(const MoeLayer& layer, std::uint64_t tag, nb::handle x, bool keep_pre_activations);
 nb::tuple backward_tagged(const MoeLayer& layer, std::uint64_t tag, const Saved& s, nb::handle dy,
                           nb::handle extra_dlogits);
+
+/// {'max_violation', 'dead_experts', 'entropy', 'tokens'} of one set of counts (every Python
+/// report of a load: load_metrics, BalanceUpdate.as_dict, LmTrainer's per-layer loads).
+inline nb::dict load_dict(const LoadMetrics& l) {
+  nb::dict d;
+  d["max_violation"] = l.max_violation;
+  d["dead_experts"] = l.dead_experts;
+  d["entropy"] = l.entropy;
+  d["tokens"] = l.tokens;
+  return d;
+}
 
 void bind_core(nb::module_& m);
 void bind_training(nb::module_& m);

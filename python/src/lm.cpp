@@ -31,10 +31,7 @@ struct PyLmTrainer {
 nb::list layer_loads(const std::vector<LayerLoad>& layers) {
   nb::list out;
   for (const LayerLoad& l : layers) {
-    nb::dict d;
-    d["max_violation"] = l.load.max_violation;
-    d["dead_experts"] = l.load.dead_experts;
-    d["entropy"] = l.load.entropy;
+    nb::dict d = load_dict(l.load);
     d["relative_load"] = l.relative;
     d["bias"] = l.bias;
     out.append(d);

@@ -87,11 +87,7 @@ nb::tuple backward(const TrainableMoe& t, const Saved& s, nb::handle dy, nb::han
 }
 
 nb::dict update_dict(const BalanceUpdate& u) {
-  nb::dict d;
-  d["max_violation"] = u.load.max_violation;
-  d["dead_experts"] = u.load.dead_experts;
-  d["entropy"] = u.load.entropy;
-  d["tokens"] = u.load.tokens;
+  nb::dict d = load_dict(u.load);
   d["rate"] = u.rate;
   d["bias_min"] = u.bias_min;
   d["bias_mean"] = u.bias_mean;
@@ -341,13 +337,7 @@ void bind_training(nb::module_& m) {
   m.def(
       "load_metrics",
       [](const std::vector<std::int64_t>& counts) {
-        const LoadMetrics l = load_metrics(counts);
-        nb::dict d;
-        d["max_violation"] = l.max_violation;
-        d["dead_experts"] = l.dead_experts;
-        d["entropy"] = l.entropy;
-        d["tokens"] = l.tokens;
-        return d;
+        return load_dict(load_metrics(counts));
       },
       "counts"_a, "MaxVio, dead experts, entropy and tokens of per-expert counts.");
 }
