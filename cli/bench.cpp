@@ -97,14 +97,17 @@ std::vector<const BenchShape*> parse_shapes(const std::string& text) {
 
 // A weight format of the benchmark: a float dtype, or MLX affine codes of `bits` bits
 // (group 64, bf16 scales and biases: what mlx-community's models use).
-// "-int8": the fast mode (MoeLayer::set_int8_activations).
+// "-int8": the fast mode (MoeLayer::set_int8_activations); "bf16-act": bf16 weights with the
+// bf16 compute mode (MoeLayer::set_bf16_activations).
 struct WeightFormat {
   DType dtype = DType::f32;
   int bits = 0;
   bool int8 = false;
+  bool bf16_act = false;
   static constexpr int kGroup = 64;
   bool quantized() const { return bits != 0; }
   std::string name() const {
+    if (bf16_act) return "bf16-act";
     if (!quantized()) return dtype_name(dtype);
     std::string n{'q', static_cast<char>('0' + bits)};
     if (int8) n += "-int8";
@@ -120,6 +123,9 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
       f.dtype = DType::f32;
     } else if (item == "bf16") {
       f.dtype = DType::bf16;
+    } else if (item == "bf16-act") {
+      f.dtype = DType::bf16;
+      f.bf16_act = true;
     } else if (item == "f16") {
       f.dtype = DType::f16;
     } else if (item.size() == 2 && item[0] == 'q' && std::string("234568").find(item[1]) != std::string::npos) {
@@ -132,7 +138,8 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
     } else {
       throw std::invalid_argument("--dtype '" + item +
                                   "' is not a weight format moekit runs (expected f32, bf16, f16, q2, q3, q4, q5, "
-                                  "q6, q8: MLX affine, group 64, bf16 scales; or q4-int8, q8-int8: the fast mode)");
+                                  "q6, q8: MLX affine, group 64, bf16 scales; q4-int8, q8-int8: the fast mode; or "
+                                  "bf16-act: bf16 weights, bf16 compute mode)");
     }
     for (const WeightFormat& g : out)
       if (g.name() == f.name()) throw std::invalid_argument("--dtype '" + text + "' lists " + item + " twice");
@@ -313,6 +320,7 @@ std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& f
   auto layer = std::make_unique<MoeLayer>(std::move(cfg), std::move(w));
   if (panels) layer->pack_weights();
   if (format.int8) layer->set_int8_activations(true);
+  if (format.bf16_act) layer->set_bf16_activations(true);
   return layer;
 }
 
@@ -728,6 +736,12 @@ void run_bench(const Options& o) {
     for (const WeightFormat& d : dtypes)
       if (d.quantized())
         throw std::invalid_argument("--mode train needs float weights; " + d.name() + " has no gradient");
+  for (const WeightFormat& d : dtypes) {
+    if (d.bf16_act && train) throw std::invalid_argument("--mode train trains f32 parameters; bf16-act is forward only");
+    if (d.bf16_act && std::find(layouts.begin(), layouts.end(), "panels") != layouts.end())
+      throw std::invalid_argument("--dtype bf16-act needs --layout rows (the bf16 compute mode reads bf16 weights in rows "
+                                  "layout)");
+  }
   if (o.output != "md" && o.output != "csv" && o.output != "json")
     throw std::invalid_argument("-o '" + o.output +
                                 "' is not an output format (expected md, csv or json)");
@@ -743,7 +757,8 @@ void run_bench(const Options& o) {
   Header h;
   h.cpu = cpu_model();
   h.hardware_threads = std::thread::hardware_concurrency();
-  h.simd = kernels::simd_target_name();
+  h.simd = std::string(kernels::simd_target_name()) + "; bf16 products: " +
+           kernels::bf16_path_name(kernels::bf16_path());
   h.threads = threads;
   h.reps = reps;
   h.seed = seed;

@@ -34,6 +34,7 @@ struct ForwardOptions {
   std::vector<std::string> router_knobs;  // KEY=VALUE
   bool pack = false;
   bool int8 = false;
+  bool bf16_activations = false;
   int threads = 0;
   CLI::Option* threads_option = nullptr;
 };
@@ -91,6 +92,7 @@ void run_forward(const ForwardOptions& opt) {
   MoeLayer layer = load_layer_with_knobs(fail_prefix(), opt.model, opt.layer, opt.router_knobs);
   if (opt.pack) layer.pack_weights();
   if (opt.int8) layer.set_int8_activations(true);
+  if (opt.bf16_activations) layer.set_bf16_activations(true);
   const Tensor x = read_activation(fail_prefix(), "input", opt.input, layer.config().hidden_size, opt.model, opt.layer);
   ForwardInfo info;
   const Tensor y = layer.forward(x, &info);
@@ -123,6 +125,10 @@ void register_forward(CLI::App& app) {
   cmd->add_flag("--int8", opt->int8,
                 "The fast mode for MLX-quantized experts: int8 activations and integer dot products for 4- and "
                 "8-bit codes where an expert has few rows (error bound: docs/numerics.md); the router stays exact");
+  cmd->add_flag("--bf16-activations", opt->bf16_activations,
+                "The bf16 compute mode for bf16 checkpoints, as torch and MLX run them: the experts' input rows "
+                "and intermediate rounded to bf16, bf16 x bf16 products summed in fp32 (AVX512-BF16 where the CPU "
+                "has it); the router stays fp32 (docs/numerics.md)");
   opt->threads_option = add_threads_option(*cmd, opt->threads);
   cmd->callback([opt] { run_forward(*opt); });
 }

@@ -80,6 +80,13 @@ struct ExpertWeights {
   /// Bytes the matrices take once packed by pack_panels() (rows rounded up to whole panels;
   /// quantized matrices stay as they are).
   std::size_t packed_nbytes() const noexcept;
+  /// The bf16 compute mode (MoeLayer::set_bf16_activations): the rows entering each projection
+  /// (the input rows, times their weight where the family scales the input, and the activated
+  /// intermediate) are rounded to bf16 and multiplied with the bf16 weights by
+  /// kernels::gemm_nt_bf16 (exact bf16 × bf16 products, fp32 sums); the projections' outputs, the
+  /// activation and the combine stay fp32. Needs every matrix bf16 in rows layout
+  /// (validate_bf16_activations). false (the default): fp32 activations.
+  bool bf16_activations = false;
 };
 
 /// The expert body, with its constants.
@@ -99,6 +106,10 @@ void validate_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, s
 /// [F, D] / [D, F], strides >= cols, dtypes f32/bf16/f16, biases f32 of the right shape, gate
 /// present iff the body is gated. Throws std::invalid_argument naming `what` and the matrix.
 void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what);
+
+/// Checks that `w` can run the bf16 compute mode: every defined matrix bf16, in rows layout, not
+/// quantized. Throws std::invalid_argument naming `what`.`name` and its format.
+void validate_bf16_activations(const ExpertWeights& w, const char* what);
 
 /// Rows of a routing grouped by expert: a stable counting sort of the (token, slot) pairs.
 struct DispatchPlan {

@@ -93,6 +93,17 @@ class MoeLayer {
   /// concurrent forwards.
   void set_int8_activations(bool on);
 
+  /// The bf16 compute mode, as torch and MLX run bf16 models (docs/numerics.md): with `on`, the
+  /// routed and shared experts round the rows entering each projection (the input, the activated
+  /// intermediate) to bf16 and multiply them with the bf16 weights as exact bf16 × bf16 products
+  /// summed in fp32 (AVX512-BF16 `vdpbf16ps` where the CPU has it). The router, the shared-expert
+  /// gate, the projections' outputs, the activation and the combine stay fp32. Deterministic for
+  /// any thread count. Needs every expert matrix bf16 in rows layout: throws
+  /// std::invalid_argument naming the first that is not (f32/f16 weights, pack_weights()'s
+  /// panels, quantized experts). Not thread-safe against concurrent forwards.
+  void set_bf16_activations(bool on);
+  bool bf16_activations() const noexcept { return weights_.experts.bf16_activations; }
+
   const MoeConfig& config() const noexcept { return config_; }
   const MoeWeights& weights() const noexcept { return weights_; }
   ExpertBody body() const noexcept;         ///< the routed experts' body

@@ -389,6 +389,18 @@ void bind_core(nb::module_& m) {
           },
           "on"_a, "The fast int8-activation mode for MLX-quantized experts (docs/numerics.md bounds it).")
       .def(
+          "set_bf16_activations",
+          [](MoeLayer& l, bool on) {
+            nb::gil_scoped_release release;
+            std::unique_lock lock(compute_mutex());
+            l.set_bf16_activations(on);
+          },
+          "on"_a,
+          "The bf16 compute mode for bf16 weights, as torch and MLX run bf16 models: the experts' input\n"
+          "rows and intermediate rounded to bf16, bf16 x bf16 products summed in fp32 (AVX512-BF16 where\n"
+          "the CPU has it); the router stays fp32. ValueError for weights that are not bf16 rows.")
+      .def_prop_ro("bf16_activations", &MoeLayer::bf16_activations, "Whether the bf16 compute mode is on.")
+      .def(
           "forward_train",
           [](const MoeLayer& l, nb::handle x, bool keep) { return forward_train_tagged(l, owner_tag(l), x, keep); },
           "x"_a, "keep_pre_activations"_a = true,

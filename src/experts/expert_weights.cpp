@@ -1,5 +1,6 @@
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 #include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
@@ -79,7 +80,23 @@ std::size_t ExpertWeights::packed_nbytes() const noexcept {
   return n;
 }
 
+void validate_bf16_activations(const ExpertWeights& w, const char* what) {
+  const std::pair<const ExpertMatrix*, const char*> mats[] = {{&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
+  for (const auto& item : mats) {
+    const ExpertMatrix& m = *item.first;
+    if (!m.defined()) continue;
+    if (m.quantized() || m.dtype != DType::bf16 || m.panels)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit] the bf16 compute mode multiplies bf16 weights read in rows "
+                                             "layout, but "
+                                             << what << "." << item.second << " is "
+                                             << (m.panels ? "packed in panels, " : "") << m.format()));
+  }
+}
+
 void pack_panels(ExpertWeights& w) {
+  if (w.bf16_activations)
+    throw std::invalid_argument(
+        "[moekit::pack_panels] the bf16 compute mode reads bf16 weights in rows layout: turn it off before packing");
   // A matrix packed before this call reads memory that keep_alive holds; then nothing is let go.
   // A quantized matrix keeps reading its codes in place, so then nothing is let go either.
   bool any_rows = false, any_kept = false;

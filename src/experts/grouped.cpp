@@ -51,14 +51,45 @@ Scratch& scratch() {
 
 }  // namespace
 
+namespace {
+
+// The bf16 compute mode's rounded rows, per thread (the grouped tasks run one per thread).
+std::vector<std::uint16_t>& bf16_rows_scratch() {
+  thread_local std::vector<std::uint16_t> v;
+  return v;
+}
+
+// rows · Wᵀ for one projection, in the mode `w` computes in: f32 rows (gathered and scaled in
+// place), or the rows rounded to bf16 once and multiplied by the bf16 kernel.
+void project(const ExpertWeights& w, const ExpertMatrix& m, std::int64_t e, const kernels::RowSource& rows,
+             const std::uint16_t* rows_bf16, std::int64_t r, const kernels::Output& out, kernels::Threads threads) {
+  const std::int64_t N = m.rows, K = m.cols;
+  if (w.bf16_activations) {
+    kernels::gemm_nt_bf16({rows_bf16, K}, weight_matrix(m, e), out, r, N, K, threads);
+  } else {
+    kernels::gemm_nt(rows, weight_matrix(m, e), out, r, N, K, threads);
+  }
+}
+
+const std::uint16_t* rounded(const ExpertWeights& w, const kernels::RowSource& rows, std::int64_t r, std::int64_t K) {
+  if (!w.bf16_activations) return nullptr;
+  auto& buf = bf16_rows_scratch();
+  buf.resize(static_cast<std::size_t>(r * K));
+  kernels::round_rows_to_bf16(rows, r, K, buf.data());
+  return buf.data();
+}
+
+}  // namespace
+
 void expert_pre_activations(const ExpertWeights& w, std::int64_t e, const kernels::RowSource& xin, std::int64_t r,
                             float* gate, float* up, bool split) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
-  kernels::gemm_nt(xin, weight_matrix(w.up, e), {up, F}, r, F, D, threads);
+  const std::uint16_t* xb = rounded(w, xin, r, D);
+  project(w, w.up, e, xin, xb, r, {up, F}, threads);
   if (has(w.up_bias)) kernels::add_row_bias(up, r, F, w.up_bias.data_as<const float>() + e * F);
   if (w.gate.defined()) {
-    kernels::gemm_nt(xin, weight_matrix(w.gate, e), {gate, F}, r, F, D, threads);
+    project(w, w.gate, e, xin, xb, r, {gate, F}, threads);
     if (has(w.gate_bias)) kernels::add_row_bias(gate, r, F, w.gate_bias.data_as<const float>() + e * F);
   }
 }
@@ -67,12 +98,14 @@ void expert_down(const ExpertWeights& w, std::int64_t e, const float* h, std::in
                  const float* out_scale, bool split, bool accumulate) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
+  const kernels::RowSource hin{h, F};
+  const std::uint16_t* hb = rounded(w, hin, r, F);
   if (!has(w.down_bias)) {
-    kernels::gemm_nt({h, F}, weight_matrix(w.down, e), {out, D, out_scale, accumulate}, r, D, F, threads);
+    project(w, w.down, e, hin, hb, r, {out, D, out_scale, accumulate}, threads);
     return;
   }
   // The bias sits inside the weighted body, (h·Wᵀ + b)·w, so here the weight comes after it.
-  kernels::gemm_nt({h, F}, weight_matrix(w.down, e), {out, D, nullptr, accumulate}, r, D, F, threads);
+  project(w, w.down, e, hin, hb, r, {out, D, nullptr, accumulate}, threads);
   kernels::add_row_bias(out, r, D, w.down_bias.data_as<const float>() + e * D);
   if (out_scale)
     for (std::int64_t i = 0; i < r; ++i)

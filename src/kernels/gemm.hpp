@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "moekit/tensor.hpp"
 
@@ -44,6 +45,28 @@ struct RowSource {
       r.data += first * ld;
     }
     if (scale) r.scale += first;
+    return r;
+  }
+};
+
+/// Rows of a bf16 operand (the bf16 compute mode's activations) read in place: logical row i is
+/// `data + (index ? index[i] : i) * ld`. No scale: a scaled row is rounded to bf16 by its producer.
+struct Bf16Rows {
+  const std::uint16_t* data = nullptr;
+  std::int64_t ld = 0;
+  const std::int32_t* index = nullptr;
+
+  const std::uint16_t* row(std::int64_t i) const {
+    return data + (index ? static_cast<std::int64_t>(index[i]) : i) * ld;
+  }
+  float factor(std::int64_t) const { return 1.0f; }
+  Bf16Rows from(std::int64_t first) const {
+    Bf16Rows r = *this;
+    if (index) {
+      r.index += first;
+    } else {
+      r.data += first * ld;
+    }
     return r;
   }
 };
@@ -158,6 +181,30 @@ void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
 void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads = Threads::pool);
 
+/// The bf16 compute mode's product: C[M, N] (+)= A[M, K] · B[N, K]ᵀ with A bf16 rows and B bf16 in
+/// rows layout (the precondition; not checked). Every product of two bf16 values is exact in
+/// fp32 and every sum is an fp32 addition, in a fixed order that depends only on K and the path:
+///  - Bf16Path::avx512bf16 (CPUs with AVX512-BF16): `vdpbf16ps`. Each C element owns 16 fp32 lanes;
+///    lane j takes the pairs k = 32·s + 2j + {1, 0} for s = 0, 1, ... (odd element first), each
+///    added by a fused multiply-add that reads denormal inputs as zero and flushes a denormal
+///    result to zero (the instruction's fixed DAZ/FTZ); K is padded with zeros to a multiple of
+///    32; the 16 lanes are then summed as ((l_i + l_i+8) + (…+4)) + … (ref::reduce16's tree).
+///  - Bf16Path::portable (every other CPU): both operands widened exactly to f32 in registers
+///    and multiplied in gemm_nt's rows order: bit-identical to gemm_nt on the widened values.
+/// Both are bit-identical for any thread count and split.
+void gemm_nt_bf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                  std::int64_t K, Threads threads = Threads::pool);
+
+enum class Bf16Path { portable, avx512bf16 };
+/// The path gemm_nt_bf16 takes on this CPU: avx512bf16 where CPUID reports AVX512-BF16 (with
+/// AVX512 F/BW/VL) and the OS saves the AVX-512 state (XCR0), else portable.
+Bf16Path bf16_path() noexcept;
+const char* bf16_path_name(Bf16Path path) noexcept;
+
+/// rows × K f32 elements of A (gathered and scaled as A says) rounded to bf16 (round to nearest
+/// even, NaN kept a NaN, denormals kept) into dst [rows, K] (dense, ld = K).
+void round_rows_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, std::uint16_t* dst);
+
 /// The SIMD target the kernels dispatch to on this CPU ("AVX3", "AVX2", "SSE4", "NEON", ...),
 /// for benchmark headers.
 const char* simd_target_name();
@@ -183,6 +230,17 @@ void gemm_nn_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, 
                     std::int64_t K);
 void gemm_tn_kernel(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
+// gemm_nt_bf16's single-threaded kernel on the given path (a path the CPU lacks must not be
+// asked for), and its two implementations.
+void gemm_nt_bf16_kernel(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                         std::int64_t K, Bf16Path path);
+void gemm_nt_bf16_portable(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                           std::int64_t N, std::int64_t K);
+void gemm_nt_bf16_avx512(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                         std::int64_t K);
+// Tests: make bf16_path() answer `path` (portable always; avx512bf16 only where the CPU has it),
+// or, with nullopt, what the CPU supports again.
+void set_bf16_path_for_tests(std::optional<Bf16Path> path);
 }  // namespace detail
 
 }  // namespace moekit::kernels

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 
 #undef HWY_TARGET_INCLUDE
@@ -48,8 +49,8 @@ struct PanelsT {
 
 // One MR x NR tile over the full K. Tail lanes (K % lanes) come from zero-padded copies, so
 // they add exact zeros and never read past the rows.
-template <bool kScaled, int MR, int NR, class BV>
-HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int64_t m, int64_t n, int64_t K) {
+template <bool kScaled, int MR, int NR, typename TA, class BV>
+HWY_INLINE void Tile(const ARows<MR, TA>& a_rows, const BV& B, const Output& C, int64_t m, int64_t n, int64_t K) {
   using TB = typename BV::T;
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
@@ -67,11 +68,11 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int6
   }
   if (k < K) {
     const int64_t r = K - k;
-    HWY_ALIGN float abuf[MR][HWY_MAX_BYTES / sizeof(float)] = {};
+    HWY_ALIGN TA abuf[MR][HWY_MAX_BYTES / sizeof(float)] = {};
     HWY_ALIGN TB bbuf[HWY_MAX_BYTES / sizeof(float)];
     hn::Vec<DF> a[MR];
     for (int i = 0; i < MR; ++i) {
-      std::memcpy(abuf[i], a_rows.p[i] + k, static_cast<size_t>(r) * sizeof(float));
+      std::memcpy(abuf[i], a_rows.p[i] + k, static_cast<size_t>(r) * sizeof(TA));
       a[i] = LoadA<kScaled>(df, a_rows, i, abuf[i]);
     }
     for (int j = 0; j < NR; ++j) {
@@ -84,8 +85,8 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int6
   StoreDotTile(df, acc, C, m, n);
 }
 
-template <bool kScaled, int MR, class BV>
-HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64_t m, int64_t n0,
+template <bool kScaled, int MR, typename TA, class BV>
+HWY_INLINE void RowStrip(const ARows<MR, TA>& a, const BV& B, const Output& C, int64_t m, int64_t n0,
                          int64_t n1, int64_t K) {
   int64_t n = n0;
   // A single row (decode) has no A reuse to gain from tall tiles; 8 columns give 8 independent
@@ -100,15 +101,18 @@ HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64
   for (; n < n1; ++n) Tile<kScaled, MR, 1>(a, B, C, m, n, K);
 }
 
-template <int MR, class BV>
-HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_t m, int64_t n0,
+// The element type of an A source's rows: f32 (RowSource) or bf16 (Bf16Rows).
+template <class Source>
+using ElementOf = std::conditional_t<std::is_same_v<Source, Bf16Rows>, hwy::bfloat16_t, float>;
+
+template <int MR, class Source, class BV>
+HWY_INLINE void StripOf(const Source& A, const BV& B, const Output& C, int64_t m, int64_t n0,
                         int64_t n1, int64_t K) {
-  const auto a = ARows<MR>::Of(A, m);
-  if (A.scale) {
-    RowStrip<true, MR>(a, B, C, m, n0, n1, K);
-  } else {
-    RowStrip<false, MR>(a, B, C, m, n0, n1, K);
+  const auto a = ARows<MR, ElementOf<Source>>::Of(A, m);
+  if constexpr (std::is_same_v<Source, RowSource>) {
+    if (A.scale) return RowStrip<true, MR>(a, B, C, m, n0, n1, K);
   }
+  RowStrip<false, MR>(a, B, C, m, n0, n1, K);
 }
 
 // Rows per register tile: 3 x 4 accumulators fit AVX2's 16 registers; with 32 registers
@@ -116,8 +120,8 @@ HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_
 // M = 32, N = 768, K = 2048 (OpenBLAS sgemm: 104 in the same run).
 constexpr int kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 3;
 
-template <class BV>
-HWY_INLINE void Strip(int rows, const RowSource& A, const BV& B, const Output& C, int64_t m,
+template <class Source, class BV>
+HWY_INLINE void Strip(int rows, const Source& A, const BV& B, const Output& C, int64_t m,
                       int64_t n0, int64_t n1, int64_t K) {
   switch (rows) {
     case 1:
@@ -140,8 +144,8 @@ HWY_INLINE void Strip(int rows, const RowSource& A, const BV& B, const Output& C
 }
 
 // A block of B's columns is reused by every row strip of A while it sits in L2 (≈ 256 KB).
-template <class BV>
-void GemmBlocks(const RowSource& A, const BV& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+template <class Source, class BV>
+void GemmBlocks(const Source& A, const BV& B, const Output& C, int64_t M, int64_t N, int64_t K) {
   const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(typename BV::T)));
   const int64_t block_n = std::max<int64_t>(4, (256 * 1024 / row_bytes) / 4 * 4);
   for (int64_t n0 = 0; n0 < N; n0 += block_n) {
@@ -153,8 +157,8 @@ void GemmBlocks(const RowSource& A, const BV& B, const Output& C, int64_t M, int
   }
 }
 
-template <template <typename> class BV, class... Args>
-void ByDtype(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K,
+template <template <typename> class BV, class Source>
+void ByDtype(const Source& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K,
              int64_t stride) {
   switch (B.dtype) {
     case DType::bf16:
@@ -168,6 +172,12 @@ void ByDtype(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t
 
 void GemmNt(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
   ByDtype<RowsB>(A, B, C, M, N, K, B.ld);
+}
+
+// gemm_nt_bf16's portable path: bf16 rows of A widened in registers like B, the same tiles and
+// order as GemmNt (so equal to it on the widened values, bit for bit).
+void GemmNtBf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  GemmBlocks(A, RowsB<hwy::bfloat16_t>{static_cast<const hwy::bfloat16_t*>(B.data), B.ld}, C, M, N, K);
 }
 
 // gemm_nn with B = W [K, N] packed in panels over K (the forward's packing of W [out, in]).
@@ -187,6 +197,7 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::kernels {
 
 HWY_EXPORT(GemmNt);
+HWY_EXPORT(GemmNtBf16);
 HWY_EXPORT(GemmNnPanels);
 HWY_EXPORT(TargetNameOfThisTarget);
 
@@ -196,6 +207,12 @@ void detail::gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Out
                             std::int64_t N, std::int64_t K) {
   if (M <= 0 || N <= 0) return;
   HWY_DYNAMIC_DISPATCH(GemmNt)(A, B, C, M, N, K);
+}
+
+void detail::gemm_nt_bf16_portable(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                   std::int64_t N, std::int64_t K) {
+  if (M <= 0 || N <= 0) return;
+  HWY_DYNAMIC_DISPATCH(GemmNtBf16)(A, B, C, M, N, K);
 }
 
 void detail::gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

@@ -47,6 +47,15 @@ void MoeLayer::set_int8_activations(bool on) {
       if (m->quantized()) m->affine.int8_activations = on;
 }
 
+void MoeLayer::set_bf16_activations(bool on) {
+  if (on) {
+    validate_bf16_activations(weights_.experts, "experts");
+    if (weights_.shared.down.defined()) validate_bf16_activations(weights_.shared, "shared");
+  }
+  weights_.experts.bf16_activations = on;
+  weights_.shared.bf16_activations = on;
+}
+
 ExpertBody MoeLayer::body() const noexcept {
   return ExpertBody{config_.body, config_.swiglu_limit, config_.swiglu_alpha};
 }

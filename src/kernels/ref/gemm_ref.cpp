@@ -70,6 +70,46 @@ void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64
   }
 }
 
+float reduce16(const float lanes[16]) {
+  float v[16];
+  for (int i = 0; i < 16; ++i) v[i] = lanes[i];
+  for (int width = 8; width >= 1; width /= 2)
+    for (int i = 0; i < width; ++i) v[i] = v[i] + v[i + width];
+  return v[0];
+}
+
+namespace {
+float flush_denormal(float v) {
+  return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v;
+}
+}  // namespace
+
+float dpbf16_fma(float acc, float a, float b) {
+  return flush_denormal(std::fma(flush_denormal(a), flush_denormal(b), flush_denormal(acc)));
+}
+
+void gemm_nt_bf16_dpbf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                         std::int64_t N, std::int64_t K) {
+  const auto* b = static_cast<const std::uint16_t*>(B.data);
+  const std::int64_t padded = (K + 31) / 32 * 32;
+  for (std::int64_t m = 0; m < M; ++m) {
+    const std::uint16_t* a = A.row(m);
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::uint16_t* w = b + n * B.ld;
+      const auto value = [&](const std::uint16_t* row, std::int64_t k) {
+        return k < K ? bf16_to_f32(row[k]) : 0.0f;
+      };
+      float lanes[16] = {};
+      for (std::int64_t k = 0; k < padded; k += 2) {
+        float& l = lanes[(k / 2) % 16];
+        l = dpbf16_fma(l, value(a, k + 1), value(w, k + 1));
+        l = dpbf16_fma(l, value(a, k), value(w, k));
+      }
+      store(C, m, n, reduce16(lanes));
+    }
+  }
+}
+
 std::uint32_t affine_code(const std::uint32_t* row, std::int64_t i, int bits) {
   const std::int64_t bit = i * bits;
   const std::int64_t word = bit / 32, off = bit % 32;

@@ -25,6 +25,18 @@ void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
 void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K);
 
+/// The fixed tree gemm_nt_bf16's AVX512-BF16 path sums an accumulator's 16 lanes with:
+/// v8_i = l_i + l_(i+8), v4_i = v8_i + v8_(i+4), v2_i = v4_i + v4_(i+2), v2_0 + v2_1.
+float reduce16(const float lanes[16]);
+/// One fused multiply-add of `vdpbf16ps`: acc + a·b rounded once, with a, b and acc read as zero
+/// when denormal and a denormal result flushed to (signed) zero.
+float dpbf16_fma(float acc, float a, float b);
+/// gemm_nt_bf16 on the AVX512-BF16 path, element by element: 16 lanes per element, lane j
+/// taking pairs k = 32·s + 2j + 1 then 32·s + 2j (K zero-padded to a multiple of 32), then
+/// reduce16. Bitwise equal to the fast kernel where the CPU has AVX512-BF16.
+void gemm_nt_bf16_dpbf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                         std::int64_t N, std::int64_t K);
+
 /// Code i of one row of MLX affine codes (`bits` bits per code, little-endian bit stream).
 std::uint32_t affine_code(const std::uint32_t* row, std::int64_t i, int bits);
 /// The f32 value of element (n, k) of an affine-quantized matrix: std::fma(scale, q, bias).

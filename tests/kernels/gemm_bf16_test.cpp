@@ -1,0 +1,233 @@
+// gemm_nt_bf16 (the bf16 compute mode's product) against its references:
+//  - the AVX512-BF16 path bit for bit against its scalar twin ref::gemm_nt_bf16_dpbf16 (where the
+//    CPU has AVX512-BF16; skipped, saying so, elsewhere), denormal inputs and results included;
+//  - the portable path, on every Highway target, bit for bit against the f32 gemm_nt on the
+//    widened operands;
+//  - both within the dot-product error bound of an exact (double) sum;
+//  - any split over threads gives the same bits; round_rows_to_bf16 rounds as f32_to_bf16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/gemm.hpp"
+#include "kernels/ref/gemm_ref.hpp"
+#include "kernels/targets.hpp"
+#include "moekit/threading.hpp"
+#include "util/random.hpp"
+
+namespace moekit {
+namespace {
+
+using kernels::Bf16Path;
+using kernels::Bf16Rows;
+using kernels::Output;
+using kernels::WeightMatrix;
+
+std::vector<std::uint16_t> random_bf16(std::int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<std::uint16_t> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+
+bool native() { return kernels::bf16_path() == Bf16Path::avx512bf16; }
+
+struct Case {
+  std::int64_t M, N, K;
+  bool gather, row_scale, accumulate;
+};
+
+// Operands of one case: A gathered from 2M+1 rows of lda = K + 5, B [N, K] with ldb = K + 3.
+struct Operands {
+  std::int64_t lda, ldb, ldc;
+  std::vector<std::uint16_t> a, b;
+  std::vector<std::int32_t> index;
+  std::vector<float> rs, c0;
+
+  Operands(const Case& c, std::mt19937& rng, float scale = 1.0f)
+      : lda(c.K + 5), ldb(c.K + 3), ldc(c.N + 2) {
+    const std::int64_t src_rows = c.gather ? 2 * c.M + 1 : c.M;
+    a = random_bf16(src_rows * lda, rng, scale);
+    b = random_bf16(c.N * ldb, rng, scale);
+    std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(src_rows - 1));
+    for (std::int64_t i = 0; i < c.M; ++i) index.push_back(pick(rng));
+    for (std::int64_t i = 0; i < c.M; ++i) rs.push_back(std::uniform_real_distribution<float>(0.25f, 2.0f)(rng));
+    c0.resize(static_cast<std::size_t>(std::max<std::int64_t>(c.M, 1) * ldc));
+    std::normal_distribution<float> d;
+    for (auto& v : c0) v = d(rng);
+  }
+  Bf16Rows A(const Case& c) const { return {a.data(), lda, c.gather ? index.data() : nullptr}; }
+  WeightMatrix B() const { return {b.data(), DType::bf16, ldb}; }
+  Output C(const Case& c, std::vector<float>& out) const {
+    out = c0;
+    return {out.data(), ldc, c.row_scale ? rs.data() : nullptr, c.accumulate};
+  }
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const std::int64_t M : {1, 2, 5, 6, 7, 13})
+    for (const std::int64_t N : {1, 3, 4, 9, 37})
+      for (const std::int64_t K : {1, 2, 31, 32, 33, 95, 256})
+        out.push_back({M, N, K, (M + N) % 2 == 0, K % 3 == 0, N % 2 == 1});
+  out.push_back({64, 96, 2048, true, true, false});  // an expert task at the reference width
+  return out;
+}
+
+std::string name(const Case& c) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "M=%lld N=%lld K=%lld gather=%d row_scale=%d acc=%d", static_cast<long long>(c.M),
+                static_cast<long long>(c.N), static_cast<long long>(c.K), c.gather, c.row_scale, c.accumulate);
+  return buf;
+}
+
+// Bit patterns of the first N columns of M rows (and the padding columns, which must be untouched).
+void expect_bitwise(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    std::uint32_t g, w;
+    std::memcpy(&g, &got[i], 4);
+    std::memcpy(&w, &want[i], 4);
+    if (g != w) {
+      ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
+      return;
+    }
+  }
+}
+
+TEST(GemmBf16, PathIsNamed) {
+  const Bf16Path p = kernels::bf16_path();
+  std::printf("[ bf16 path ] gemm_nt_bf16 runs %s on this CPU\n", kernels::bf16_path_name(p));
+  EXPECT_STRNE(kernels::bf16_path_name(p), "");
+}
+
+TEST(GemmBf16, NativeEqualsItsScalarTwinBitwise) {
+  if (!native()) GTEST_SKIP() << "this CPU has no AVX512-BF16: the vdpbf16ps path was not run";
+  std::mt19937 rng(11);
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(name(c));
+    const Operands op(c, rng);
+    std::vector<float> got, want;
+    kernels::detail::gemm_nt_bf16_kernel(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K, Bf16Path::avx512bf16);
+    kernels::ref::gemm_nt_bf16_dpbf16(op.A(c), op.B(), op.C(c, want), c.M, c.N, c.K);
+    expect_bitwise(got, want);
+  }
+}
+
+// vdpbf16ps reads denormal inputs as zero and flushes denormal results: tiny operands whose
+// products and sums underflow, and bf16 denormals themselves, must still match the twin.
+TEST(GemmBf16, NativeFlushesDenormalsAsItsTwin) {
+  if (!native()) GTEST_SKIP() << "this CPU has no AVX512-BF16: the vdpbf16ps path was not run";
+  std::mt19937 rng(12);
+  const Case c{5, 9, 70, false, false, false};
+  Operands op(c, rng, 1e-19f);  // products ~1e-38: around FLT_MIN
+  for (std::size_t i = 0; i < op.a.size(); i += 7) op.a[i] = static_cast<std::uint16_t>(0x0001u + (i % 0x7f));
+  for (std::size_t i = 3; i < op.b.size(); i += 11) op.b[i] = 0x8003u;  // negative denormal
+  std::vector<float> got, want;
+  kernels::detail::gemm_nt_bf16_kernel(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K, Bf16Path::avx512bf16);
+  kernels::ref::gemm_nt_bf16_dpbf16(op.A(c), op.B(), op.C(c, want), c.M, c.N, c.K);
+  expect_bitwise(got, want);
+  // And the flushing really happened: some products were denormal.
+  int flushed = 0;
+  for (std::int64_t k = 0; k < c.K; ++k) {
+    const float p = bf16_to_f32(op.a[k]) * bf16_to_f32(op.b[k]);
+    flushed += std::fpclassify(p) == FP_SUBNORMAL || std::fpclassify(bf16_to_f32(op.a[k])) == FP_SUBNORMAL;
+  }
+  EXPECT_GT(flushed, 0);
+}
+
+// The portable path is gemm_nt's rows kernel on the widened operands, on every target.
+TEST(GemmBf16, PortableEqualsF32KernelOnWidenedOperands) {
+  testing::for_each_target([](std::int64_t) {
+    std::mt19937 rng(13);
+    for (const Case& c : cases()) {
+      SCOPED_TRACE(name(c));
+      const Operands op(c, rng);
+      std::vector<float> a32(op.a.size()), b32(op.b.size());
+      for (std::size_t i = 0; i < a32.size(); ++i) a32[i] = bf16_to_f32(op.a[i]);
+      for (std::size_t i = 0; i < b32.size(); ++i) b32[i] = bf16_to_f32(op.b[i]);
+      std::vector<float> got, want;
+      kernels::detail::gemm_nt_bf16_kernel(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K, Bf16Path::portable);
+      const kernels::RowSource A32{a32.data(), op.lda, c.gather ? op.index.data() : nullptr};
+      kernels::detail::gemm_nt_kernel(A32, {b32.data(), DType::f32, op.ldb}, op.C(c, want), c.M, c.N, c.K);
+      expect_bitwise(got, want);
+    }
+  });
+}
+
+// Both paths against an exact sum: |err| <= K·ε·Σ|a·b| (+ the epilogue's roundings).
+TEST(GemmBf16, BothPathsWithinTheDotProductBound) {
+  std::mt19937 rng(14);
+  for (const Bf16Path path : {Bf16Path::portable, Bf16Path::avx512bf16}) {
+    if (path == Bf16Path::avx512bf16 && !native()) continue;
+    SCOPED_TRACE(kernels::bf16_path_name(path));
+    const Case c{7, 13, 300, true, false, false};
+    const Operands op(c, rng);
+    std::vector<float> got;
+    kernels::detail::gemm_nt_bf16_kernel(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K, path);
+    const Bf16Rows A = op.A(c);
+    for (std::int64_t m = 0; m < c.M; ++m)
+      for (std::int64_t n = 0; n < c.N; ++n) {
+        double exact = 0, mag = 0;
+        for (std::int64_t k = 0; k < c.K; ++k) {
+          const double p = static_cast<double>(bf16_to_f32(A.row(m)[k])) * bf16_to_f32(op.b[n * op.ldb + k]);
+          exact += p;
+          mag += std::fabs(p);
+        }
+        EXPECT_NEAR(got[m * op.ldc + n], exact, c.K * 1.2e-7 * mag + 1e-30) << m << "," << n;
+      }
+  }
+}
+
+TEST(GemmBf16, AnyThreadCountGivesTheSameBits) {
+  std::mt19937 rng(15);
+  const int before = num_threads();
+  for (const Case& c : {Case{3, 700, 512, true, true, false}, Case{200, 64, 256, false, false, true}}) {
+    SCOPED_TRACE(name(c));
+    const Operands op(c, rng);
+    std::vector<float> base;
+    kernels::gemm_nt_bf16(op.A(c), op.B(), op.C(c, base), c.M, c.N, c.K, kernels::Threads::caller);
+    for (const int t : {1, 2, 3, 5}) {
+      set_num_threads(t);
+      std::vector<float> got;
+      kernels::gemm_nt_bf16(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K);
+      expect_bitwise(got, base);
+    }
+  }
+  set_num_threads(before);
+}
+
+TEST(GemmBf16, RoundRowsToBf16MatchesTheScalarConversion) {
+  std::mt19937 rng(16);
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, 1.00390625f /* tie, even */, 1.01171875f /* tie, odd */,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
+                          3.4e38f /* rounds to Inf */, -1e-41f};
+  std::normal_distribution<float> d;
+  while (v.size() < 64) v.push_back(d(rng));
+  const std::vector<std::int32_t> index = {1, 0};
+  const std::vector<float> scale = {0.5f, 3.0f};
+  std::vector<float> src = v;
+  src.insert(src.end(), v.rbegin(), v.rend());  // two rows of 64
+  std::vector<std::uint16_t> out(128);
+  kernels::round_rows_to_bf16({src.data(), 64, index.data(), scale.data()}, 2, 64, out.data());
+  for (std::int64_t i = 0; i < 2; ++i)
+    for (std::int64_t k = 0; k < 64; ++k) {
+      const float x = src[static_cast<std::size_t>(index[i] * 64 + k)] * scale[i];
+      const std::uint16_t want = f32_to_bf16(x);
+      const std::uint16_t got = out[static_cast<std::size_t>(i * 64 + k)];
+      if (std::isnan(x)) {
+        EXPECT_TRUE(std::isnan(bf16_to_f32(got)));
+      } else {
+        EXPECT_EQ(got, want) << "row " << i << " k " << k << " x " << x;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace moekit
