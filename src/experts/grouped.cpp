@@ -54,29 +54,33 @@ Scratch& scratch() {
 namespace {
 
 // The bf16 compute mode's rounded rows, per thread (the grouped tasks run one per thread).
-std::vector<std::uint16_t>& bf16_rows_scratch() {
-  thread_local std::vector<std::uint16_t> v;
+std::vector<float>& bf16_rows_scratch() {
+  thread_local std::vector<float> v;
   return v;
 }
 
+// The rows a projection multiplies in the bf16 compute mode: rounded once per task (for gate
+// and up together) in the form the CPU's path takes. Unused in the f32 mode.
+kernels::Bf16Activations rounded(const ExpertWeights& w, const kernels::RowSource& rows, std::int64_t r,
+                                 std::int64_t K) {
+  if (!w.bf16_activations) return {};
+  const kernels::Bf16Path path = kernels::bf16_path();
+  auto& buf = bf16_rows_scratch();
+  buf.resize((kernels::bf16_activation_bytes(r, K, path) + sizeof(float) - 1) / sizeof(float));
+  return kernels::round_to_bf16(rows, r, K, path, buf.data());
+}
+
 // rows · Wᵀ for one projection, in the mode `w` computes in: f32 rows (gathered and scaled in
-// place), or the rows rounded to bf16 once and multiplied by the bf16 kernel.
+// place), or their bf16 rounding.
 void project(const ExpertWeights& w, const ExpertMatrix& m, std::int64_t e, const kernels::RowSource& rows,
-             const std::uint16_t* rows_bf16, std::int64_t r, const kernels::Output& out, kernels::Threads threads) {
+             const kernels::Bf16Activations& rows_bf16, std::int64_t r, const kernels::Output& out,
+             kernels::Threads threads) {
   const std::int64_t N = m.rows, K = m.cols;
   if (w.bf16_activations) {
-    kernels::gemm_nt_bf16({rows_bf16, K}, weight_matrix(m, e), out, r, N, K, threads);
+    kernels::gemm_nt_bf16(rows_bf16, weight_matrix(m, e), out, r, N, K, threads);
   } else {
     kernels::gemm_nt(rows, weight_matrix(m, e), out, r, N, K, threads);
   }
-}
-
-const std::uint16_t* rounded(const ExpertWeights& w, const kernels::RowSource& rows, std::int64_t r, std::int64_t K) {
-  if (!w.bf16_activations) return nullptr;
-  auto& buf = bf16_rows_scratch();
-  buf.resize(static_cast<std::size_t>(r * K));
-  kernels::round_rows_to_bf16(rows, r, K, buf.data());
-  return buf.data();
 }
 
 }  // namespace
@@ -85,7 +89,7 @@ void expert_pre_activations(const ExpertWeights& w, std::int64_t e, const kernel
                             float* gate, float* up, bool split) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
-  const std::uint16_t* xb = rounded(w, xin, r, D);
+  const kernels::Bf16Activations xb = rounded(w, xin, r, D);
   project(w, w.up, e, xin, xb, r, {up, F}, threads);
   if (has(w.up_bias)) kernels::add_row_bias(up, r, F, w.up_bias.data_as<const float>() + e * F);
   if (w.gate.defined()) {
@@ -99,7 +103,7 @@ void expert_down(const ExpertWeights& w, std::int64_t e, const float* h, std::in
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
   const kernels::RowSource hin{h, F};
-  const std::uint16_t* hb = rounded(w, hin, r, F);
+  const kernels::Bf16Activations hb = rounded(w, hin, r, F);
   if (!has(w.down_bias)) {
     project(w, w.down, e, hin, hb, r, {out, D, out_scale, accumulate}, threads);
     return;

@@ -108,11 +108,12 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
   });
 }
 
-void gemm_nt_bf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                   std::int64_t K, Threads threads) {
-  const Bf16Path path = bf16_path();
+  if (A.path == Bf16Path::f32_fma) return gemm_nt({static_cast<const float*>(A.data), A.ld}, B, C, M, N, K, threads);
+  const Bf16Rows rows{static_cast<const std::uint16_t*>(A.data), A.ld};
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-    detail::gemm_nt_bf16_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K, path);
+    detail::gemm_nt_bf16_avx512(rows.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
   });
 }
 

@@ -18,6 +18,7 @@
 // work over rows and columns of C, never over K, so any thread count gives the same bits.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 
@@ -181,29 +182,52 @@ void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
 void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads = Threads::pool);
 
-/// The bf16 compute mode's product: C[M, N] (+)= A[M, K] · B[N, K]ᵀ with A bf16 rows and B bf16 in
-/// rows layout (the precondition; not checked). Every product of two bf16 values is exact in
-/// fp32 and every sum is an fp32 addition, in a fixed order that depends only on K and the path:
-///  - Bf16Path::avx512bf16 (CPUs with AVX512-BF16): `vdpbf16ps`. Each C element owns 16 fp32 lanes;
+/// The bf16 compute mode's products: activations rounded to bf16, multiplied with bf16 weights
+/// (rows layout) as exact bf16 × bf16 products summed in fp32. Two paths, one chosen per CPU:
+///  - Bf16Path::f32_fma: the rounded activations are kept as the f32 values they are and run
+///    gemm_nt's rows kernel (the weights widened in registers): bit-identical to gemm_nt on the
+///    rounded rows.
+///  - Bf16Path::avx512bf16: `vdpbf16ps` on bf16 activations. Each C element owns 16 fp32 lanes;
 ///    lane j takes the pairs k = 32·s + 2j + {1, 0} for s = 0, 1, ... (odd element first), each
 ///    added by a fused multiply-add that reads denormal inputs as zero and flushes a denormal
 ///    result to zero (the instruction's fixed DAZ/FTZ); K is padded with zeros to a multiple of
-///    32; the 16 lanes are then summed as ((l_i + l_i+8) + (…+4)) + … (ref::reduce16's tree).
-///  - Bf16Path::portable (every other CPU): both operands widened exactly to f32 in registers
-///    and multiplied in gemm_nt's rows order: bit-identical to gemm_nt on the widened values.
-/// Both are bit-identical for any thread count and split.
-void gemm_nt_bf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-                  std::int64_t K, Threads threads = Threads::pool);
+///    32; the 16 lanes are then summed by ref::reduce16's tree.
+/// Either is bit-identical for any thread count and split.
+enum class Bf16Path { f32_fma, avx512bf16 };
 
-enum class Bf16Path { portable, avx512bf16 };
-/// The path gemm_nt_bf16 takes on this CPU: avx512bf16 where CPUID reports AVX512-BF16 (with
-/// AVX512 F/BW/VL) and the OS saves the AVX-512 state (XCR0), else portable.
+/// The path on this CPU. avx512bf16 needs CPUID's AVX512-BF16 (with AVX512 F/BW/VL) and the OS
+/// saving the AVX-512 state (XCR0), and is chosen only where it is the faster: AMD (Zen 4 and
+/// later issue vdpbf16ps at the FMA rate, twice the products per instruction). Intel CPUs
+/// without AMX take f32_fma: on a Sapphire-Rapids-class Xeon vdpbf16ps ran at 1.3 G/s against
+/// vfmadd231ps at 5.4 G/s, half the products per second (docs/performance.md). The environment
+/// variable MOEKIT_BF16_PATH=f32_fma|avx512bf16 overrides the choice (avx512bf16 only where the
+/// CPU has it).
 Bf16Path bf16_path() noexcept;
 const char* bf16_path_name(Bf16Path path) noexcept;
+/// Whether this CPU can run `path` (f32_fma: everywhere).
+bool bf16_path_supported(Bf16Path path) noexcept;
 
-/// rows × K f32 elements of A (gathered and scaled as A says) rounded to bf16 (round to nearest
-/// even, NaN kept a NaN, denormals kept) into dst [rows, K] (dense, ld = K).
-void round_rows_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, std::uint16_t* dst);
+/// Rounded activations for gemm_nt_bf16: dense rows of K, bf16 (avx512bf16) or f32 holding bf16
+/// values (f32_fma).
+struct Bf16Activations {
+  const void* data = nullptr;
+  std::int64_t ld = 0;
+  Bf16Path path = Bf16Path::f32_fma;
+};
+
+/// Bytes round_to_bf16 writes for `rows` rows of K on `path`.
+inline std::size_t bf16_activation_bytes(std::int64_t rows, std::int64_t K, Bf16Path path) {
+  return static_cast<std::size_t>(rows * K) * (path == Bf16Path::avx512bf16 ? 2 : 4);
+}
+
+/// rows × K elements of A (gathered and scaled as A says; the scaled product rounded to f32
+/// first) rounded to bf16 (to nearest even, as f32_to_bf16: denormals kept, a NaN stays a NaN)
+/// into dst, in `path`'s form.
+Bf16Activations round_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, Bf16Path path, void* dst);
+
+/// C[M, N] (+)= A[M, K] · B[N, K]ᵀ on A's path; B bf16 in rows layout (preconditions, unchecked).
+void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                  std::int64_t N, std::int64_t K, Threads threads = Threads::pool);
 
 /// The SIMD target the kernels dispatch to on this CPU ("AVX3", "AVX2", "SSE4", "NEON", ...),
 /// for benchmark headers.
@@ -230,16 +254,13 @@ void gemm_nn_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, 
                     std::int64_t K);
 void gemm_tn_kernel(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
-// gemm_nt_bf16's single-threaded kernel on the given path (a path the CPU lacks must not be
-// asked for), and its two implementations.
-void gemm_nt_bf16_kernel(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-                         std::int64_t K, Bf16Path path);
-void gemm_nt_bf16_portable(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                           std::int64_t N, std::int64_t K);
+// gemm_nt_bf16's AVX512-BF16 kernel (single-threaded; only where the CPU has it), and
+// round_to_bf16's kernel (as_f32: f32 values out, else bf16 bits).
 void gemm_nt_bf16_avx512(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                          std::int64_t K);
-// Tests: make bf16_path() answer `path` (portable always; avx512bf16 only where the CPU has it),
-// or, with nullopt, what the CPU supports again.
+void round_rows_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, bool as_f32, void* dst);
+// Tests: make bf16_path() answer `path` (where the CPU supports it), or, with nullopt, the
+// CPU's choice again.
 void set_bf16_path_for_tests(std::optional<Bf16Path> path);
 }  // namespace detail
 

@@ -1,5 +1,5 @@
-// The bf16 compute mode's product (gemm_nt_bf16 in gemm.hpp): the AVX512-BF16 micro-kernel,
-// the run-time CPU check that picks it, and the f32 -> bf16 rounding of activations.
+// The bf16 compute mode's product (gemm_nt_bf16 in gemm.hpp): the AVX512-BF16 micro-kernel and
+// the run-time CPU check and policy that pick a path (the rounding kernel is in gemm_nt.cpp).
 //
 // Highway 1.0.3 (Debian 12) has no AVX512-BF16 target, so the native kernel is written with
 // intrinsics in functions that carry their own target attribute; the rest of the library is
@@ -12,6 +12,8 @@
 // element's bits depend only on K, never on the tile it landed in, M, N or the thread count.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/gemm.hpp"
 
@@ -46,53 +48,63 @@ bool cpu_has_avx512bf16() {
   if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
   return (a >> 5) & 1u;  // AVX512_BF16
 }
+
+bool cpu_is_amd() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+}
 #endif
 
-}  // namespace
-
-namespace {
-
-Bf16Path cpu_bf16_path() noexcept {
+bool cpu_supports_native() noexcept {
 #ifdef MOEKIT_HAVE_X86_BF16_KERNEL
-  static const Bf16Path path = cpu_has_avx512bf16() ? Bf16Path::avx512bf16 : Bf16Path::portable;
-  return path;
+  static const bool has = cpu_has_avx512bf16();
+  return has;
 #else
-  return Bf16Path::portable;
+  return false;
 #endif
+}
+
+// The CPU's choice (bf16_path's rule), with MOEKIT_BF16_PATH applied; decided once.
+Bf16Path chosen_path() noexcept {
+  static const Bf16Path path = [] {
+    if (const char* env = std::getenv("MOEKIT_BF16_PATH")) {
+      if (std::strcmp(env, "f32_fma") == 0) return Bf16Path::f32_fma;
+      if (std::strcmp(env, "avx512bf16") == 0 && cpu_supports_native()) return Bf16Path::avx512bf16;
+    }
+#ifdef MOEKIT_HAVE_X86_BF16_KERNEL
+    if (cpu_supports_native() && cpu_is_amd()) return Bf16Path::avx512bf16;
+#endif
+    return Bf16Path::f32_fma;
+  }();
+  return path;
 }
 
 std::atomic<int> path_override{-1};
 
 }  // namespace
 
+bool bf16_path_supported(Bf16Path path) noexcept {
+  return path == Bf16Path::f32_fma || cpu_supports_native();
+}
+
 Bf16Path bf16_path() noexcept {
   const int forced = path_override.load(std::memory_order_relaxed);
-  return forced >= 0 ? static_cast<Bf16Path>(forced) : cpu_bf16_path();
+  return forced >= 0 ? static_cast<Bf16Path>(forced) : chosen_path();
 }
 
 void detail::set_bf16_path_for_tests(std::optional<Bf16Path> path) {
-  if (path && *path == Bf16Path::avx512bf16 && cpu_bf16_path() != Bf16Path::avx512bf16) path = Bf16Path::portable;
+  if (path && !bf16_path_supported(*path)) path = Bf16Path::f32_fma;
   path_override.store(path ? static_cast<int>(*path) : -1, std::memory_order_relaxed);
 }
 
 const char* bf16_path_name(Bf16Path path) noexcept {
-  return path == Bf16Path::avx512bf16 ? "avx512bf16" : "portable";
+  return path == Bf16Path::avx512bf16 ? "avx512bf16" : "f32_fma";
 }
 
-void round_rows_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, std::uint16_t* dst) {
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const float* src = A.row(i);
-    const float s = A.factor(i);
-    std::uint16_t* out = dst + i * K;
-    for (std::int64_t k = 0; k < K; ++k) out[k] = f32_to_bf16(A.scale ? src[k] * s : src[k]);
-  }
-}
-
-void detail::gemm_nt_bf16_kernel(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                 std::int64_t N, std::int64_t K, Bf16Path path) {
-  if (M <= 0 || N <= 0) return;
-  if (path == Bf16Path::avx512bf16) return gemm_nt_bf16_avx512(A, B, C, M, N, K);
-  gemm_nt_bf16_portable(A, B, C, M, N, K);
+Bf16Activations round_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, Bf16Path path, void* dst) {
+  detail::round_rows_bf16(A, rows, K, path == Bf16Path::f32_fma, dst);
+  return {dst, K, path};
 }
 
 #ifdef MOEKIT_HAVE_X86_BF16_KERNEL
@@ -204,10 +216,8 @@ MOEKIT_AVX512BF16 void detail::gemm_nt_bf16_avx512(const Bf16Rows& A, const Weig
 
 #else
 
-void detail::gemm_nt_bf16_avx512(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                 std::int64_t N, std::int64_t K) {
-  gemm_nt_bf16_portable(A, B, C, M, N, K);  // bf16_path() never selects it off x86
-}
+void detail::gemm_nt_bf16_avx512(const Bf16Rows&, const WeightMatrix&, const Output&, std::int64_t, std::int64_t,
+                                 std::int64_t) {}  // bf16_path() never selects it off x86
 
 #endif
 

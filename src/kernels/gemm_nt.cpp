@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 
 
 #undef HWY_TARGET_INCLUDE
@@ -49,8 +48,8 @@ struct PanelsT {
 
 // One MR x NR tile over the full K. Tail lanes (K % lanes) come from zero-padded copies, so
 // they add exact zeros and never read past the rows.
-template <bool kScaled, int MR, int NR, typename TA, class BV>
-HWY_INLINE void Tile(const ARows<MR, TA>& a_rows, const BV& B, const Output& C, int64_t m, int64_t n, int64_t K) {
+template <bool kScaled, int MR, int NR, class BV>
+HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int64_t m, int64_t n, int64_t K) {
   using TB = typename BV::T;
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
@@ -68,11 +67,11 @@ HWY_INLINE void Tile(const ARows<MR, TA>& a_rows, const BV& B, const Output& C, 
   }
   if (k < K) {
     const int64_t r = K - k;
-    HWY_ALIGN TA abuf[MR][HWY_MAX_BYTES / sizeof(float)] = {};
+    HWY_ALIGN float abuf[MR][HWY_MAX_BYTES / sizeof(float)] = {};
     HWY_ALIGN TB bbuf[HWY_MAX_BYTES / sizeof(float)];
     hn::Vec<DF> a[MR];
     for (int i = 0; i < MR; ++i) {
-      std::memcpy(abuf[i], a_rows.p[i] + k, static_cast<size_t>(r) * sizeof(TA));
+      std::memcpy(abuf[i], a_rows.p[i] + k, static_cast<size_t>(r) * sizeof(float));
       a[i] = LoadA<kScaled>(df, a_rows, i, abuf[i]);
     }
     for (int j = 0; j < NR; ++j) {
@@ -85,8 +84,8 @@ HWY_INLINE void Tile(const ARows<MR, TA>& a_rows, const BV& B, const Output& C, 
   StoreDotTile(df, acc, C, m, n);
 }
 
-template <bool kScaled, int MR, typename TA, class BV>
-HWY_INLINE void RowStrip(const ARows<MR, TA>& a, const BV& B, const Output& C, int64_t m, int64_t n0,
+template <bool kScaled, int MR, class BV>
+HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64_t m, int64_t n0,
                          int64_t n1, int64_t K) {
   int64_t n = n0;
   // A single row (decode) has no A reuse to gain from tall tiles; 8 columns give 8 independent
@@ -101,18 +100,15 @@ HWY_INLINE void RowStrip(const ARows<MR, TA>& a, const BV& B, const Output& C, i
   for (; n < n1; ++n) Tile<kScaled, MR, 1>(a, B, C, m, n, K);
 }
 
-// The element type of an A source's rows: f32 (RowSource) or bf16 (Bf16Rows).
-template <class Source>
-using ElementOf = std::conditional_t<std::is_same_v<Source, Bf16Rows>, hwy::bfloat16_t, float>;
-
-template <int MR, class Source, class BV>
-HWY_INLINE void StripOf(const Source& A, const BV& B, const Output& C, int64_t m, int64_t n0,
+template <int MR, class BV>
+HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_t m, int64_t n0,
                         int64_t n1, int64_t K) {
-  const auto a = ARows<MR, ElementOf<Source>>::Of(A, m);
-  if constexpr (std::is_same_v<Source, RowSource>) {
-    if (A.scale) return RowStrip<true, MR>(a, B, C, m, n0, n1, K);
+  const auto a = ARows<MR>::Of(A, m);
+  if (A.scale) {
+    RowStrip<true, MR>(a, B, C, m, n0, n1, K);
+  } else {
+    RowStrip<false, MR>(a, B, C, m, n0, n1, K);
   }
-  RowStrip<false, MR>(a, B, C, m, n0, n1, K);
 }
 
 // Rows per register tile: 3 x 4 accumulators fit AVX2's 16 registers; with 32 registers
@@ -120,8 +116,8 @@ HWY_INLINE void StripOf(const Source& A, const BV& B, const Output& C, int64_t m
 // M = 32, N = 768, K = 2048 (OpenBLAS sgemm: 104 in the same run).
 constexpr int kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 3;
 
-template <class Source, class BV>
-HWY_INLINE void Strip(int rows, const Source& A, const BV& B, const Output& C, int64_t m,
+template <class BV>
+HWY_INLINE void Strip(int rows, const RowSource& A, const BV& B, const Output& C, int64_t m,
                       int64_t n0, int64_t n1, int64_t K) {
   switch (rows) {
     case 1:
@@ -144,8 +140,8 @@ HWY_INLINE void Strip(int rows, const Source& A, const BV& B, const Output& C, i
 }
 
 // A block of B's columns is reused by every row strip of A while it sits in L2 (≈ 256 KB).
-template <class Source, class BV>
-void GemmBlocks(const Source& A, const BV& B, const Output& C, int64_t M, int64_t N, int64_t K) {
+template <class BV>
+void GemmBlocks(const RowSource& A, const BV& B, const Output& C, int64_t M, int64_t N, int64_t K) {
   const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(typename BV::T)));
   const int64_t block_n = std::max<int64_t>(4, (256 * 1024 / row_bytes) / 4 * 4);
   for (int64_t n0 = 0; n0 < N; n0 += block_n) {
@@ -157,8 +153,8 @@ void GemmBlocks(const Source& A, const BV& B, const Output& C, int64_t M, int64_
   }
 }
 
-template <template <typename> class BV, class Source>
-void ByDtype(const Source& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K,
+template <template <typename> class BV, class... Args>
+void ByDtype(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K,
              int64_t stride) {
   switch (B.dtype) {
     case DType::bf16:
@@ -174,10 +170,50 @@ void GemmNt(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t 
   ByDtype<RowsB>(A, B, C, M, N, K, B.ld);
 }
 
-// gemm_nt_bf16's portable path: bf16 rows of A widened in registers like B, the same tiles and
-// order as GemmNt (so equal to it on the widened values, bit for bit).
-void GemmNtBf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
-  GemmBlocks(A, RowsB<hwy::bfloat16_t>{static_cast<const hwy::bfloat16_t*>(B.data), B.ld}, C, M, N, K);
+// f32 -> bf16, round to nearest even (f32_to_bf16's rule; a NaN becomes a quiet NaN), as the
+// upper 16 bits of each u32 lane.
+template <class DU>
+HWY_INLINE hn::Vec<DU> RoundedBf16Bits(DU du, hn::Vec<DF> v) {
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const auto quiet = hn::Or(bits, hn::Set(du, 0x400000u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+}
+
+// round_to_bf16's kernel: rows of A (gathered, scaled) rounded to bf16, stored as bf16 or as the
+// f32 values they are (dense rows of K).
+void RoundRowsBf16(const RowSource& A, int64_t rows, int64_t K, bool as_f32, void* dst) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<int32_t, DF> di;
+  const hn::Rebind<uint16_t, DF> d16;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* src = A.row(i);
+    const float s = A.factor(i);
+    float* out32 = static_cast<float*>(dst) + i * K;
+    uint16_t* out16 = static_cast<uint16_t*>(dst) + i * K;
+    int64_t k = 0;
+    for (; k + L <= K; k += L) {
+      auto v = hn::LoadU(df, src + k);
+      if (A.scale) v = hn::Mul(v, hn::Set(df, s));
+      const auto bits = RoundedBf16Bits(du, v);
+      if (as_f32) {
+        hn::StoreU(hn::BitCast(df, hn::And(bits, hn::Set(du, 0xffff0000u))), df, out32 + k);
+      } else {
+        hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(bits))), d16, out16 + k);
+      }
+    }
+    for (; k < K; ++k) {
+      const std::uint16_t b = f32_to_bf16(A.scale ? src[k] * s : src[k]);
+      if (as_f32) {
+        out32[k] = bf16_to_f32(b);
+      } else {
+        out16[k] = b;
+      }
+    }
+  }
 }
 
 // gemm_nn with B = W [K, N] packed in panels over K (the forward's packing of W [out, in]).
@@ -197,7 +233,7 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::kernels {
 
 HWY_EXPORT(GemmNt);
-HWY_EXPORT(GemmNtBf16);
+HWY_EXPORT(RoundRowsBf16);
 HWY_EXPORT(GemmNnPanels);
 HWY_EXPORT(TargetNameOfThisTarget);
 
@@ -209,10 +245,9 @@ void detail::gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Out
   HWY_DYNAMIC_DISPATCH(GemmNt)(A, B, C, M, N, K);
 }
 
-void detail::gemm_nt_bf16_portable(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                   std::int64_t N, std::int64_t K) {
-  if (M <= 0 || N <= 0) return;
-  HWY_DYNAMIC_DISPATCH(GemmNtBf16)(A, B, C, M, N, K);
+void detail::round_rows_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, bool as_f32, void* dst) {
+  if (rows <= 0 || K <= 0) return;
+  HWY_DYNAMIC_DISPATCH(RoundRowsBf16)(A, rows, K, as_f32, dst);
 }
 
 void detail::gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

@@ -41,16 +41,14 @@ HWY_INLINE hn::Vec<DF> WidenLoad(DF df, const TB* p) {
 }
 
 // Rows m .. m + MR - 1 of A for one tile: pointers and per-row factors (1 without a scale).
-// TA: the rows' element type (f32; bf16 for gemm_nt_bf16's portable path, widened on load).
-template <int MR, typename TA = float>
+template <int MR>
 struct ARows {
-  const TA* p[MR];
+  const float* p[MR];
   float s[MR];
-  template <class Source>
-  static ARows Of(const Source& A, int64_t m) {
+  static ARows Of(const RowSource& A, int64_t m) {
     ARows r;
     for (int i = 0; i < MR; ++i) {
-      r.p[i] = reinterpret_cast<const TA*>(A.row(m + i));
+      r.p[i] = A.row(m + i);
       r.s[i] = A.factor(m + i);
     }
     return r;
@@ -64,9 +62,9 @@ struct ARows {
 
 // A vector of A's row i at p as the dot products see it (gemm_nt.cpp, gemm_affine.cpp). The row
 // scale is a template flag: an unscaled product must not pay a multiply per load.
-template <bool kScaled, int MR, typename TA>
-HWY_INLINE hn::Vec<DF> LoadA(DF df, const ARows<MR, TA>& a, int i, const TA* p) {
-  const auto v = WidenLoad(df, p);
+template <bool kScaled, int MR>
+HWY_INLINE hn::Vec<DF> LoadA(DF df, const ARows<MR>& a, int i, const float* p) {
+  const auto v = hn::LoadU(df, p);
   if constexpr (kScaled) return hn::Mul(v, hn::Set(df, a.s[i]));
   return v;
 }

@@ -1,10 +1,11 @@
 // gemm_nt_bf16 (the bf16 compute mode's product) against its references:
 //  - the AVX512-BF16 path bit for bit against its scalar twin ref::gemm_nt_bf16_dpbf16 (where the
 //    CPU has AVX512-BF16; skipped, saying so, elsewhere), denormal inputs and results included;
-//  - the portable path, on every Highway target, bit for bit against the f32 gemm_nt on the
-//    widened operands;
+//  - the f32_fma path, on every Highway target, bit for bit against gemm_nt on the rows rounded
+//    by the scalar f32_to_bf16;
 //  - both within the dot-product error bound of an exact (double) sum;
-//  - any split over threads gives the same bits; round_rows_to_bf16 rounds as f32_to_bf16.
+//  - any split over threads gives the same bits; round_to_bf16 (both forms, every target)
+//    rounds as f32_to_bf16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,7 +36,7 @@ std::vector<std::uint16_t> random_bf16(std::int64_t n, std::mt19937& rng, float 
   return v;
 }
 
-bool native() { return kernels::bf16_path() == Bf16Path::avx512bf16; }
+bool native() { return kernels::bf16_path_supported(Bf16Path::avx512bf16); }
 
 struct Case {
   std::int64_t M, N, K;
@@ -102,8 +103,9 @@ void expect_bitwise(const std::vector<float>& got, const std::vector<float>& wan
 
 TEST(GemmBf16, PathIsNamed) {
   const Bf16Path p = kernels::bf16_path();
-  std::printf("[ bf16 path ] gemm_nt_bf16 runs %s on this CPU\n", kernels::bf16_path_name(p));
-  EXPECT_STRNE(kernels::bf16_path_name(p), "");
+  std::printf("[ bf16 path ] the bf16 compute mode runs %s on this CPU (avx512bf16 %s)\n",
+              kernels::bf16_path_name(p), native() ? "supported" : "not supported: that path is skipped");
+  EXPECT_TRUE(kernels::bf16_path_supported(p));
 }
 
 TEST(GemmBf16, NativeEqualsItsScalarTwinBitwise) {
@@ -113,7 +115,7 @@ TEST(GemmBf16, NativeEqualsItsScalarTwinBitwise) {
     SCOPED_TRACE(name(c));
     const Operands op(c, rng);
     std::vector<float> got, want;
-    kernels::detail::gemm_nt_bf16_kernel(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K, Bf16Path::avx512bf16);
+    kernels::detail::gemm_nt_bf16_avx512(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K);
     kernels::ref::gemm_nt_bf16_dpbf16(op.A(c), op.B(), op.C(c, want), c.M, c.N, c.K);
     expect_bitwise(got, want);
   }
@@ -129,7 +131,7 @@ TEST(GemmBf16, NativeFlushesDenormalsAsItsTwin) {
   for (std::size_t i = 0; i < op.a.size(); i += 7) op.a[i] = static_cast<std::uint16_t>(0x0001u + (i % 0x7f));
   for (std::size_t i = 3; i < op.b.size(); i += 11) op.b[i] = 0x8003u;  // negative denormal
   std::vector<float> got, want;
-  kernels::detail::gemm_nt_bf16_kernel(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K, Bf16Path::avx512bf16);
+  kernels::detail::gemm_nt_bf16_avx512(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K);
   kernels::ref::gemm_nt_bf16_dpbf16(op.A(c), op.B(), op.C(c, want), c.M, c.N, c.K);
   expect_bitwise(got, want);
   // And the flushing really happened: some products were denormal.
@@ -141,20 +143,36 @@ TEST(GemmBf16, NativeFlushesDenormalsAsItsTwin) {
   EXPECT_GT(flushed, 0);
 }
 
-// The portable path is gemm_nt's rows kernel on the widened operands, on every target.
-TEST(GemmBf16, PortableEqualsF32KernelOnWidenedOperands) {
+// f32 rows (gathered, scaled) -> the scalar rounding, as f32 values.
+std::vector<float> rounded_by_scalar(const kernels::RowSource& A, std::int64_t rows, std::int64_t K) {
+  std::vector<float> out(static_cast<std::size_t>(rows * K));
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t k = 0; k < K; ++k) {
+      const float v = A.scale ? A.row(i)[k] * A.scale[i] : A.row(i)[k];
+      out[static_cast<std::size_t>(i * K + k)] = bf16_to_f32(f32_to_bf16(v));
+    }
+  return out;
+}
+
+// The f32_fma path is gemm_nt's rows kernel on the rounded rows, on every target; the rows are
+// f32 (not bf16 values), gathered and scaled, so the rounding kernel is exercised too.
+TEST(GemmBf16, F32FmaPathIsGemmNtOnTheRoundedRows) {
   testing::for_each_target([](std::int64_t) {
     std::mt19937 rng(13);
     for (const Case& c : cases()) {
       SCOPED_TRACE(name(c));
       const Operands op(c, rng);
-      std::vector<float> a32(op.a.size()), b32(op.b.size());
-      for (std::size_t i = 0; i < a32.size(); ++i) a32[i] = bf16_to_f32(op.a[i]);
-      for (std::size_t i = 0; i < b32.size(); ++i) b32[i] = bf16_to_f32(op.b[i]);
+      const std::int64_t src_rows = 2 * c.M + 1, ld = c.K + 5;
+      const Tensor x32 = testing::randn({src_rows, ld}, rng);
+      const kernels::RowSource x{x32.data_as<const float>(), ld, c.gather ? op.index.data() : nullptr,
+                                 c.gather ? op.rs.data() : nullptr};
+      std::vector<float> buf(static_cast<std::size_t>(c.M * c.K));
+      const kernels::Bf16Activations A = kernels::round_to_bf16(x, c.M, c.K, Bf16Path::f32_fma, buf.data());
+      const std::vector<float> want_rows = rounded_by_scalar(x, c.M, c.K);
+      ASSERT_EQ(std::memcmp(buf.data(), want_rows.data(), buf.size() * 4), 0);
       std::vector<float> got, want;
-      kernels::detail::gemm_nt_bf16_kernel(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K, Bf16Path::portable);
-      const kernels::RowSource A32{a32.data(), op.lda, c.gather ? op.index.data() : nullptr};
-      kernels::detail::gemm_nt_kernel(A32, {b32.data(), DType::f32, op.ldb}, op.C(c, want), c.M, c.N, c.K);
+      kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K);
+      kernels::detail::gemm_nt_kernel({want_rows.data(), c.K}, op.B(), op.C(c, want), c.M, c.N, c.K);
       expect_bitwise(got, want);
     }
   });
@@ -163,19 +181,23 @@ TEST(GemmBf16, PortableEqualsF32KernelOnWidenedOperands) {
 // Both paths against an exact sum: |err| <= K·ε·Σ|a·b| (+ the epilogue's roundings).
 TEST(GemmBf16, BothPathsWithinTheDotProductBound) {
   std::mt19937 rng(14);
-  for (const Bf16Path path : {Bf16Path::portable, Bf16Path::avx512bf16}) {
-    if (path == Bf16Path::avx512bf16 && !native()) continue;
+  for (const Bf16Path path : {Bf16Path::f32_fma, Bf16Path::avx512bf16}) {
+    if (!kernels::bf16_path_supported(path)) continue;
     SCOPED_TRACE(kernels::bf16_path_name(path));
-    const Case c{7, 13, 300, true, false, false};
+    const Case c{7, 13, 300, false, false, false};
     const Operands op(c, rng);
+    std::vector<float> a32(op.a.size());
+    for (std::size_t i = 0; i < a32.size(); ++i) a32[i] = bf16_to_f32(op.a[i]);
+    std::vector<float> buf(a32.size());
+    const kernels::Bf16Activations A =
+        kernels::round_to_bf16({a32.data(), op.lda}, c.M, op.lda, path, buf.data());  // exact: already bf16
     std::vector<float> got;
-    kernels::detail::gemm_nt_bf16_kernel(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K, path);
-    const Bf16Rows A = op.A(c);
+    kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K);
     for (std::int64_t m = 0; m < c.M; ++m)
       for (std::int64_t n = 0; n < c.N; ++n) {
         double exact = 0, mag = 0;
         for (std::int64_t k = 0; k < c.K; ++k) {
-          const double p = static_cast<double>(bf16_to_f32(A.row(m)[k])) * bf16_to_f32(op.b[n * op.ldb + k]);
+          const double p = static_cast<double>(a32[m * op.lda + k]) * bf16_to_f32(op.b[n * op.ldb + k]);
           exact += p;
           mag += std::fabs(p);
         }
@@ -187,46 +209,59 @@ TEST(GemmBf16, BothPathsWithinTheDotProductBound) {
 TEST(GemmBf16, AnyThreadCountGivesTheSameBits) {
   std::mt19937 rng(15);
   const int before = num_threads();
-  for (const Case& c : {Case{3, 700, 512, true, true, false}, Case{200, 64, 256, false, false, true}}) {
-    SCOPED_TRACE(name(c));
-    const Operands op(c, rng);
-    std::vector<float> base;
-    kernels::gemm_nt_bf16(op.A(c), op.B(), op.C(c, base), c.M, c.N, c.K, kernels::Threads::caller);
-    for (const int t : {1, 2, 3, 5}) {
-      set_num_threads(t);
-      std::vector<float> got;
-      kernels::gemm_nt_bf16(op.A(c), op.B(), op.C(c, got), c.M, c.N, c.K);
-      expect_bitwise(got, base);
+  for (const Bf16Path path : {Bf16Path::f32_fma, Bf16Path::avx512bf16}) {
+    if (!kernels::bf16_path_supported(path)) continue;
+    SCOPED_TRACE(kernels::bf16_path_name(path));
+    for (const Case& c : {Case{3, 700, 512, false, true, false}, Case{200, 64, 256, false, false, true}}) {
+      SCOPED_TRACE(name(c));
+      const Operands op(c, rng);
+      std::vector<float> a32(op.a.size());
+      for (std::size_t i = 0; i < a32.size(); ++i) a32[i] = bf16_to_f32(op.a[i]);
+      std::vector<float> buf(a32.size());
+      const kernels::Bf16Activations A = kernels::round_to_bf16({a32.data(), op.lda}, c.M, op.lda, path, buf.data());
+      std::vector<float> base;
+      kernels::gemm_nt_bf16(A, op.B(), op.C(c, base), c.M, c.N, c.K, kernels::Threads::caller);
+      for (const int t : {1, 2, 3, 5}) {
+        set_num_threads(t);
+        std::vector<float> got;
+        kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K);
+        expect_bitwise(got, base);
+      }
     }
   }
   set_num_threads(before);
 }
 
-TEST(GemmBf16, RoundRowsToBf16MatchesTheScalarConversion) {
-  std::mt19937 rng(16);
+TEST(GemmBf16, RoundToBf16MatchesTheScalarConversionOnEveryTarget) {
   std::vector<float> v = {0.0f, -0.0f, 1.0f, 1.00390625f /* tie, even */, 1.01171875f /* tie, odd */,
                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
-                          3.4e38f /* rounds to Inf */, -1e-41f};
+                          std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min(), 3.4e38f /* rounds to Inf */, -1e-41f};
+  std::mt19937 rng(16);
   std::normal_distribution<float> d;
-  while (v.size() < 64) v.push_back(d(rng));
+  while (v.size() < 67) v.push_back(d(rng));  // 67: a tail past every vector width
+  const std::int64_t K = 67;
+  std::vector<float> src = v;
+  src.insert(src.end(), v.rbegin(), v.rend());  // two rows
   const std::vector<std::int32_t> index = {1, 0};
   const std::vector<float> scale = {0.5f, 3.0f};
-  std::vector<float> src = v;
-  src.insert(src.end(), v.rbegin(), v.rend());  // two rows of 64
-  std::vector<std::uint16_t> out(128);
-  kernels::round_rows_to_bf16({src.data(), 64, index.data(), scale.data()}, 2, 64, out.data());
-  for (std::int64_t i = 0; i < 2; ++i)
-    for (std::int64_t k = 0; k < 64; ++k) {
-      const float x = src[static_cast<std::size_t>(index[i] * 64 + k)] * scale[i];
-      const std::uint16_t want = f32_to_bf16(x);
-      const std::uint16_t got = out[static_cast<std::size_t>(i * 64 + k)];
-      if (std::isnan(x)) {
-        EXPECT_TRUE(std::isnan(bf16_to_f32(got)));
-      } else {
-        EXPECT_EQ(got, want) << "row " << i << " k " << k << " x " << x;
+  const kernels::RowSource A{src.data(), K, index.data(), scale.data()};
+  testing::for_each_target([&](std::int64_t) {
+    std::vector<std::uint16_t> out16(2 * K);
+    std::vector<float> out32(2 * K);
+    kernels::round_to_bf16(A, 2, K, Bf16Path::avx512bf16, out16.data());  // the bf16 form, any CPU
+    kernels::round_to_bf16(A, 2, K, Bf16Path::f32_fma, out32.data());
+    for (std::int64_t i = 0; i < 2; ++i)
+      for (std::int64_t k = 0; k < K; ++k) {
+        const float x = src[static_cast<std::size_t>(index[i] * K + k)] * scale[i];
+        const std::uint16_t want = f32_to_bf16(x);
+        const std::size_t j = static_cast<std::size_t>(i * K + k);
+        std::uint32_t bits32;
+        std::memcpy(&bits32, &out32[j], 4);
+        EXPECT_EQ(out16[j], want) << "row " << i << " k " << k << " x " << x;
+        EXPECT_EQ(bits32, static_cast<std::uint32_t>(want) << 16) << "row " << i << " k " << k << " x " << x;
       }
-    }
+  });
 }
 
 }  // namespace

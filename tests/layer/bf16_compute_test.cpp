@@ -1,7 +1,7 @@
 // The bf16 compute mode (MoeLayer::set_bf16_activations) of whole blocks built in memory with bf16
 // weights: against a double-precision model of its contract (the rows entering each projection
-// rounded to bf16, exact products, the activation on the fp32 pre-activations), on the path this
-// CPU runs and on the portable one; against the exact f32 mode (the error the mode costs, printed);
+// rounded to bf16, exact products, the activation on the fp32 pre-activations), on both paths
+// (avx512bf16 where the CPU has it); against the exact f32 mode (the error the mode costs, printed);
 // bit-identical for any thread count; its errors for weights it cannot run.
 #include <gtest/gtest.h>
 
@@ -175,7 +175,11 @@ TEST_P(Bf16Compute, MatchesTheContractOnEveryPath) {
   const Tensor y_exact = layer.forward(x, &info_exact);
   layer.set_bf16_activations(true);
   ASSERT_TRUE(layer.bf16_activations());
-  for (const kernels::Bf16Path path : {kernels::bf16_path(), kernels::Bf16Path::portable}) {
+  for (const kernels::Bf16Path path : {kernels::Bf16Path::f32_fma, kernels::Bf16Path::avx512bf16}) {
+    if (!kernels::bf16_path_supported(path)) {
+      std::printf("[ bf16 mode ] this CPU has no AVX512-BF16: the avx512bf16 path was not run\n");
+      continue;
+    }
     SCOPED_TRACE(kernels::bf16_path_name(path));
     kernels::detail::set_bf16_path_for_tests(path);
     ForwardInfo info;
@@ -207,23 +211,29 @@ TEST_P(Bf16Compute, AnyThreadCountGivesTheSameBits) {
   layer.set_bf16_activations(true);
   const Tensor x = randn({70, b.cfg.hidden_size}, rng, 1.0f);
   const int before = num_threads();
-  set_num_threads(1);
-  const Tensor base = layer.forward(x);
-  for (const int t : {2, 3}) {
-    set_num_threads(t);
-    const Tensor y = layer.forward(x);
-    EXPECT_EQ(std::memcmp(y.data(), base.data(), y.nbytes()), 0) << t << " threads";
-    // One token at a time (decode) gives each token's bits of the batch.
-    const Tensor y0 = layer.forward(x.view().slice_rows(5, 6));
-    EXPECT_EQ(std::memcmp(y0.data(), base.data_as<float>() + 5 * b.cfg.hidden_size, y0.nbytes()), 0);
+  for (const kernels::Bf16Path path : {kernels::Bf16Path::f32_fma, kernels::Bf16Path::avx512bf16}) {
+    if (!kernels::bf16_path_supported(path)) continue;
+    SCOPED_TRACE(kernels::bf16_path_name(path));
+    kernels::detail::set_bf16_path_for_tests(path);
+    set_num_threads(1);
+    const Tensor base = layer.forward(x);
+    for (const int t : {2, 3}) {
+      set_num_threads(t);
+      const Tensor y = layer.forward(x);
+      EXPECT_EQ(std::memcmp(y.data(), base.data(), y.nbytes()), 0) << t << " threads";
+      // One token at a time (decode) gives each token's bits of the batch.
+      const Tensor y0 = layer.forward(x.view().slice_rows(5, 6));
+      EXPECT_EQ(std::memcmp(y0.data(), base.data_as<float>() + 5 * b.cfg.hidden_size, y0.nbytes()), 0);
+    }
+    set_num_threads(before);
+    // bf16 in, bf16 out: the f32 result on the same input, rounded.
+    const Tensor xb = to_dtype(x, DType::bf16);
+    const Tensor yb = layer.forward(xb);
+    ASSERT_EQ(yb.dtype(), DType::bf16);
+    const Tensor want = to_dtype(layer.forward(to_dtype(xb, DType::f32)), DType::bf16);
+    EXPECT_EQ(std::memcmp(yb.data(), want.data(), yb.nbytes()), 0);
   }
-  set_num_threads(before);
-  // bf16 in, bf16 out: the f32 result on the same input, rounded.
-  const Tensor xb = to_dtype(x, DType::bf16);
-  const Tensor yb = layer.forward(xb);
-  ASSERT_EQ(yb.dtype(), DType::bf16);
-  const Tensor want = to_dtype(layer.forward(to_dtype(xb, DType::f32)), DType::bf16);
-  EXPECT_EQ(std::memcmp(yb.data(), want.data(), yb.nbytes()), 0);
+  kernels::detail::set_bf16_path_for_tests(std::nullopt);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Bf16Compute, ::testing::Values(Family::deepseek, Family::llama4, Family::gpt_oss),
