@@ -132,6 +132,40 @@ void BM_GemmNtBf16(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
+// Issue rate of the two instructions the bf16 compute mode can be built on, one thread, 12
+// independent accumulators (no latency bound): vdpbf16ps (32 bf16 products per zmm) against
+// vfmadd231ps (16 f32 products). The ratio decides bf16_path() (docs/performance.md).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MOEKIT_X12(op) op "0\n" op "1\n" op "2\n" op "3\n" op "4\n" op "5\n" op "6\n" op "7\n" op "8\n" op "9\n" op "10\n" op "11\n"
+void BM_InstructionRate(benchmark::State& state) {
+  const bool dp = state.range(0) == 1;
+  if (dp && !kernels::bf16_path_supported(kernels::Bf16Path::avx512bf16)) {
+    state.SkipWithError("this CPU has no AVX512-BF16");
+    return;
+  }
+  if (!__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("this CPU has no AVX-512");
+    return;
+  }
+  constexpr long kLoops = 1000000;
+  for (auto _ : state) {
+    for (long i = 0; i < kLoops; ++i) {
+      if (dp) {
+        __asm__ volatile(MOEKIT_X12("vdpbf16ps %%zmm30, %%zmm31, %%zmm") ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4",
+                         "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11");
+      } else {
+        __asm__ volatile(MOEKIT_X12("vfmadd231ps %%zmm30, %%zmm31, %%zmm") ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4",
+                         "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11");
+      }
+    }
+  }
+  const double instr = 12.0 * kLoops * static_cast<double>(state.iterations());
+  state.counters["Ginstr/s"] = benchmark::Counter(instr / 1e9, benchmark::Counter::kIsRate);
+  state.counters["products_G/s"] = benchmark::Counter(instr * (dp ? 32 : 16) / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_InstructionRate)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+#endif
+
 // The same GEMM with B cycling through 64 different weight matrices (400 MB at f32 768x2048):
 // B comes from DRAM every call, as in a real MoE layer.
 void BM_GemmNtColdB(benchmark::State& state) {

@@ -116,3 +116,27 @@ def test_preset_config():
     assert cfg.router.has_selection_bias
     with pytest.raises(ValueError, match="family"):
         moekit.preset_config("no_such_family", 64, 8, 2, 32)
+
+
+def test_bf16_compute_mode_against_torch_bf16():
+    d = GOLDENS / "deepseek_v3_bf16"
+    layer = moekit.load_moe_layer(str(d), 1)
+    x = np.load(d / "torch_bf16" / "input.npy")
+    y_torch = np.load(d / "torch_bf16" / "output.npy")
+    y_exact = layer.forward(x)
+    assert not layer.bf16_activations
+    layer.set_bf16_activations(True)
+    assert layer.bf16_activations
+    y = layer.forward(x)
+    assert rel_err(y, y_torch) <= 1e-2  # torch rounds after every op: bf16 noise apart
+    assert 1e-5 < rel_err(y, y_exact) <= 1e-2  # the mode is on, and costs bf16 rounding only
+    with pytest.raises(ValueError, match="turn it off before packing"):
+        layer.pack_weights()
+    layer.set_bf16_activations(False)
+    np.testing.assert_array_equal(layer.forward(x), y_exact)
+
+
+def test_bf16_compute_mode_refuses_f32_weights():
+    layer = moekit.load_moe_layer(str(GOLDENS / "deepseek_v3"), 1)
+    with pytest.raises(ValueError, match="experts.gate is f32"):
+        layer.set_bf16_activations(True)
