@@ -241,11 +241,16 @@ void gemm_nt_affine_kernel(const RowSource& A, const WeightMatrix& B, const Outp
                            std::int64_t N, std::int64_t K);
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
-// The fast mode's kernel and whether it takes B with M rows of A; `portable` forces the
-// portable C++ path (tests) where the CPU has AVX2.
+// The fast mode's kernel and whether it takes B with M rows of A. `path` picks its
+// instruction set (tests, benchmarks; best: AVX512-VNNI, else AVX2, else portable C++); a path
+// must be supported (int8_path_supported). AVX512-VNNI and AVX2 give the same bits for 4-bit
+// codes and agree to f32 rounding for 8-bit ones.
+enum class Int8Path { best, portable, avx2, avx512vnni };
+bool int8_path_supported(Int8Path path) noexcept;
+const char* int8_path_name(Int8Path path) noexcept;  ///< best: the one it resolves to
 bool int8_activations_apply(const WeightMatrix& B, std::int64_t M);
 void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                std::int64_t N, std::int64_t K, bool portable = false);
+                                std::int64_t N, std::int64_t K, Int8Path path = Int8Path::best);
 // n_total: the packed matrix's full column count (its panel stride); B.data points at column 0
 // of the call's first column.
 void gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

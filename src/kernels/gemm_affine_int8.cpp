@@ -13,9 +13,10 @@
 // integer sums are exact; the float sums run in a fixed order, so the result does not depend on
 // the thread count (it may differ in the last bits between the AVX2 and the portable path).
 //
-// x86 with AVX2 (any AVX-512 CPU too): codes and activations as bytes, `vpmaddubsw` + `vpmaddwd`
-// (4-bit: the codes are u8 ≤ 15, so a pair of products fits an int16) or widened to int16 and
-// `vpmaddwd` (8-bit). Elsewhere the same arithmetic in portable C++.
+// x86 with AVX512-VNNI: `vpdpbusd` on 256-bit vectors, u8 codes × int8 activations (4- and 8-bit).
+// x86 with AVX2: codes and activations as bytes, `vpmaddubsw` + `vpmaddwd` (4-bit: the codes are
+// u8 ≤ 15, so a pair of products fits an int16) or widened to int16 and `vpmaddwd` (8-bit); both
+// from affine_int8-inl.h (bit-identical for 4-bit codes, to f32 rounding for 8-bit). Elsewhere the same arithmetic in portable C++.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,18 +42,21 @@ namespace {
 // (8-bit B); per group, the scale d and d · Σ q (the rounded activations' sum, for the bias term).
 struct QuantA {
   std::int64_t M = 0, K = 0, groups = 0;
+  bool bytes8 = false;  // 8-bit codes' activations in q8 (natural order), not q16
   std::vector<std::int8_t> q8;
   std::vector<std::int16_t> q16;
   std::vector<float> d, xsum;
 };
 
-void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, QuantA& qa) {
+// bytes8: 8-bit codes take int8 activations too (the VNNI kernel), in natural order.
+void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, bool bytes8, QuantA& qa) {
   qa.M = M;
   qa.K = K;
+  qa.bytes8 = bits == 8 && bytes8;
   qa.groups = K / gs;
   qa.d.assign(static_cast<std::size_t>(M * qa.groups), 0.0f);
   qa.xsum.assign(qa.d.size(), 0.0f);
-  if (bits == 4)
+  if (bits == 4 || bytes8)
     qa.q8.assign(static_cast<std::size_t>(M * K), 0);
   else
     qa.q16.assign(static_cast<std::size_t>(M * K), 0);
@@ -87,6 +91,8 @@ void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int 
           const std::int64_t i = kk % 32;
           const std::int64_t at = kk - i + (i % 2 == 0 ? i / 2 : 16 + i / 2);
           qa.q8[static_cast<std::size_t>(m * K + at)] = static_cast<std::int8_t>(r);
+        } else if (bytes8) {
+          qa.q8[static_cast<std::size_t>(m * K + kk)] = static_cast<std::int8_t>(r);
         } else {
           qa.q16[static_cast<std::size_t>(m * K + kk)] = static_cast<std::int16_t>(r);
         }
@@ -106,6 +112,10 @@ std::int32_t block_dot_scalar(const QuantA& qa, std::int64_t m, const std::uint8
       acc += static_cast<std::int32_t>(c[j] & 0x0F) * q[j];
       acc += static_cast<std::int32_t>(c[j] >> 4) * q[16 + j];
     }
+  } else if (qa.bytes8) {
+    const std::int8_t* q = qa.q8.data() + m * qa.K + k;
+    const std::uint8_t* c = row + k;
+    for (int j = 0; j < 32; ++j) acc += static_cast<std::int32_t>(c[j]) * q[j];
   } else {
     const std::int16_t* q = qa.q16.data() + m * qa.K + k;
     const std::uint8_t* c = row + k;
@@ -148,108 +158,29 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
 }
 
 #if MOEKIT_X86
-// MR rows of A against NR rows of B (MR · NR int32 accumulators of 8 lanes per group; a row's
-// unpacked codes serve all MR rows of A), then per group one multiply-add each into f32
-// accumulators; reduced at the end in a fixed order.
-template <int kBits, int MR, int NR>
-__attribute__((target("avx2,fma"))) void tile_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
-                                                  std::int64_t m, std::int64_t n) {
-  const int gs = B.affine.group_size;
-  const std::uint8_t* rows[NR];
-  for (int j = 0; j < NR; ++j) rows[j] = row_bytes(B, n + j);
-  // The next tile's rows, prefetched one block at a time as this tile walks its own: each row
-  // is only K·bits/8 bytes, too short a stream for the hardware prefetcher to ramp up, so
-  // without this a decode step waits on DRAM latency row after row.
-  const std::int64_t row_stride = B.ld * 4, ahead = NR * row_stride;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[MR][NR];
-  float bacc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) {
-      acc[i][j] = _mm256_setzero_ps();
-      bacc[i][j] = 0.0f;
-    }
-  for (std::int64_t g = 0; g < qa.groups; ++g) {
-    __m256i isum[MR][NR];
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
-    for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
-      if (MR == 1 || m == 0)  // the first strip of A's rows fetches for the others
-        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + k * kBits / 8), _MM_HINT_T0);
-      if constexpr (kBits == 4) {
-        __m256i a[MR];
-        for (int i = 0; i < MR; ++i)
-          a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
-        for (int j = 0; j < NR; ++j) {
-          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k / 2));
-          // Low half: the low nibbles (even elements); high half: the high nibbles (odd ones).
-          const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
-          for (int i = 0; i < MR; ++i)
-            isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(c, a[i]), ones));
-        }
-      } else {
-        for (int j = 0; j < NR; ++j) {
-          const __m256i c0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k)));
-          const __m256i c1 =
-              _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k + 16)));
-          for (int i = 0; i < MR; ++i) {
-            const std::int16_t* q = qa.q16.data() + (m + i) * qa.K + k;
-            const __m256i p0 = _mm256_madd_epi16(c0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
-            const __m256i p1 = _mm256_madd_epi16(c1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
-            isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_add_epi32(p0, p1));
-          }
-        }
-      }
-    }
-    for (int j = 0; j < NR; ++j) {
-      const std::int64_t sg = (n + j) * B.affine.scale_ld + g;
-      const float s = load_f32(B.affine.scales, B.affine.scale_dtype, sg);
-      const float b = load_f32(B.affine.biases, B.affine.scale_dtype, sg);
-      for (int i = 0; i < MR; ++i) {
-        const std::size_t gi = static_cast<std::size_t>((m + i) * qa.groups + g);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]), _mm256_set1_ps(s * qa.d[gi]), acc[i][j]);
-        bacc[i][j] = std::fma(b, qa.xsum[gi], bacc[i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) {
-      // Lanes summed pairwise in a fixed order.
-      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[i][j]), _mm256_extractf128_ps(acc[i][j], 1));
-      const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
-      store(C, m + i, n + j, _mm_cvtss_f32(h1) + bacc[i][j]);
-    }
-}
-
-// Every row of A over NR rows of B at a time (their codes stay in L1 across the strips of A):
-// strips of 4, 2 and 1 rows of A, each unpacking the codes once for its rows.
-// AVX2 has 16 vector registers: MR · NR int32 and as many f32 accumulators must leave room for
-// the activations, the codes and two constants, so tiles are 1 × 4 or 2 × 2.
-template <int kBits, int NR>
-__attribute__((target("avx2,fma"))) void columns_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
-                                                     std::int64_t M, std::int64_t n) {
-  std::int64_t m = 0;
-  if constexpr (NR == 2)
-    for (; m + 2 <= M; m += 2) tile_avx2<kBits, 2, 2>(qa, B, C, m, n);
-  for (; m < M; ++m) tile_avx2<kBits, 1, NR>(qa, B, C, m, n);
-}
-
-template <int kBits>
-__attribute__((target("avx2,fma"))) void kernel_avx2(const QuantA& qa, const WeightMatrix& B, const Output& C,
-                                                    std::int64_t M, std::int64_t N) {
-  std::int64_t n = 0;
-  if (M == 1) {
-    for (; n + 4 <= N; n += 4) columns_avx2<kBits, 4>(qa, B, C, M, n);
-  } else {
-    for (; n + 2 <= N; n += 2) columns_avx2<kBits, 2>(qa, B, C, M, n);
-  }
-  kernel_scalar(qa, B, C, M, N, n);  // the last N % tile-width columns
-}
+#define MOEKIT_I8_ATTR __attribute__((target("avx2,fma")))
+#define MOEKIT_I8_NAME(f) f##_avx2
+#define MOEKIT_I8_VNNI 0
+#include "kernels/affine_int8-inl.h"
+#undef MOEKIT_I8_ATTR
+#undef MOEKIT_I8_NAME
+#undef MOEKIT_I8_VNNI
+#define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+#define MOEKIT_I8_NAME(f) f##_vnni
+#define MOEKIT_I8_VNNI 1
+#include "kernels/affine_int8-inl.h"
+#undef MOEKIT_I8_ATTR
+#undef MOEKIT_I8_NAME
+#undef MOEKIT_I8_VNNI
 
 bool have_avx2() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+bool have_vnni() {
+  static const bool ok = have_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                         __builtin_cpu_supports("avx512vnni");
   return ok;
 }
 #endif
@@ -261,18 +192,41 @@ bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M) {
          M <= kInt8MaxRows;
 }
 
+bool detail::int8_path_supported(Int8Path path) noexcept {
+#if MOEKIT_X86
+  if (path == Int8Path::avx512vnni) return have_vnni();
+  if (path == Int8Path::avx2) return have_avx2();
+#endif
+  return path == Int8Path::portable || path == Int8Path::best;
+}
+
+const char* detail::int8_path_name(Int8Path path) noexcept {
+#if MOEKIT_X86
+  if (path == Int8Path::best) path = have_vnni() ? Int8Path::avx512vnni : have_avx2() ? Int8Path::avx2 : Int8Path::portable;
+#else
+  if (path == Int8Path::best) path = Int8Path::portable;
+#endif
+  return path == Int8Path::avx512vnni ? "avx512vnni" : path == Int8Path::avx2 ? "avx2" : "portable";
+}
+
 void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                        std::int64_t N, std::int64_t K, bool portable) {
+                                        std::int64_t N, std::int64_t K, Int8Path path) {
   if (M <= 0 || N <= 0) return;
   thread_local QuantA qa;
-  quantize_a(A, M, K, B.affine.group_size, B.affine.bits, qa);
 #if MOEKIT_X86
-  if (!portable && have_avx2()) {
+  if (path == Int8Path::best) path = have_vnni() ? Int8Path::avx512vnni : have_avx2() ? Int8Path::avx2 : Int8Path::portable;
+  quantize_a(A, M, K, B.affine.group_size, B.affine.bits, path == Int8Path::avx512vnni, qa);
+  if (path == Int8Path::avx512vnni) {
+    if (B.affine.bits == 4) return kernel_vnni<4>(qa, B, C, M, N);
+    return kernel_vnni<8>(qa, B, C, M, N);
+  }
+  if (path == Int8Path::avx2) {
     if (B.affine.bits == 4) return kernel_avx2<4>(qa, B, C, M, N);
     return kernel_avx2<8>(qa, B, C, M, N);
   }
+#else
+  quantize_a(A, M, K, B.affine.group_size, B.affine.bits, false, qa);
 #endif
-  (void)portable;
   kernel_scalar(qa, B, C, M, N);
 }
 

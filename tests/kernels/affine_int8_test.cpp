@@ -1,9 +1,12 @@
 // The fast mode of gemm_nt on MLX affine weights (int8 activations, kernels/gemm_affine_int8.cpp)
 // against the exact kernel: within the bound its arithmetic guarantees, per element
 //   |y_fast − y_exact| ≤ Σ_g (d_g / 2) · Σ_{k∈g} |w_k|,  d_g = max_{k∈g} |x_k| / 127,
-// (plus f32 rounding); the AVX2 and portable paths agree; any thread count gives the same bits;
+// (plus f32 rounding); the AVX2 and portable paths agree, AVX512-VNNI and AVX2 bit for bit (4-bit; to f32 rounding for 8-bit); any thread count gives the same bits;
 // the epilogue (row scale, accumulate) and gathered, scaled rows behave as in the exact kernel.
 #include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
 
 #include <cmath>
 #include <limits>
@@ -55,7 +58,27 @@ void check_case(const Case& c, std::uint32_t seed) {
   kernels::gemm_nt(A, weights_of(q, c, false), Output{exact.data(), c.N}, c.M, c.N, c.K);
   kernels::gemm_nt(A, weights_of(q, c, true), Output{fast.data(), c.N}, c.M, c.N, c.K);
   kernels::detail::gemm_nt_affine_int8_kernel(A, weights_of(q, c, true), Output{portable.data(), c.N}, c.M, c.N,
-                                              c.K, /*portable=*/true);
+                                              c.K, kernels::detail::Int8Path::portable);
+  // The x86 instruction sets give the same bits (exact integer sums, the same float code).
+  using kernels::detail::Int8Path;
+  if (kernels::detail::int8_path_supported(Int8Path::avx2)) {
+    std::vector<float> avx2(exact.size());
+    kernels::detail::gemm_nt_affine_int8_kernel(A, weights_of(q, c, true), Output{avx2.data(), c.N}, c.M, c.N, c.K,
+                                                Int8Path::avx2);
+    for (const Int8Path p : {Int8Path::avx512vnni, Int8Path::best}) {
+      if (!kernels::detail::int8_path_supported(p)) continue;
+      std::vector<float> other(exact.size());
+      kernels::detail::gemm_nt_affine_int8_kernel(A, weights_of(q, c, true), Output{other.data(), c.N}, c.M, c.N,
+                                                  c.K, p);
+      if (c.bits == 4) {  // the same int32 lanes: bit for bit
+        ASSERT_EQ(std::memcmp(other.data(), avx2.data(), avx2.size() * 4), 0)
+            << kernels::detail::int8_path_name(p) << " vs avx2, M " << c.M << " N " << c.N;
+      } else {  // 8-bit: other products per int32 lane, so other f32 roundings
+        for (std::size_t i = 0; i < avx2.size(); ++i)
+          ASSERT_NEAR(other[i], avx2[i], 1e-5 * (std::fabs(avx2[i]) + 1.0f)) << "8-bit, element " << i;
+      }
+    }
+  }
   const float* wd = q.dequantized.data_as<const float>();
   for (std::int64_t m = 0; m < c.M; ++m)
     for (std::int64_t n = 0; n < c.N; ++n) {
@@ -79,6 +102,15 @@ void check_case(const Case& c, std::uint32_t seed) {
         ASSERT_EQ(fast[i], exact[i]) << "a zero row is exact";
       }
     }
+}
+
+TEST(AffineInt8, PathIsNamed) {
+  using kernels::detail::Int8Path;
+  std::printf("[ int8 path ] the fast mode runs %s (avx512vnni %s, avx2 %s)\n",
+              kernels::detail::int8_path_name(Int8Path::best),
+              kernels::detail::int8_path_supported(Int8Path::avx512vnni) ? "tested against avx2" : "not supported: skipped",
+              kernels::detail::int8_path_supported(Int8Path::avx2) ? "supported" : "not supported: skipped");
+  EXPECT_TRUE(kernels::detail::int8_path_supported(Int8Path::portable));
 }
 
 TEST(AffineInt8, WithinItsBoundOfTheExactKernel) {
@@ -148,9 +180,11 @@ TEST(AffineInt8, NonFiniteActivationsGiveNaNNotGarbage) {
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     std::vector<float> x(static_cast<std::size_t>(c.M * c.K), 0.5f), y(static_cast<std::size_t>(c.M * c.N));
     x[static_cast<std::size_t>(c.K + 70)] = bad;  // row 1, second group
-    for (const bool portable : {false, true}) {
+    using kernels::detail::Int8Path;
+    for (const Int8Path path : {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni}) {
+      if (!kernels::detail::int8_path_supported(path)) continue;
       kernels::detail::gemm_nt_affine_int8_kernel({x.data(), c.K}, weights_of(q, c, true), {y.data(), c.N}, c.M, c.N,
-                                                  c.K, portable);
+                                                  c.K, path);
       for (std::int64_t n = 0; n < c.N; ++n) {
         EXPECT_TRUE(std::isfinite(y[static_cast<std::size_t>(n)])) << "row 0 is clean";
         EXPECT_TRUE(std::isnan(y[static_cast<std::size_t>(c.N + n)])) << "row 1 holds " << bad;

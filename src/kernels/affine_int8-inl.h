@@ -1,0 +1,131 @@
+// The x86 tiles of the int8 fast mode (gemm_affine_int8.cpp), included once per instruction
+// set: AVX2 (`vpmaddubsw` + `vpmaddwd`; 8-bit codes widened to int16 and `vpmaddwd`) and
+// AVX512-VNNI on 256-bit vectors (`vpdpbusd`: four u8 × int8 products into each int32 lane in
+// one instruction, 4- and 8-bit codes alike). The integer sums are exact either way and the
+// float part is the same code; for 4-bit codes every int32 lane sums the same four products
+// (bytes 4l..4l+3), so the two give the same bits (tested). For 8-bit codes AVX2's lane l holds
+// codes {2l, 2l+1, 16+2l, 17+2l} of a 32-block and VNNI's {4l..4l+3}: the same total, other f32
+// roundings per lane (they agree to f32 rounding, tested).
+//   MOEKIT_I8_ATTR  the functions' target attribute
+//   MOEKIT_I8_NAME  name decoration of this instruction set's functions
+//   MOEKIT_I8_VNNI  1: vpdpbusd (8-bit activations as int8 for 8-bit codes too)
+// No include guard: included twice on purpose.
+
+// MR rows of A against NR rows of B (MR · NR int32 accumulators of 8 lanes per group; a row's
+// unpacked codes serve all MR rows of A), then per group one multiply-add each into f32
+// accumulators; reduced at the end in a fixed order.
+template <int kBits, int MR, int NR>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                                  std::int64_t m, std::int64_t n) {
+  const int gs = B.affine.group_size;
+  const std::uint8_t* rows[NR];
+  for (int j = 0; j < NR; ++j) rows[j] = row_bytes(B, n + j);
+  // The next tile's rows, prefetched one block at a time as this tile walks its own: each row
+  // is only K·bits/8 bytes, too short a stream for the hardware prefetcher to ramp up, so
+  // without this a decode step waits on DRAM latency row after row.
+  const std::int64_t row_stride = B.ld * 4, ahead = NR * row_stride;
+#if !MOEKIT_I8_VNNI
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[MR][NR];
+  float bacc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      acc[i][j] = _mm256_setzero_ps();
+      bacc[i][j] = 0.0f;
+    }
+  for (std::int64_t g = 0; g < qa.groups; ++g) {
+    __m256i isum[MR][NR];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
+    for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
+      if (MR == 1 || m == 0)  // the first strip of A's rows fetches for the others
+        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + k * kBits / 8), _MM_HINT_T0);
+      if constexpr (kBits == 4) {
+        __m256i a[MR];
+        for (int i = 0; i < MR; ++i)
+          a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
+        for (int j = 0; j < NR; ++j) {
+          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k / 2));
+          // Low half: the low nibbles (even elements); high half: the high nibbles (odd ones).
+          const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
+          for (int i = 0; i < MR; ++i) {
+#if MOEKIT_I8_VNNI
+            isum[i][j] = _mm256_dpbusd_epi32(isum[i][j], c, a[i]);
+#else
+            isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(c, a[i]), ones));
+#endif
+          }
+        }
+      } else {
+#if MOEKIT_I8_VNNI
+        // u8 codes × int8 activations, four products per int32 lane: no int16 intermediate.
+        __m256i a[MR];
+        for (int i = 0; i < MR; ++i)
+          a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
+        for (int j = 0; j < NR; ++j) {
+          const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + k));
+          for (int i = 0; i < MR; ++i) isum[i][j] = _mm256_dpbusd_epi32(isum[i][j], c, a[i]);
+        }
+#else
+        for (int j = 0; j < NR; ++j) {
+          const __m256i c0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k)));
+          const __m256i c1 =
+              _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k + 16)));
+          for (int i = 0; i < MR; ++i) {
+            const std::int16_t* q = qa.q16.data() + (m + i) * qa.K + k;
+            const __m256i p0 = _mm256_madd_epi16(c0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+            const __m256i p1 = _mm256_madd_epi16(c1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
+            isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_add_epi32(p0, p1));
+          }
+        }
+#endif
+      }
+    }
+    for (int j = 0; j < NR; ++j) {
+      const std::int64_t sg = (n + j) * B.affine.scale_ld + g;
+      const float s = load_f32(B.affine.scales, B.affine.scale_dtype, sg);
+      const float b = load_f32(B.affine.biases, B.affine.scale_dtype, sg);
+      for (int i = 0; i < MR; ++i) {
+        const std::size_t gi = static_cast<std::size_t>((m + i) * qa.groups + g);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]), _mm256_set1_ps(s * qa.d[gi]), acc[i][j]);
+        bacc[i][j] = std::fma(b, qa.xsum[gi], bacc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      // Lanes summed pairwise in a fixed order.
+      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[i][j]), _mm256_extractf128_ps(acc[i][j], 1));
+      const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
+      store(C, m + i, n + j, _mm_cvtss_f32(h1) + bacc[i][j]);
+    }
+}
+
+// Every row of A over NR rows of B at a time (their codes stay in L1 across the strips of A):
+// strips of 4, 2 and 1 rows of A, each unpacking the codes once for its rows.
+// AVX2 has 16 vector registers: MR · NR int32 and as many f32 accumulators must leave room for
+// the activations, the codes and two constants, so tiles are 1 × 4 or 2 × 2.
+template <int kBits, int NR>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(columns)(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                                     std::int64_t M, std::int64_t n) {
+  std::int64_t m = 0;
+  if constexpr (NR == 2)
+    for (; m + 2 <= M; m += 2) MOEKIT_I8_NAME(tile)<kBits, 2, 2>(qa, B, C, m, n);
+  for (; m < M; ++m) MOEKIT_I8_NAME(tile)<kBits, 1, NR>(qa, B, C, m, n);
+}
+
+template <int kBits>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(kernel)(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                                    std::int64_t M, std::int64_t N) {
+  std::int64_t n = 0;
+  if (M == 1) {
+    for (; n + 4 <= N; n += 4) MOEKIT_I8_NAME(columns)<kBits, 4>(qa, B, C, M, n);
+  } else {
+    for (; n + 2 <= N; n += 2) MOEKIT_I8_NAME(columns)<kBits, 2>(qa, B, C, M, n);
+  }
+  kernel_scalar(qa, B, C, M, N, n);  // the last N % tile-width columns
+}
+
