@@ -242,7 +242,7 @@ void gemm_nt_affine_kernel(const RowSource& A, const WeightMatrix& B, const Outp
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
 // The fast mode's kernel and whether it takes B with M rows of A. `path` picks its
-// instruction set (tests, benchmarks; best: AVX512-VNNI, else AVX2, else portable C++); a path
+// instruction set (tests, benchmarks; best: AVX2, else portable C++, or MOEKIT_INT8_PATH's); a path
 // must be supported (int8_path_supported). AVX512-VNNI and AVX2 give the same bits for 4-bit
 // codes and agree to f32 rounding for 8-bit ones.
 enum class Int8Path { best, portable, avx2, avx512vnni };

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -185,6 +186,24 @@ bool have_vnni() {
 }
 #endif
 
+// What Int8Path::best resolves to: AVX2 where the CPU has it — the AVX512-VNNI tiles did not
+// measure faster (docs/performance.md: decode is bound by the weight stream and the per-group
+// float work, not by the integer dot products) — or what MOEKIT_INT8_PATH=avx512vnni|avx2|portable
+// asks for, where the CPU has it.
+detail::Int8Path best_path() {
+  static const detail::Int8Path path = [] {
+    const char* env = std::getenv("MOEKIT_INT8_PATH");
+    const auto is = [env](const char* name) { return env && std::strcmp(env, name) == 0; };
+#if MOEKIT_X86
+    if (is("avx512vnni") && have_vnni()) return detail::Int8Path::avx512vnni;
+    if (have_avx2() && !is("portable")) return detail::Int8Path::avx2;
+#endif
+    (void)is;
+    return detail::Int8Path::portable;
+  }();
+  return path;
+}
+
 }  // namespace
 
 bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M) {
@@ -201,11 +220,7 @@ bool detail::int8_path_supported(Int8Path path) noexcept {
 }
 
 const char* detail::int8_path_name(Int8Path path) noexcept {
-#if MOEKIT_X86
-  if (path == Int8Path::best) path = have_vnni() ? Int8Path::avx512vnni : have_avx2() ? Int8Path::avx2 : Int8Path::portable;
-#else
-  if (path == Int8Path::best) path = Int8Path::portable;
-#endif
+  if (path == Int8Path::best) path = best_path();
   return path == Int8Path::avx512vnni ? "avx512vnni" : path == Int8Path::avx2 ? "avx2" : "portable";
 }
 
@@ -214,7 +229,7 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
   if (M <= 0 || N <= 0) return;
   thread_local QuantA qa;
 #if MOEKIT_X86
-  if (path == Int8Path::best) path = have_vnni() ? Int8Path::avx512vnni : have_avx2() ? Int8Path::avx2 : Int8Path::portable;
+  if (path == Int8Path::best) path = best_path();
   quantize_a(A, M, K, B.affine.group_size, B.affine.bits, path == Int8Path::avx512vnni, qa);
   if (path == Int8Path::avx512vnni) {
     if (B.affine.bits == 4) return kernel_vnni<4>(qa, B, C, M, N);
