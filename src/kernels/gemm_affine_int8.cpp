@@ -16,7 +16,8 @@
 // x86 with AVX512-VNNI: `vpdpbusd` on 256-bit vectors, u8 codes × int8 activations (4- and 8-bit).
 // x86 with AVX2: codes and activations as bytes, `vpmaddubsw` + `vpmaddwd` (4-bit: the codes are
 // u8 ≤ 15, so a pair of products fits an int16) or widened to int16 and `vpmaddwd` (8-bit); both
-// from affine_int8-inl.h (bit-identical for 4-bit codes, to f32 rounding for 8-bit). Elsewhere the same arithmetic in portable C++.
+// from affine_int8-inl.h (bit-identical for 4-bit codes, to f32 rounding for 8-bit). Elsewhere
+// the same arithmetic in portable C++.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -113,14 +114,15 @@ std::int32_t block_dot_scalar(const QuantA& qa, std::int64_t m, const std::uint8
       acc += static_cast<std::int32_t>(c[j] & 0x0F) * q[j];
       acc += static_cast<std::int32_t>(c[j] >> 4) * q[16 + j];
     }
-  } else if (qa.bytes8) {
-    const std::int8_t* q = qa.q8.data() + m * qa.K + k;
-    const std::uint8_t* c = row + k;
-    for (int j = 0; j < 32; ++j) acc += static_cast<std::int32_t>(c[j]) * q[j];
-  } else {
-    const std::int16_t* q = qa.q16.data() + m * qa.K + k;
-    const std::uint8_t* c = row + k;
-    for (int j = 0; j < 32; ++j) acc += static_cast<std::int32_t>(c[j]) * q[j];
+  } else {  // 8-bit: activations as int8 (VNNI's quantization) or int16
+    const auto dot = [&](const auto* q) {
+      for (int j = 0; j < 32; ++j) acc += static_cast<std::int32_t>(row[k + j]) * q[j];
+    };
+    if (qa.bytes8) {
+      dot(qa.q8.data() + m * qa.K + k);
+    } else {
+      dot(qa.q16.data() + m * qa.K + k);
+    }
   }
   return acc;
 }
