@@ -14,6 +14,7 @@
 #include <memory>
 #include <map>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -111,19 +112,19 @@ void BM_GemmNt(benchmark::State& state, DType dtype) {
 }
 
 // The bf16 compute mode's GEMM alone, one thread, rounding included: f32 rows rounded to bf16
-// once, times bf16 [N, K] weights, on the avx512bf16 path (range 3 = 1, where the CPU has it) or
-// f32_fma (0).
+// once, times bf16 [N, K] weights, on path kBf16Paths[range 3] (0 f32_fma, 1 avx512bf16, 2 amx;
+// skipped where the CPU lacks it).
 void BM_GemmNtBf16(benchmark::State& state) {
   const std::int64_t M = state.range(0), N = state.range(1), K = state.range(2);
-  const auto path = state.range(3) ? kernels::Bf16Path::avx512bf16 : kernels::Bf16Path::f32_fma;
+  const auto path = kernels::kBf16Paths[state.range(3)];
   if (!kernels::bf16_path_supported(path)) {
-    state.SkipWithError("this CPU has no AVX512-BF16");
+    state.SkipWithError((std::string("this CPU has no ") + kernels::bf16_path_name(path)).c_str());
     return;
   }
   std::mt19937 rng(4);
   Tensor a = randn({M, K}, rng, 1.0f), b = to_dtype(randn({N, K}, rng, 1.0f), DType::bf16);
   Tensor c({M, N}, DType::f32);
-  std::vector<float> buf(static_cast<std::size_t>(M * K));
+  std::vector<float> buf((kernels::bf16_activation_bytes(M, K, path) + 3) / 4);
   for (auto _ : state) {
     const auto A = kernels::round_to_bf16({a.data_as<float>(), K}, M, K, path, buf.data());
     kernels::gemm_nt_bf16(A, {b.data(), DType::bf16, K}, {c.data_as<float>(), N}, M, N, K, kernels::Threads::caller);
@@ -311,7 +312,7 @@ BENCHMARK_CAPTURE(BM_GemmNt, f32, DType::f32)
     ->Args({1, 768, 2048})->Args({32, 768, 2048})->Args({64, 768, 2048})->Args({256, 768, 2048})
     ->Args({64, 2048, 768})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmNt, bf16, DType::bf16)->Args({64, 768, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 64}, {768}, {2048}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 32, 64}, {768}, {2048}, {0, 1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmNtColdB)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 // Qwen3 at T = 512: 32 rows per expert; DeepSeek-style: 48 rows of F = 1408.
 #define MOEKIT_LAYOUT(name, op)                                                                             \

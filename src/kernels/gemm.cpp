@@ -111,6 +111,26 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
 void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                   std::int64_t K, Threads threads) {
   if (A.path == Bf16Path::f32_fma) return gemm_nt({static_cast<const float*>(A.data), A.ld}, B, C, M, N, K, threads);
+  if (A.path == Bf16Path::amx) {
+    // Split in whole activation panels (kAmxRows rows, the packed form's unit) or in pairs of
+    // weight tiles (32 columns, the kernel's block), whichever has more.
+    const std::int64_t panels = (M + kAmxRows - 1) / kAmxRows, pairs = (N + 31) / 32;
+    const auto run = [&](std::int64_t p0, std::int64_t p1, std::int64_t q0, std::int64_t q1) {
+      const std::int64_t m0 = p0 * kAmxRows, m1 = std::min(M, p1 * kAmxRows);
+      const std::int64_t n0 = q0 * 32, n1 = std::min(N, q1 * 32);
+      Bf16Activations a = A;
+      a.data = static_cast<const std::uint16_t*>(A.data) + p0 * kAmxRows * A.ld;
+      detail::gemm_nt_bf16_amx(a, rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
+    };
+    if (M <= 0 || N <= 0) return;
+    if (threads == Threads::caller) return run(0, panels, 0, pairs);
+    if (panels >= pairs) {
+      moekit::detail::parallel_for(panels, 1, [&](std::int64_t p0, std::int64_t p1) { run(p0, p1, 0, pairs); });
+    } else {
+      moekit::detail::parallel_for(pairs, 1, [&](std::int64_t q0, std::int64_t q1) { run(0, panels, q0, q1); });
+    }
+    return;
+  }
   const Bf16Rows rows{static_cast<const std::uint16_t*>(A.data), A.ld};
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
     detail::gemm_nt_bf16_avx512(rows.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);

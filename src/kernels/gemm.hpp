@@ -192,31 +192,45 @@ void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64
 ///    added by a fused multiply-add that reads denormal inputs as zero and flushes a denormal
 ///    result to zero (the instruction's fixed DAZ/FTZ); K is padded with zeros to a multiple of
 ///    32; the 16 lanes are then summed by ref::reduce16's tree.
-/// Either is bit-identical for any thread count and split.
-enum class Bf16Path { f32_fma, avx512bf16 };
+///  - Bf16Path::amx: AMX tiles (`tdpbf16ps`) on bf16 activations packed in pairs of k
+///    (Bf16Activations). K is zero-padded to a multiple of 32 and taken in chunks of 32 in order;
+///    per chunk the even-indexed products are added from +0 in k order by fused multiply-adds,
+///    the odd-indexed likewise, and the element becomes acc + (even + odd), every step rounded,
+///    denormal inputs read as zero and denormal sums flushed (ref::tdpbf16_chunk). The weights are read in place, rows
+///    layout: the weight rows are the tile's A operand, the activations its B operand.
+/// Each is bit-identical for any thread count and split, and for any M (a row's result does not
+/// depend on the other rows of the batch).
+enum class Bf16Path { f32_fma, avx512bf16, amx };
+inline constexpr Bf16Path kBf16Paths[] = {Bf16Path::f32_fma, Bf16Path::avx512bf16, Bf16Path::amx};
 
-/// The path on this CPU. avx512bf16 needs CPUID's AVX512-BF16 (with AVX512 F/BW/VL) and the OS
-/// saving the AVX-512 state (XCR0), and is chosen only where it is the faster: AMD (Zen 4 and
-/// later issue vdpbf16ps at the FMA rate, twice the products per instruction). Intel CPUs
+/// The path on this CPU (kernels/cpu.hpp says what each needs). amx where the CPU has AMX-BF16
+/// and Linux grants the process tile data. Else avx512bf16 where it is the faster: AMD (Zen 4
+/// and later issue vdpbf16ps at the FMA rate, twice the products per instruction). Intel CPUs
 /// without AMX take f32_fma: on a Sapphire-Rapids-class Xeon vdpbf16ps ran at 1.3 G/s against
 /// vfmadd231ps at 5.4 G/s, half the products per second (docs/performance.md). The environment
-/// variable MOEKIT_BF16_PATH=f32_fma|avx512bf16 overrides the choice (avx512bf16 only where the
-/// CPU has it).
+/// variable MOEKIT_BF16_PATH=f32_fma|avx512bf16|amx overrides the choice (where the CPU has it).
 Bf16Path bf16_path() noexcept;
 const char* bf16_path_name(Bf16Path path) noexcept;
 /// Whether this CPU can run `path` (f32_fma: everywhere).
 bool bf16_path_supported(Bf16Path path) noexcept;
 
-/// Rounded activations for gemm_nt_bf16: dense rows of K, bf16 (avx512bf16) or f32 holding bf16
-/// values (f32_fma).
+/// Rounded activations for gemm_nt_bf16 in `path`'s form: dense rows of K, f32 holding bf16
+/// values (f32_fma, ld = K) or bf16 (avx512bf16, ld = K); for amx, bf16 in AMX tile panels of
+/// kAmxRows rows: element (m, k) at (m / 16)·16·Kp + (k / 2)·32 + (m % 16)·2 + k % 2, with
+/// Kp = amx_padded_k(K) = ld, rows past the last and k past K zero.
 struct Bf16Activations {
   const void* data = nullptr;
   std::int64_t ld = 0;
   Bf16Path path = Bf16Path::f32_fma;
 };
 
+constexpr std::int64_t kAmxRows = 16;
+inline std::int64_t amx_padded_k(std::int64_t K) { return (K + 31) / 32 * 32; }
+
 /// Bytes round_to_bf16 writes for `rows` rows of K on `path`.
 inline std::size_t bf16_activation_bytes(std::int64_t rows, std::int64_t K, Bf16Path path) {
+  if (path == Bf16Path::amx)
+    return static_cast<std::size_t>((rows + kAmxRows - 1) / kAmxRows * kAmxRows * amx_padded_k(K)) * 2;
   return static_cast<std::size_t>(rows * K) * (path == Bf16Path::avx512bf16 ? 2 : 4);
 }
 
@@ -264,6 +278,10 @@ void gemm_tn_kernel(const RowSource& A, const RowSource& B, const Output& C, std
 void gemm_nt_bf16_avx512(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                          std::int64_t K);
 void round_rows_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, bool as_f32, void* dst);
+// gemm_nt_bf16's AMX kernel (single-threaded; only where the CPU has it): A is the amx form of
+// M rows starting at a panel boundary (data at its first panel, ld = amx_padded_k(K)).
+void gemm_nt_bf16_amx(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                      std::int64_t N, std::int64_t K);
 // Tests: make bf16_path() answer `path` (where the CPU supports it), or, with nullopt, the
 // CPU's choice again.
 void set_bf16_path_for_tests(std::optional<Bf16Path> path);

@@ -26,6 +26,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu.hpp"
 #include "kernels/gemm.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -177,13 +178,12 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
 #undef MOEKIT_I8_VNNI
 
 bool have_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool ok = cpu_features().avx2_fma;
   return ok;
 }
 
 bool have_vnni() {
-  static const bool ok = have_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512vnni");
+  static const bool ok = have_avx2() && cpu_features().avx512_vnni;
   return ok;
 }
 #endif

@@ -15,11 +15,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu.hpp"
 #include "kernels/gemm.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MOEKIT_HAVE_X86_BF16_KERNEL 1
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -27,54 +27,16 @@ namespace moekit::kernels {
 
 namespace {
 
-#ifdef MOEKIT_HAVE_X86_BF16_KERNEL
-std::uint64_t xcr0() {
-  std::uint32_t eax = 0, edx = 0;
-  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
-  return (static_cast<std::uint64_t>(edx) << 32) | eax;
-}
-
-bool cpu_has_avx512bf16() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
-  const bool osxsave = (c >> 27) & 1u;
-  if (!osxsave) return false;
-  // XCR0: SSE (1), AVX (2), opmask (5), ZMM_Hi256 (6), Hi16_ZMM (7) state saved by the OS.
-  if ((xcr0() & 0xE6u) != 0xE6u) return false;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool f = (b >> 16) & 1u, bw = (b >> 30) & 1u, vl = (b >> 31) & 1u;
-  if (!(f && bw && vl)) return false;
-  if (a < 1) return false;  // leaf 7's highest subleaf
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-  return (a >> 5) & 1u;  // AVX512_BF16
-}
-
-bool cpu_is_amd() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
-}
-#endif
-
-bool cpu_supports_native() noexcept {
-#ifdef MOEKIT_HAVE_X86_BF16_KERNEL
-  static const bool has = cpu_has_avx512bf16();
-  return has;
-#else
-  return false;
-#endif
-}
-
 // The CPU's choice (bf16_path's rule), with MOEKIT_BF16_PATH applied; decided once.
 Bf16Path chosen_path() noexcept {
   static const Bf16Path path = [] {
     if (const char* env = std::getenv("MOEKIT_BF16_PATH")) {
-      if (std::strcmp(env, "f32_fma") == 0) return Bf16Path::f32_fma;
-      if (std::strcmp(env, "avx512bf16") == 0 && cpu_supports_native()) return Bf16Path::avx512bf16;
+      for (const Bf16Path p : kBf16Paths)
+        if (std::strcmp(env, bf16_path_name(p)) == 0 && bf16_path_supported(p)) return p;
     }
-#ifdef MOEKIT_HAVE_X86_BF16_KERNEL
-    if (cpu_supports_native() && cpu_is_amd()) return Bf16Path::avx512bf16;
-#endif
+    const CpuFeatures& cpu = cpu_features();
+    if (cpu.amx_bf16) return Bf16Path::amx;
+    if (cpu.avx512_bf16 && cpu.amd) return Bf16Path::avx512bf16;
     return Bf16Path::f32_fma;
   }();
   return path;
@@ -85,7 +47,12 @@ std::atomic<int> path_override{-1};
 }  // namespace
 
 bool bf16_path_supported(Bf16Path path) noexcept {
-  return path == Bf16Path::f32_fma || cpu_supports_native();
+  switch (path) {
+    case Bf16Path::f32_fma: return true;
+    case Bf16Path::avx512bf16: return cpu_features().avx512_bf16;
+    case Bf16Path::amx: return cpu_features().amx_bf16;
+  }
+  return false;
 }
 
 Bf16Path bf16_path() noexcept {
@@ -99,10 +66,51 @@ void detail::set_bf16_path_for_tests(std::optional<Bf16Path> path) {
 }
 
 const char* bf16_path_name(Bf16Path path) noexcept {
-  return path == Bf16Path::avx512bf16 ? "avx512bf16" : "f32_fma";
+  switch (path) {
+    case Bf16Path::f32_fma: return "f32_fma";
+    case Bf16Path::avx512bf16: return "avx512bf16";
+    case Bf16Path::amx: return "amx";
+  }
+  return "?";
 }
 
+namespace {
+// The amx form: rows rounded a block of kAmxRows × kChunk at a time into a stack buffer (the
+// vectorised rounding kernel), then each row's k pairs scattered as 32-bit words into its panel.
+void round_rows_amx(const RowSource& A, std::int64_t rows, std::int64_t K, std::uint16_t* dst) {
+  constexpr std::int64_t kChunk = 256;
+  const std::int64_t Kp = amx_padded_k(K);
+  const std::int64_t panels = (rows + kAmxRows - 1) / kAmxRows;
+  std::memset(dst, 0, static_cast<std::size_t>(panels * kAmxRows * Kp) * 2);
+  std::uint16_t block[kAmxRows * kChunk];
+  for (std::int64_t p = 0; p < panels; ++p) {
+    const std::int64_t r = std::min(kAmxRows, rows - p * kAmxRows);
+    std::uint16_t* panel = dst + p * kAmxRows * Kp;
+    for (std::int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const std::int64_t w = std::min(kChunk, K - k0);
+      RowSource src = A.from(p * kAmxRows);
+      src.data += k0;  // columns [k0, k0 + w) of each row, gathered rows included
+      detail::round_rows_bf16(src, r, w, false, block);
+      for (std::int64_t i = 0; i < r; ++i) {
+        const std::uint16_t* from = block + i * w;
+        std::uint16_t* to = panel + (k0 / 2) * 2 * kAmxRows + i * 2;
+        std::int64_t k = 0;
+        for (; k + 2 <= w; k += 2) {
+          to[(k / 2) * 2 * kAmxRows] = from[k];
+          to[(k / 2) * 2 * kAmxRows + 1] = from[k + 1];
+        }
+        if (k < w) to[(k / 2) * 2 * kAmxRows] = from[k];  // odd K: its last pair's second half stays 0
+      }
+    }
+  }
+}
+}  // namespace
+
 Bf16Activations round_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, Bf16Path path, void* dst) {
+  if (path == Bf16Path::amx) {
+    round_rows_amx(A, rows, K, static_cast<std::uint16_t*>(dst));
+    return {dst, amx_padded_k(K), path};
+  }
   detail::round_rows_bf16(A, rows, K, path == Bf16Path::f32_fma, dst);
   return {dst, K, path};
 }

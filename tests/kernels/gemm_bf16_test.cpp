@@ -4,8 +4,11 @@
 //  - the f32_fma path, on every Highway target, bit for bit against gemm_nt on the rows rounded
 //    by the scalar f32_to_bf16;
 //  - both within the dot-product error bound of an exact (double) sum;
-//  - any split over threads gives the same bits; round_to_bf16 (both forms, every target)
-//    rounds as f32_to_bf16.
+//  - the AMX path bit for bit against its scalar twin ref::gemm_nt_bf16_tdpbf16 (where the CPU
+//    has AMX-BF16 and the OS grants it; skipped, saying so, elsewhere), partial tiles, denormals
+//    and batch composition included;
+//  - any split over threads gives the same bits; round_to_bf16 (every form, every target)
+//    rounds as f32_to_bf16, and the AMX form lays the pairs out as gemm.hpp says.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,6 +40,12 @@ std::vector<std::uint16_t> random_bf16(std::int64_t n, std::mt19937& rng, float 
 }
 
 bool native() { return kernels::bf16_path_supported(Bf16Path::avx512bf16); }
+bool amx() { return kernels::bf16_path_supported(Bf16Path::amx); }
+
+// Scratch for round_to_bf16's output on `path` (floats, enough bytes).
+std::vector<float> activation_buffer(std::int64_t rows, std::int64_t K, Bf16Path path) {
+  return std::vector<float>((kernels::bf16_activation_bytes(rows, K, path) + 3) / 4 + 1);
+}
 
 struct Case {
   std::int64_t M, N, K;
@@ -103,8 +112,9 @@ void expect_bitwise(const std::vector<float>& got, const std::vector<float>& wan
 
 TEST(GemmBf16, PathIsNamed) {
   const Bf16Path p = kernels::bf16_path();
-  std::printf("[ bf16 path ] the bf16 compute mode runs %s on this CPU (avx512bf16 %s)\n",
-              kernels::bf16_path_name(p), native() ? "supported" : "not supported: that path is skipped");
+  std::printf("[ bf16 path ] the bf16 compute mode runs %s on this CPU (avx512bf16 %s; amx %s)\n",
+              kernels::bf16_path_name(p), native() ? "supported" : "not supported: that path is skipped",
+              amx() ? "supported" : "not supported: that path is skipped");
   EXPECT_TRUE(kernels::bf16_path_supported(p));
 }
 
@@ -141,6 +151,84 @@ TEST(GemmBf16, NativeFlushesDenormalsAsItsTwin) {
     flushed += std::fpclassify(p) == FP_SUBNORMAL || std::fpclassify(bf16_to_f32(op.a[k])) == FP_SUBNORMAL;
   }
   EXPECT_GT(flushed, 0);
+}
+
+// The bf16 values of `op`'s A as f32 rows (round_to_bf16 leaves them unchanged), for the AMX form.
+std::vector<float> widened(const Operands& op) {
+  std::vector<float> a32(op.a.size());
+  for (std::size_t i = 0; i < a32.size(); ++i) a32[i] = bf16_to_f32(op.a[i]);
+  return a32;
+}
+
+// The AMX kernel (through the driver, which splits in panels and tile pairs) against the twin.
+void expect_amx_matches_twin(const Case& c, const Operands& op) {
+  const std::vector<float> a32 = widened(op);
+  std::vector<float> buf = activation_buffer(c.M, c.K, Bf16Path::amx);
+  const kernels::RowSource x{a32.data(), op.lda, c.gather ? op.index.data() : nullptr};
+  const kernels::Bf16Activations A = kernels::round_to_bf16(x, c.M, c.K, Bf16Path::amx, buf.data());
+  std::vector<float> got, want;
+  kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K);
+  kernels::ref::gemm_nt_bf16_tdpbf16(op.A(c), op.B(), op.C(c, want), c.M, c.N, c.K);
+  expect_bitwise(got, want);
+}
+
+std::vector<Case> amx_cases() {
+  std::vector<Case> out = cases();
+  for (const std::int64_t M : {15, 16, 17, 32, 33, 50})  // partial, whole and odd panel counts
+    for (const std::int64_t N : {16, 31, 32, 47, 70})
+      for (const std::int64_t K : {32, 63, 160})
+        out.push_back({M, N, K, (M + N) % 2 == 1, K % 3 == 0, N % 2 == 0});
+  return out;
+}
+
+TEST(GemmBf16, AmxEqualsItsScalarTwinBitwise) {
+  if (!amx()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16: the tdpbf16ps path was not run";
+  std::mt19937 rng(21);
+  for (const Case& c : amx_cases()) {
+    SCOPED_TRACE(name(c));
+    expect_amx_matches_twin(c, Operands(c, rng));
+  }
+}
+
+// tdpbf16ps reads denormal inputs as zero and flushes denormal products, sums and results.
+TEST(GemmBf16, AmxFlushesDenormalsAsItsTwin) {
+  if (!amx()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16: the tdpbf16ps path was not run";
+  std::mt19937 rng(22);
+  for (const Case& c : {Case{5, 9, 70, false, false, false}, Case{20, 40, 96, true, true, true}}) {
+    SCOPED_TRACE(name(c));
+    Operands op(c, rng, 1e-19f);  // products ~1e-38: around FLT_MIN
+    for (std::size_t i = 0; i < op.a.size(); i += 7) op.a[i] = static_cast<std::uint16_t>(0x0001u + (i % 0x7f));
+    for (std::size_t i = 3; i < op.b.size(); i += 11) op.b[i] = 0x8003u;  // negative denormal
+    for (std::size_t i = 5; i < op.b.size(); i += 13) op.b[i] = 0x8000u;  // negative zero
+    expect_amx_matches_twin(c, op);
+  }
+}
+
+// A row's result is the same whatever else shares its call: alone, or in a batch of 50.
+TEST(GemmBf16, AmxRowDoesNotDependOnTheBatch) {
+  if (!amx()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16: the tdpbf16ps path was not run";
+  std::mt19937 rng(23);
+  const Case c{50, 45, 200, false, false, false};
+  const Operands op(c, rng);
+  const std::vector<float> a32 = widened(op);
+  std::vector<float> buf = activation_buffer(c.M, c.K, Bf16Path::amx);
+  const kernels::Bf16Activations all =
+      kernels::round_to_bf16({a32.data(), op.lda}, c.M, c.K, Bf16Path::amx, buf.data());
+  std::vector<float> batch;
+  kernels::gemm_nt_bf16(all, op.B(), op.C(c, batch), c.M, c.N, c.K);
+  for (const std::int64_t m : {0, 17, 49}) {
+    std::vector<float> one_buf = activation_buffer(1, c.K, Bf16Path::amx);
+    const kernels::Bf16Activations one = kernels::round_to_bf16({a32.data() + m * op.lda, op.lda}, 1, c.K,
+                                                                Bf16Path::amx, one_buf.data());
+    std::vector<float> alone(static_cast<std::size_t>(c.N));
+    kernels::gemm_nt_bf16(one, op.B(), {alone.data(), c.N}, 1, c.N, c.K);
+    for (std::int64_t n = 0; n < c.N; ++n) {
+      std::uint32_t g, w;
+      std::memcpy(&g, &alone[n], 4);
+      std::memcpy(&w, &batch[m * op.ldc + n], 4);
+      ASSERT_EQ(g, w) << "row " << m << " column " << n;
+    }
+  }
 }
 
 // f32 rows (gathered, scaled) -> the scalar rounding, as f32 values.
@@ -181,16 +269,16 @@ TEST(GemmBf16, F32FmaPathIsGemmNtOnTheRoundedRows) {
 // Both paths against an exact sum: |err| <= K·ε·Σ|a·b| (+ the epilogue's roundings).
 TEST(GemmBf16, BothPathsWithinTheDotProductBound) {
   std::mt19937 rng(14);
-  for (const Bf16Path path : {Bf16Path::f32_fma, Bf16Path::avx512bf16}) {
+  for (const Bf16Path path : kernels::kBf16Paths) {
     if (!kernels::bf16_path_supported(path)) continue;
     SCOPED_TRACE(kernels::bf16_path_name(path));
     const Case c{7, 13, 300, false, false, false};
     const Operands op(c, rng);
     std::vector<float> a32(op.a.size());
     for (std::size_t i = 0; i < a32.size(); ++i) a32[i] = bf16_to_f32(op.a[i]);
-    std::vector<float> buf(a32.size());
+    std::vector<float> buf = activation_buffer(c.M, c.K, path);
     const kernels::Bf16Activations A =
-        kernels::round_to_bf16({a32.data(), op.lda}, c.M, op.lda, path, buf.data());  // exact: already bf16
+        kernels::round_to_bf16({a32.data(), op.lda}, c.M, c.K, path, buf.data());  // exact: already bf16
     std::vector<float> got;
     kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K);
     for (std::int64_t m = 0; m < c.M; ++m)
@@ -209,16 +297,17 @@ TEST(GemmBf16, BothPathsWithinTheDotProductBound) {
 TEST(GemmBf16, AnyThreadCountGivesTheSameBits) {
   std::mt19937 rng(15);
   const int before = num_threads();
-  for (const Bf16Path path : {Bf16Path::f32_fma, Bf16Path::avx512bf16}) {
+  for (const Bf16Path path : kernels::kBf16Paths) {
     if (!kernels::bf16_path_supported(path)) continue;
     SCOPED_TRACE(kernels::bf16_path_name(path));
-    for (const Case& c : {Case{3, 700, 512, false, true, false}, Case{200, 64, 256, false, false, true}}) {
+    for (const Case& c : {Case{3, 700, 512, false, true, false}, Case{200, 64, 256, false, false, true},
+                          Case{70, 90, 100, false, true, true}}) {
       SCOPED_TRACE(name(c));
       const Operands op(c, rng);
       std::vector<float> a32(op.a.size());
       for (std::size_t i = 0; i < a32.size(); ++i) a32[i] = bf16_to_f32(op.a[i]);
-      std::vector<float> buf(a32.size());
-      const kernels::Bf16Activations A = kernels::round_to_bf16({a32.data(), op.lda}, c.M, op.lda, path, buf.data());
+      std::vector<float> buf = activation_buffer(c.M, c.K, path);
+      const kernels::Bf16Activations A = kernels::round_to_bf16({a32.data(), op.lda}, c.M, c.K, path, buf.data());
       std::vector<float> base;
       kernels::gemm_nt_bf16(A, op.B(), op.C(c, base), c.M, c.N, c.K, kernels::Threads::caller);
       for (const int t : {1, 2, 3, 5}) {
@@ -251,6 +340,17 @@ TEST(GemmBf16, RoundToBf16MatchesTheScalarConversionOnEveryTarget) {
     std::vector<float> out32(2 * K);
     kernels::round_to_bf16(A, 2, K, Bf16Path::avx512bf16, out16.data());  // the bf16 form, any CPU
     kernels::round_to_bf16(A, 2, K, Bf16Path::f32_fma, out32.data());
+    std::vector<std::uint16_t> packed(kernels::bf16_activation_bytes(2, K, Bf16Path::amx) / 2, 0xFFFFu);
+    const kernels::Bf16Activations amx_form = kernels::round_to_bf16(A, 2, K, Bf16Path::amx, packed.data());
+    const std::int64_t Kp = kernels::amx_padded_k(K);
+    ASSERT_EQ(amx_form.ld, Kp);
+    ASSERT_EQ(static_cast<std::int64_t>(packed.size()), 16 * Kp);  // one panel
+    for (std::int64_t m = 0; m < 16; ++m)
+      for (std::int64_t k = 0; k < Kp; ++k) {
+        const std::uint16_t got = packed[static_cast<std::size_t>((k / 2) * 32 + m * 2 + k % 2)];
+        const std::uint16_t want = m < 2 && k < K ? out16[static_cast<std::size_t>(m * K + k)] : 0;
+        ASSERT_EQ(got, want) << "amx form, row " << m << " k " << k;
+      }
     for (std::int64_t i = 0; i < 2; ++i)
       for (std::int64_t k = 0; k < K; ++k) {
         const float x = src[static_cast<std::size_t>(index[i] * K + k)] * scale[i];

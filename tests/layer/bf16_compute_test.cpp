@@ -175,9 +175,9 @@ TEST_P(Bf16Compute, MatchesTheContractOnEveryPath) {
   const Tensor y_exact = layer.forward(x, &info_exact);
   layer.set_bf16_activations(true);
   ASSERT_TRUE(layer.bf16_activations());
-  for (const kernels::Bf16Path path : {kernels::Bf16Path::f32_fma, kernels::Bf16Path::avx512bf16}) {
+  for (const kernels::Bf16Path path : kernels::kBf16Paths) {
     if (!kernels::bf16_path_supported(path)) {
-      std::printf("[ bf16 mode ] this CPU has no AVX512-BF16: the avx512bf16 path was not run\n");
+      std::printf("[ bf16 mode ] this CPU has no %s: that path was not run\n", kernels::bf16_path_name(path));
       continue;
     }
     SCOPED_TRACE(kernels::bf16_path_name(path));
@@ -211,7 +211,7 @@ TEST_P(Bf16Compute, AnyThreadCountGivesTheSameBits) {
   layer.set_bf16_activations(true);
   const Tensor x = randn({70, b.cfg.hidden_size}, rng, 1.0f);
   const int before = num_threads();
-  for (const kernels::Bf16Path path : {kernels::Bf16Path::f32_fma, kernels::Bf16Path::avx512bf16}) {
+  for (const kernels::Bf16Path path : kernels::kBf16Paths) {
     if (!kernels::bf16_path_supported(path)) continue;
     SCOPED_TRACE(kernels::bf16_path_name(path));
     kernels::detail::set_bf16_path_for_tests(path);

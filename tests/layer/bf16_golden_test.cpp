@@ -54,9 +54,9 @@ TEST(Bf16Golden, DeepSeekV3AgainstTorchInBf16) {
   // the same here).
   ASSERT_EQ(std::memcmp(info.routing.ids.data(), ids_torch.data(), ids_torch.nbytes()), 0);
   const double err_exact = max_rel(y_exact, y_torch), rms_exact = rms_rel(y_exact, y_torch);
-  for (const kernels::Bf16Path path : {kernels::Bf16Path::f32_fma, kernels::Bf16Path::avx512bf16}) {
+  for (const kernels::Bf16Path path : kernels::kBf16Paths) {
     if (!kernels::bf16_path_supported(path)) {
-      std::printf("[ bf16 golden ] this CPU has no AVX512-BF16: the avx512bf16 path was not run\n");
+      std::printf("[ bf16 golden ] this CPU has no %s: that path was not run\n", kernels::bf16_path_name(path));
       continue;
     }
     kernels::detail::set_bf16_path_for_tests(path);

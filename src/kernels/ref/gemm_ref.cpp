@@ -131,4 +131,35 @@ void dequantize_affine(const WeightMatrix& B, std::int64_t N, std::int64_t K, fl
     for (std::int64_t k = 0; k < K; ++k) dst[n * K + k] = affine_value(B, n, k);
 }
 
+
+float tdpbf16_chunk(float acc, const float a[32], const float b[32]) {
+  float even = 0.0f, odd = 0.0f;
+  for (int j = 0; j < 32; j += 2) {
+    even = flush_denormal(std::fma(flush_denormal(a[j]), flush_denormal(b[j]), even));
+    odd = flush_denormal(std::fma(flush_denormal(a[j + 1]), flush_denormal(b[j + 1]), odd));
+  }
+  return flush_denormal(flush_denormal(acc) + flush_denormal(even + odd));
+}
+
+void gemm_nt_bf16_tdpbf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                          std::int64_t N, std::int64_t K) {
+  const auto* b = static_cast<const std::uint16_t*>(B.data);
+  for (std::int64_t m = 0; m < M; ++m) {
+    const std::uint16_t* a = A.row(m);
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::uint16_t* w = b + n * B.ld;
+      float acc = 0.0f;
+      for (std::int64_t k0 = 0; k0 < K; k0 += 32) {
+        float av[32], wv[32];
+        for (std::int64_t j = 0; j < 32; ++j) {
+          av[j] = k0 + j < K ? bf16_to_f32(a[k0 + j]) : 0.0f;
+          wv[j] = k0 + j < K ? bf16_to_f32(w[k0 + j]) : 0.0f;
+        }
+        acc = tdpbf16_chunk(acc, av, wv);
+      }
+      store(C, m, n, acc);
+    }
+  }
+}
+
 }  // namespace moekit::kernels::ref
