@@ -412,6 +412,34 @@ double measure_gemm_peak(int threads) {
   return best;
 }
 
+// The bf16 compute mode's GEMM on the CPU's bf16 path (kernels::bf16_path(): AMX tiles where the
+// CPU has them), same shape and cache state, rounding of the f32 rows included, best of 3: the
+// limit of the bf16-act rows.
+double measure_bf16_peak(int threads) {
+  set_num_threads(threads);
+  const kernels::Bf16Path path = kernels::bf16_path();
+  Tensor a = Tensor::uninitialized({kPeakM, kPeakK}, DType::f32);
+  Tensor b = Tensor::uninitialized({kPeakN, kPeakK}, DType::f32);
+  Tensor c = Tensor::uninitialized({kPeakM, kPeakN}, DType::f32);
+  fill_random(a, 1.0f, 7);
+  fill_random(b, 0.02f, 8);
+  const Tensor wb = to_dtype(b, DType::bf16);
+  std::vector<float> buf((kernels::bf16_activation_bytes(kPeakM, kPeakK, path) + 3) / 4);
+  const auto call = [&] {
+    const kernels::Bf16Activations x =
+        kernels::round_to_bf16({a.data_as<float>(), kPeakK}, kPeakM, kPeakK, path, buf.data());
+    kernels::gemm_nt_bf16(x, {wb.data(), DType::bf16, kPeakK}, {c.data_as<float>(), kPeakN}, kPeakM, kPeakN, kPeakK);
+  };
+  call();
+  double best = 0.0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    call();
+    best = std::max(best, 2.0 * kPeakM * kPeakN * kPeakK / seconds_since(t0) * 1e-9);
+  }
+  return best;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Machine description
 
@@ -455,11 +483,13 @@ struct Limits {
   std::size_t dram_bytes = 0;
   double dram_gbs = 0;
   std::vector<std::pair<int, double>> gemm_peak;  // (threads, GFLOP/s)
-  double peak_for(int threads) const {
-    for (const auto& [t, v] : gemm_peak)
-      if (t == threads) return v;
+  std::vector<std::pair<int, double>> bf16_peak;  // (threads, GFLOP/s); only with a bf16-act dtype
+  static double at(const std::vector<std::pair<int, double>>& v, int threads) {
+    for (const auto& [t, x] : v)
+      if (t == threads) return x;
     return 0.0;
   }
+  double peak_for(int threads) const { return at(gemm_peak, threads); }
 };
 
 struct Header {
@@ -561,8 +591,8 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
                    static_cast<double>(s.D) * static_cast<double>(s.F) / med * 1e-9;
       row.weight_gbs = touched / reps / med * 1e-9;
       if (T >= 128) {
-        row.limit = "gemm_peak";
-        row.limit_value = limits.peak_for(row.threads);
+        row.limit = format.bf16_act ? "bf16_peak" : "gemm_peak";
+        row.limit_value = format.bf16_act ? Limits::at(limits.bf16_peak, row.threads) : limits.peak_for(row.threads);
         row.limit_pct = row.limit_value > 0 ? 100.0 * row.gflops / row.limit_value : 0.0;
       } else {
         row.limit = "dram_read";
@@ -600,6 +630,7 @@ std::string csv_field(const std::string& s) {
 }
 
 const char* limit_label(const std::string& limit) {
+  if (limit == "bf16_peak") return "bf16 GEMM peak";
   return limit == "gemm_peak" ? "GEMM peak" : "DRAM read";
 }
 
@@ -624,6 +655,12 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
         "%lld, best of 3 |\n",
         t, v, static_cast<long long>(kPeakM), static_cast<long long>(kPeakN),
         static_cast<long long>(kPeakK));
+  for (const auto& [t, v] : l.bf16_peak)
+    std::printf(
+        "| moekit bf16 GEMM peak (cached) | %d | %.1f GFLOP/s | gemm_nt_bf16 (%s), rounding included, M = %lld, N = "
+        "%lld, K = %lld, best of 3 |\n",
+        t, v, kernels::bf16_path_name(kernels::bf16_path()), static_cast<long long>(kPeakM),
+        static_cast<long long>(kPeakN), static_cast<long long>(kPeakK));
   std::printf(
       "\n| mode | shape | dtype | layout | T | threads | median ms | min ms | tokens/s | GFLOP/s | weight GB/s | "
       "vs. limit |\n"
@@ -639,7 +676,7 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
       "the "
       "call's routing touched (+ shared) / median; vs. limit: T >= 128 GFLOP/s against the GEMM "
       "peak "
-      "at the row's threads, T < 128 weight GB/s against DRAM read. train: one step = forward_train + "
+      "at the row's threads (bf16-act: the bf16 GEMM peak), T < 128 weight GB/s against DRAM read. train: one step = forward_train + "
       "backward, 3x the forward's FLOPs.\n");
   for (const Row& r : rows)
     if (r.mode == "train")
@@ -679,6 +716,16 @@ void print_json(const Header& h, const Limits& l, const std::vector<const BenchS
   for (const auto& [t, v] : l.gemm_peak)
     j["limits"].push_back({{"name", "gemm_peak"},
                            {"label", "moekit GEMM peak (cached)"},
+                           {"unit", "GFLOP/s"},
+                           {"threads", t},
+                           {"M", kPeakM},
+                           {"N", kPeakN},
+                           {"K", kPeakK},
+                           {"value", v}});
+  for (const auto& [t, v] : l.bf16_peak)
+    j["limits"].push_back({{"name", "bf16_peak"},
+                           {"label", std::string("moekit bf16 GEMM peak (cached, ") +
+                                         kernels::bf16_path_name(kernels::bf16_path()) + ")"},
                            {"unit", "GFLOP/s"},
                            {"threads", t},
                            {"M", kPeakM},
@@ -738,9 +785,9 @@ void run_bench(const Options& o) {
         throw std::invalid_argument("--mode train needs float weights; " + d.name() + " has no gradient");
   for (const WeightFormat& d : dtypes) {
     if (d.bf16_act && train) throw std::invalid_argument("--mode train trains f32 parameters; bf16-act is forward only");
-    if (d.bf16_act && std::find(layouts.begin(), layouts.end(), "panels") != layouts.end())
+    if (d.bf16_act && std::find(layouts.begin(), layouts.end(), "rows") == layouts.end())
       throw std::invalid_argument("--dtype bf16-act needs --layout rows (the bf16 compute mode reads bf16 weights in rows "
-                                  "layout)");
+                                  "layout; with other layouts listed too it runs in rows only)");
   }
   if (o.output != "md" && o.output != "csv" && o.output != "json")
     throw std::invalid_argument("-o '" + o.output +
@@ -770,6 +817,9 @@ void run_bench(const Options& o) {
   limits.dram_gbs = measure_dram_read(limits.dram_threads, limits.dram_bytes);
   for (const std::int64_t t : threads)
     limits.gemm_peak.emplace_back(static_cast<int>(t), measure_gemm_peak(static_cast<int>(t)));
+  if (std::any_of(dtypes.begin(), dtypes.end(), [](const WeightFormat& d) { return d.bf16_act; }))
+    for (const std::int64_t t : threads)
+      limits.bf16_peak.emplace_back(static_cast<int>(t), measure_bf16_peak(static_cast<int>(t)));
 
   std::vector<Row> rows;
   for (const BenchShape* s : shapes)
@@ -777,6 +827,7 @@ void run_bench(const Options& o) {
       for (const std::string& lay : layouts) {
         // Quantized experts have one layout (MLX's, read in place): run them once.
         if (d.quantized() && lay != layouts.front()) continue;
+        if (d.bf16_act && lay != "rows") continue;  // the bf16 compute mode reads rows only
         for (Row& r : run_shape(*s, d, lay, tokens, threads, reps, seed, limits, progress, train))
           rows.push_back(std::move(r));
       }

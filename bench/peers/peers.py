@@ -94,7 +94,7 @@ def cpu_facts():
 def measure_moekit(shapes, tokens, threads, reps, env):
     # Both weight layouts: panels (repacked at load, the default) and rows (read in place, as
     # from a mapped checkpoint).
-    cmd = [ARGS.moekit_bin, "bench", "--shape", ",".join(shapes), "--dtype", "f32,bf16,q4,q8,q4-int8,q8-int8", "--layout", "panels,rows",
+    cmd = [ARGS.moekit_bin, "bench", "--shape", ",".join(shapes), "--dtype", "f32,bf16,bf16-act,q4,q8,q4-int8,q8-int8", "--layout", "panels,rows",
            "--tokens", ",".join(map(str, tokens)), "--threads", str(threads), "--reps", str(reps),
            "-o", "json"]
     out, err = run_child(cmd, env, ARGS.piece_timeout_s, "moekit")

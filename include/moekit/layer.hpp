@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -77,6 +78,15 @@ class MoeLayer {
   /// gate/up GEMMs) and gets the same gradients. Const; `saved` is overwritten.
   Tensor forward_train(const TensorView& x, SavedForward& saved, bool keep_pre_activations = true) const;
 
+  /// The routed experts' part of a forward, run by the caller (expert parallelism:
+  /// moekit/dist.hpp). `routed(x, routing, y)` gets x [T, D] f32 and the routing and must
+  /// overwrite y [T, D] f32 with Σ_k weight · expert(x) as run_experts() computes it; the rest —
+  /// the input checks, the router, the routing, the shared experts, the output's shape and dtype
+  /// — is forward()'s, so with a `routed` that reproduces run_experts the result is forward()'s,
+  /// bit for bit.
+  using RoutedExperts = std::function<void(const TensorView& x, const Routing& routing, const TensorView& y)>;
+  Tensor forward_with(const TensorView& x, const RoutedExperts& routed, ForwardInfo* info = nullptr) const;
+
   /// Repacks the routed and shared experts into the forward kernel's panel layout (pack_panels
   /// in experts.hpp): faster prefill, the weights' bytes resident in memory (rounded up to
   /// whole panels) instead of read in place from a mapped file. Not thread-safe against
@@ -96,7 +106,7 @@ class MoeLayer {
   /// The bf16 compute mode, as torch and MLX run bf16 models (docs/numerics.md): with `on`, the
   /// routed and shared experts round the rows entering each projection (the input, the activated
   /// intermediate) to bf16 and multiply them with the bf16 weights as exact bf16 × bf16 products
-  /// summed in fp32 (AVX512-BF16 `vdpbf16ps` where the CPU has it). The router, the shared-expert
+  /// summed in fp32 (AMX or AVX512-BF16 where the CPU has them). The router, the shared-expert
   /// gate, the projections' outputs, the activation and the combine stay fp32. Deterministic for
   /// any thread count. Needs every expert matrix bf16 in rows layout: throws
   /// std::invalid_argument naming the first that is not (f32/f16 weights, pack_weights()'s
@@ -110,7 +120,8 @@ class MoeLayer {
   ExpertBody shared_body() const noexcept;  ///< the shared experts' body
 
  private:
-  Tensor forward_impl(const TensorView& x, ForwardInfo* info, SavedForward* saved) const;
+  Tensor forward_impl(const TensorView& x, ForwardInfo* info, SavedForward* saved,
+                      const RoutedExperts* routed = nullptr) const;
 
   MoeConfig config_;
   MoeWeights weights_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
@@ -18,5 +19,21 @@ void expert_pre_activations(const ExpertWeights& w, std::int64_t e, const kernel
 /// out [r, D] (+)= (h · Wd_eᵀ (+ bd_e)) · out_scale[row] (out_scale may be null).
 void expert_down(const ExpertWeights& w, std::int64_t e, const float* h, std::int64_t r, float* out,
                  const float* out_scale, bool split, bool accumulate);
+
+/// The routed rows of one batch, grouped by expert: rows [offsets[e], offsets[e + 1]) go to
+/// expert e of `w`; row i reads row src[i] of x ([*, D] f32, in place) with slot weight
+/// weight[i] (on the input, or in the down projection's epilogue); out [rows, D] receives the
+/// weighted expert outputs in the same order. Tasks of (expert, up to 64 of its rows), as
+/// run_experts: a row's bits depend only on its expert's rows, in their order — so a caller
+/// that hands an expert the same rows in the same order (expert parallelism) gets the same
+/// bits. keep_gate / keep_up, when set, receive the [rows, F] pre-activations.
+void run_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
+                     const float* weight, bool weight_on_input, const std::vector<std::int64_t>& offsets, float* out,
+                     float* keep_gate, float* keep_up);
+
+/// The combine: y[t] (+)= Σ_k rows[position[t·K + k]] over k = 0..K−1 in slot order, in fp32
+/// from +0 (or from y with `accumulate`). rows [*, D]; y [T, D].
+void combine_rows(const float* rows, const std::int64_t* position, std::int64_t T, std::int64_t K, std::int64_t D,
+                  float* y, bool accumulate);
 
 }  // namespace moekit

@@ -166,6 +166,38 @@ void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int
 
 }  // namespace
 
+void run_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
+                     const float* weight, bool weight_on_input, const std::vector<std::int64_t>& offsets, float* out,
+                     float* keep_gate, float* keep_up) {
+  const std::int64_t D = w.hidden_size(), F = w.width();
+  const std::int64_t E = static_cast<std::int64_t>(offsets.size()) - 1;
+  // (expert, first row, row count) tasks, in expert order.
+  struct Task {
+    std::int64_t expert, begin, count;
+  };
+  std::vector<Task> tasks;
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t r = offsets[e]; r < offsets[e + 1]; r += kRowChunk)
+      tasks.push_back({e, r, std::min(kRowChunk, offsets[e + 1] - r)});
+  // Fewer tasks than threads (decode with K = 1 or 2): run the tasks one after another with each
+  // GEMM split over the pool instead of leaving threads idle.
+  const std::int64_t n_tasks = static_cast<std::int64_t>(tasks.size());
+  const bool split = n_tasks < num_threads();
+  const auto run_task = [&](std::int64_t ti) {
+    const Task& task = tasks[static_cast<std::size_t>(ti)];
+    const float* wt = weight + task.begin;
+    const kernels::RowSource rows{x, D, src + task.begin, weight_on_input ? wt : nullptr};
+    expert_rows(w, body, task.expert, rows, task.count, out + task.begin * D, weight_on_input ? nullptr : wt,
+                scratch(), split, false, keep_gate ? keep_gate + task.begin * F : nullptr,
+                keep_up ? keep_up + task.begin * F : nullptr);
+  };
+  if (split) {
+    for (std::int64_t ti = 0; ti < n_tasks; ++ti) run_task(ti);
+  } else {
+    detail::parallel_tasks(n_tasks, run_task);
+  }
+}
+
 void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
                  const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate,
                  ExpertTrace* trace) {
@@ -195,23 +227,10 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
   const float* ws = weights.data_as<const float>();
   float* ys = y.data_as<float>();
 
-  // (expert, first row, row count) tasks, in expert order.
-  struct Task {
-    std::int64_t expert, begin, count;
-  };
-  std::vector<Task> tasks;
-  for (std::int64_t e = 0; e < E; ++e)
-    for (std::int64_t r = plan.offsets[e]; r < plan.offsets[e + 1]; r += kRowChunk)
-      tasks.push_back({e, r, std::min(kRowChunk, plan.offsets[e + 1] - r)});
-
   // [T*K, D] expert outputs in sorted order. Every row is written before it is read, so the
   // buffer is never zeroed (util/workspace.hpp: kept per thread between calls).
   const detail::Workspace workspace(static_cast<std::size_t>(T * K * D), detail::WorkspaceSlot::forward_rows);
   float* pair_out = workspace.data();
-  // Fewer tasks than threads (decode with K = 1 or 2): run the tasks one after another with each
-  // GEMM split over the pool instead of leaving threads idle.
-  const std::int64_t n_tasks = static_cast<std::int64_t>(tasks.size());
-  const bool split = n_tasks < num_threads();
   // Per sorted row: the token it reads and its slot weight, so the GEMMs read x in place and
   // apply the weight on the input (Llama-4) or in the down projection's epilogue.
   std::vector<std::int32_t> src_rows(static_cast<std::size_t>(T * K));
@@ -221,26 +240,20 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
     src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
     slot_weight[static_cast<std::size_t>(i)] = ws[pair];
   }
-  const auto run_task = [&](std::int64_t ti) {
-    const Task& task = tasks[static_cast<std::size_t>(ti)];
-    const float* wt = slot_weight.data() + task.begin;
-    const kernels::RowSource rows{xs, D, src_rows.data() + task.begin, weight_on_input ? wt : nullptr};
-    float* out = pair_out + task.begin * D;
-    expert_rows(w, body, task.expert, rows, task.count, out, weight_on_input ? nullptr : wt, scratch(), split, false,
-                keep_gate ? keep_gate + task.begin * F : nullptr, keep_up ? keep_up + task.begin * F : nullptr);
-  };
-  if (split) {
-    for (std::int64_t ti = 0; ti < n_tasks; ++ti) run_task(ti);
-  } else {
-    detail::parallel_tasks(n_tasks, run_task);
-  }
+  run_sorted_rows(w, body, xs, src_rows.data(), slot_weight.data(), weight_on_input, plan.offsets, pair_out,
+                  keep_gate, keep_up);
 
+  combine_rows(pair_out, plan.inverse.data(), T, K, D, ys, accumulate);
+}
+
+void combine_rows(const float* rows, const std::int64_t* position, std::int64_t T, std::int64_t K, std::int64_t D,
+                  float* y, bool accumulate) {
   detail::parallel_for(T, 8, [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t) {
-      float* yt = ys + t * D;
+      float* yt = y + t * D;
       if (!accumulate) std::fill(yt, yt + D, 0.0f);
       for (std::int64_t k = 0; k < K; ++k) {
-        const float* o = pair_out + plan.inverse[t * K + k] * D;
+        const float* o = rows + position[t * K + k] * D;
         for (std::int64_t d = 0; d < D; ++d) yt[d] += o[d];
       }
     }

@@ -1,9 +1,10 @@
-// The bf16 compute mode's product (gemm_nt_bf16 in gemm.hpp): the AVX512-BF16 micro-kernel and
-// the run-time CPU check and policy that pick a path (the rounding kernel is in gemm_nt.cpp).
+// The bf16 compute mode's product (gemm_nt_bf16 in gemm.hpp): the AVX512-BF16 micro-kernel, the
+// policy that picks a path on the CPU kernels/cpu.hpp describes, and the AMX activation packing
+// (the rounding kernel is in gemm_nt.cpp, the AMX kernel in gemm_amx.cpp).
 //
 // Highway 1.0.3 (Debian 12) has no AVX512-BF16 target, so the native kernel is written with
 // intrinsics in functions that carry their own target attribute; the rest of the library is
-// compiled for the baseline, and the kernel runs only where CPUID and XCR0 say it may.
+// compiled for the baseline, and the kernel runs only where cpu_features() says it may.
 //
 // Micro-kernel: register tiles of up to 6 rows × 4 columns (24 zmm accumulators, 6 for A, 1 for
 // B), each C element one accumulator of 16 fp32 lanes fed 32 bf16 products per `vdpbf16ps`.

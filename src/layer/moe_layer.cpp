@@ -134,7 +134,12 @@ Tensor MoeLayer::forward_train(const TensorView& x, SavedForward& saved, bool ke
   return forward_impl(x, nullptr, &saved);
 }
 
-Tensor MoeLayer::forward_impl(const TensorView& x, ForwardInfo* info, SavedForward* saved) const {
+Tensor MoeLayer::forward_with(const TensorView& x, const RoutedExperts& routed, ForwardInfo* info) const {
+  return forward_impl(x, info, nullptr, &routed);
+}
+
+Tensor MoeLayer::forward_impl(const TensorView& x, ForwardInfo* info, SavedForward* saved,
+                              const RoutedExperts* routed) const {
   const std::int64_t D = config_.hidden_size;
   if (!x.defined() || x.rank() < 1 || (x.dtype() != DType::f32 && x.dtype() != DType::bf16) || x.dim(-1) != D)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer::forward] x must be f32 or bf16 [..., " << D
@@ -164,8 +169,12 @@ Tensor MoeLayer::forward_impl(const TensorView& x, ForwardInfo* info, SavedForwa
   Routing routing = route(config_.router, logits, w.selection_bias.view());
 
   Tensor y = Tensor::uninitialized({T, D}, DType::f32);  // run_experts overwrites every row
-  run_experts(w.experts, body(), x32, routing.ids, routing.weights, config_.router.weight_on_input, y, false,
-              saved ? &saved->routed : nullptr);
+  if (routed) {
+    (*routed)(x32, routing, y);
+  } else {
+    run_experts(w.experts, body(), x32, routing.ids, routing.weights, config_.router.weight_on_input, y, false,
+                saved ? &saved->routed : nullptr);
+  }
 
   if (config_.shared_width > 0) {
     ExpertTrace* shared_trace = saved ? &saved->shared : nullptr;

@@ -1,0 +1,122 @@
+// Expert parallelism over MPI (docs/distributed.md): the routed experts split across ranks,
+// tokens sent to the ranks that own their experts and back. Optional at build time
+// (MOEKIT_WITH_MPI, library moekit::dist); not part of moekit.hpp.
+//
+// Every rank holds the whole layer's router and shared experts (data parallel) and reads only
+// its own experts' matrices: with weights memory-mapped from a checkpoint, the other experts'
+// pages are never touched, so the resident expert bytes per rank are ~1/N of the layer's.
+//
+// Contract: forward() on N ranks, each passing its own slice of the tokens, gives each rank the
+// rows forward() of the single-process layer gives those tokens, bit for bit, for any N and any
+// thread count: the exchange only moves rows, every expert runs the same rows in the same order
+// (by rank, then by the rank's own order — the global token order when the ranks hold
+// consecutive slices), and the combine sums the same values in slot order. (The int8 fast mode
+// picks its kernel by an expert's row count, which is the same as in one process for the routed
+// experts; the shared experts run on each rank's own rows, so with the fast mode on and a rank
+// holding at most 8 tokens their kernel can differ from one process's.)
+//
+// Failure: an exception on any rank (bad input, a missing tensor, an expert's error) is agreed
+// on before the next collective: every rank then throws dist::RankError with the failing rank's
+// message, so a job ends with one message and never hangs.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "moekit/layer.hpp"
+
+namespace moekit::dist {
+
+/// The error every rank throws when one rank failed: the lowest failing rank and its message.
+class RankError : public std::runtime_error {
+ public:
+  RankError(int rank, const std::string& message)
+      : std::runtime_error("rank " + std::to_string(rank) + ": " + message), rank_(rank) {}
+  int rank() const noexcept { return rank_; }
+
+ private:
+  int rank_;
+};
+
+/// Collective: throws RankError on every rank if `error` is set on any (the lowest such rank's
+/// message), else returns. The only way the dist layer lets a local failure reach a collective.
+void agree(MPI_Comm comm, const std::exception_ptr& error);
+
+/// Which rank owns each routed expert.
+struct ExpertPlacement {
+  std::vector<int> owner;  ///< [E] rank of expert e
+  int num_ranks = 0;
+
+  /// Contiguous blocks: with E = q·N + r the first r ranks own q + 1 experts, the rest q
+  /// (E need not divide by N; a rank may own none when E < N).
+  static ExpertPlacement contiguous(std::int64_t num_experts, int num_ranks);
+  /// Any map: owner[e] in [0, num_ranks). Throws std::invalid_argument naming a bad entry.
+  static ExpertPlacement from_owners(std::vector<int> owner, int num_ranks);
+  /// The experts `rank` owns, ascending.
+  std::vector<std::int64_t> experts_of(int rank) const;
+};
+
+/// Per-phase wall times (seconds) and bytes of the last forward() on this rank.
+struct PhaseTimes {
+  double route = 0;         ///< input checks, router, routing, send buffers
+  double exchange_out = 0;  ///< counts (Alltoall) + rows and weights (Alltoallv)
+  double compute = 0;       ///< the local experts on the rows received
+  double exchange_back = 0;  ///< the outputs back (Alltoallv)
+  double combine = 0;       ///< slot-order combine + shared experts + output
+  std::int64_t rows_sent = 0, rows_received = 0;
+  std::int64_t bytes_sent = 0, bytes_received = 0;  ///< both exchanges, this rank
+};
+
+/// A MoeLayer run expert-parallel over `comm`.
+class ExpertParallelLayer {
+ public:
+  /// Collective over `comm` (which it duplicates). Every rank passes the same config and
+  /// placement, and a layer whose router, shared experts and own experts are valid (the other
+  /// experts' matrices are never read). Throws RankError if any rank's arguments are bad
+  /// (placement size or rank count differing from comm's, experts of another shape, ...).
+  ExpertParallelLayer(std::shared_ptr<const MoeLayer> layer, ExpertPlacement placement, MPI_Comm comm);
+  ~ExpertParallelLayer();
+  ExpertParallelLayer(const ExpertParallelLayer&) = delete;
+  ExpertParallelLayer& operator=(const ExpertParallelLayer&) = delete;
+
+  /// Collective: this rank's tokens x [..., D] (f32 or bf16; zero tokens allowed) → y as
+  /// MoeLayer::forward gives them. Not thread-safe (one forward per layer at a time).
+  Tensor forward(const TensorView& x, ForwardInfo* info = nullptr) const;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const ExpertPlacement& placement() const noexcept { return placement_; }
+  /// This rank's experts (views into the layer's weights), local index i = experts_of(rank)[i].
+  const ExpertWeights& local_experts() const noexcept { return local_; }
+  const MoeLayer& layer() const noexcept { return *layer_; }
+  const PhaseTimes& last_times() const noexcept { return times_; }
+
+ private:
+  void routed(const TensorView& x, const Routing& routing, const TensorView& y) const;
+
+  std::shared_ptr<const MoeLayer> layer_;
+  ExpertPlacement placement_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  std::vector<std::int64_t> mine_;  ///< experts_of(rank_)
+  std::vector<std::vector<std::int64_t>> owned_;  ///< experts_of(r) for every rank
+  std::vector<std::int64_t> local_index_;  ///< [E] index within its owner's list
+  ExpertWeights local_;
+  mutable PhaseTimes times_;
+  mutable double started_ = 0;
+};
+
+/// The experts `ids` of `w` as an ExpertWeights of ids.size() experts (views of the same
+/// memory, biases copied): what one rank runs.
+ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int64_t>& ids);
+
+/// Collective: sums per-expert integer counts over the ranks (exact), e.g. the loads the
+/// aux-loss-free balancer's update reads, so every rank computes the identical bias.
+std::vector<std::int64_t> allreduce_counts(MPI_Comm comm, const std::vector<std::int64_t>& counts);
+
+}  // namespace moekit::dist

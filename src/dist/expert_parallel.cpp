@@ -1,0 +1,365 @@
+// Expert parallelism over MPI (moekit/dist.hpp, docs/distributed.md).
+//
+// One forward on every rank:
+//   route (own tokens)  → agree → counts (Alltoall) → agree → rows + weights (Alltoallv)
+//   → local experts (run_sorted_rows, each expert's rows in rank order) → agree
+//   → outputs back (Alltoallv) → combine in slot order (combine_rows) → shared experts → agree
+// Rows leave grouped by destination rank, then by expert (ascending id), then in the rank's own
+// pair order (t·K + k), so an owner that reads, for each of its experts, the blocks of rank 0,
+// 1, ... in turn hands that expert the rows in the single-process layer's order.
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <exception>
+#include <numeric>
+#include <stdexcept>
+
+#include "experts/expert_rows.hpp"
+#include "moekit/dist.hpp"
+#include "util/error.hpp"
+
+namespace moekit::dist {
+
+namespace {
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+int comm_rank(MPI_Comm c) {
+  int r = 0;
+  MPI_Comm_rank(c, &r);
+  return r;
+}
+
+int comm_size(MPI_Comm c) {
+  int n = 0;
+  MPI_Comm_size(c, &n);
+  return n;
+}
+
+// A count of elements as MPI's int, or an error naming what overflowed.
+int mpi_count(std::int64_t n, const char* what) {
+  if (n < 0 || n > INT_MAX)
+    throw std::length_error(MOEKIT_MSG("[moekit::dist] " << what << " of " << n
+                                                         << " elements exceeds one MPI message (INT_MAX)"));
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+void agree(MPI_Comm comm, const std::exception_ptr& error) {
+  const int rank = comm_rank(comm);
+  const int mine = error ? rank : INT_MAX;
+  int first = INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return;
+  std::string msg = rank == first ? message_of(error) : std::string();
+  int len = static_cast<int>(std::min<std::size_t>(msg.size(), 1 << 16));
+  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  msg.resize(static_cast<std::size_t>(len));
+  MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
+  throw RankError(first, msg);
+}
+
+ExpertPlacement ExpertPlacement::contiguous(std::int64_t num_experts, int num_ranks) {
+  if (num_experts < 1 || num_ranks < 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::ExpertPlacement] need >= 1 expert and rank, got "
+                                           << num_experts << " experts, " << num_ranks << " ranks"));
+  ExpertPlacement p;
+  p.num_ranks = num_ranks;
+  p.owner.resize(static_cast<std::size_t>(num_experts));
+  const std::int64_t q = num_experts / num_ranks, r = num_experts % num_ranks;
+  std::int64_t e = 0;
+  for (int rank = 0; rank < num_ranks; ++rank)
+    for (std::int64_t i = 0; i < q + (rank < r ? 1 : 0); ++i) p.owner[static_cast<std::size_t>(e++)] = rank;
+  return p;
+}
+
+ExpertPlacement ExpertPlacement::from_owners(std::vector<int> owner, int num_ranks) {
+  if (owner.empty() || num_ranks < 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::ExpertPlacement] need >= 1 expert and rank, got "
+                                           << owner.size() << " experts, " << num_ranks << " ranks"));
+  for (std::size_t e = 0; e < owner.size(); ++e)
+    if (owner[e] < 0 || owner[e] >= num_ranks)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::ExpertPlacement] owner of expert " << e << " is rank "
+                                                                                               << owner[e]
+                                                                                               << ", outside [0, "
+                                                                                               << num_ranks << ")"));
+  ExpertPlacement p;
+  p.owner = std::move(owner);
+  p.num_ranks = num_ranks;
+  return p;
+}
+
+std::vector<std::int64_t> ExpertPlacement::experts_of(int rank) const {
+  std::vector<std::int64_t> out;
+  for (std::size_t e = 0; e < owner.size(); ++e)
+    if (owner[e] == rank) out.push_back(static_cast<std::int64_t>(e));
+  return out;
+}
+
+ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int64_t>& ids) {
+  const std::int64_t E = w.num_experts();
+  for (const std::int64_t e : ids)
+    if (e < 0 || e >= E)
+      throw std::out_of_range(MOEKIT_MSG("[moekit::dist::select_experts] expert " << e << " outside [0, " << E
+                                                                                   << ")"));
+  ExpertWeights out;
+  const auto pick = [&](const ExpertMatrix& m) {
+    ExpertMatrix s = m;
+    if (!m.defined()) return s;
+    s.experts.clear();
+    s.affine.scales.clear();
+    s.affine.biases.clear();
+    for (const std::int64_t e : ids) {
+      s.experts.push_back(m.experts[static_cast<std::size_t>(e)]);
+      if (m.quantized()) {
+        s.affine.scales.push_back(m.affine.scales[static_cast<std::size_t>(e)]);
+        s.affine.biases.push_back(m.affine.biases[static_cast<std::size_t>(e)]);
+      }
+    }
+    return s;
+  };
+  const auto rows_of = [&](const Tensor& b) {
+    if (b.numel() == 0) return Tensor();
+    const std::int64_t n = b.dim(1);
+    Tensor t({static_cast<std::int64_t>(ids.size()), n}, DType::f32);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      std::memcpy(t.data_as<float>() + static_cast<std::int64_t>(i) * n, b.data_as<const float>() + ids[i] * n,
+                  static_cast<std::size_t>(n) * sizeof(float));
+    return t;
+  };
+  out.gate = pick(w.gate);
+  out.up = pick(w.up);
+  out.down = pick(w.down);
+  out.gate_bias = rows_of(w.gate_bias);
+  out.up_bias = rows_of(w.up_bias);
+  out.down_bias = rows_of(w.down_bias);
+  out.keep_alive = w.keep_alive;
+  out.bf16_activations = w.bf16_activations;
+  return out;
+}
+
+std::vector<std::int64_t> allreduce_counts(MPI_Comm comm, const std::vector<std::int64_t>& counts) {
+  std::vector<std::int64_t> out(counts.size(), 0);
+  MPI_Allreduce(counts.data(), out.data(), mpi_count(static_cast<std::int64_t>(counts.size()), "counts"), MPI_INT64_T,
+                MPI_SUM, comm);
+  return out;
+}
+
+ExpertParallelLayer::ExpertParallelLayer(std::shared_ptr<const MoeLayer> layer, ExpertPlacement placement,
+                                         MPI_Comm comm)
+    : layer_(std::move(layer)), placement_(std::move(placement)) {
+  MPI_Comm_dup(comm, &comm_);
+  rank_ = comm_rank(comm_);
+  size_ = comm_size(comm_);
+  std::exception_ptr err;
+  try {
+    if (!layer_) throw std::invalid_argument("[moekit::dist::ExpertParallelLayer] no layer");
+    const MoeConfig& cfg = layer_->config();
+    const std::int64_t E = cfg.router.num_experts;
+    if (placement_.num_ranks != size_)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::ExpertParallelLayer] placement is for "
+                                             << placement_.num_ranks << " ranks, the communicator has " << size_));
+    if (static_cast<std::int64_t>(placement_.owner.size()) != E)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::ExpertParallelLayer] placement has "
+                                             << placement_.owner.size() << " experts, the layer " << E));
+    for (int r = 0; r < size_; ++r) owned_.push_back(placement_.experts_of(r));
+    mine_ = owned_[static_cast<std::size_t>(rank_)];
+    local_index_.assign(static_cast<std::size_t>(E), 0);
+    for (const auto& list : owned_)
+      for (std::size_t i = 0; i < list.size(); ++i) local_index_[static_cast<std::size_t>(list[i])] = static_cast<std::int64_t>(i);
+    local_ = select_experts(layer_->weights().experts, mine_);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  try {
+    agree(comm_, err);
+  } catch (...) {
+    MPI_Comm_free(&comm_);
+    throw;
+  }
+  // Every rank must describe the same layer and placement: compare a signature.
+  const MoeConfig& cfg = layer_->config();
+  std::uint64_t hash = 0;
+  for (std::size_t e = 0; e < placement_.owner.size(); ++e)
+    hash = hash * 1000003u + static_cast<std::uint64_t>(placement_.owner[e]) + 1u;
+  std::int64_t sig[6] = {cfg.hidden_size, cfg.expert_width, cfg.router.num_experts, cfg.router.top_k,
+                         cfg.shared_width, static_cast<std::int64_t>(hash >> 1)};
+  std::int64_t lo[6], hi[6];
+  MPI_Allreduce(sig, lo, 6, MPI_INT64_T, MPI_MIN, comm_);
+  MPI_Allreduce(sig, hi, 6, MPI_INT64_T, MPI_MAX, comm_);
+  if (!std::equal(lo, lo + 6, hi)) {
+    static const char* names[6] = {"hidden_size", "expert_width", "num_experts", "top_k", "shared_width",
+                                   "expert placement"};
+    int i = 0;
+    while (lo[i] == hi[i]) ++i;
+    MPI_Comm_free(&comm_);
+    throw RankError(0, MOEKIT_MSG("[moekit::dist::ExpertParallelLayer] the ranks disagree on " << names[i]));
+  }
+}
+
+ExpertParallelLayer::~ExpertParallelLayer() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+Tensor ExpertParallelLayer::forward(const TensorView& x, ForwardInfo* info) const {
+  times_ = PhaseTimes{};
+  const double t0 = MPI_Wtime();
+  started_ = t0;
+  Tensor y;
+  std::exception_ptr err;
+  try {
+    y = layer_->forward_with(
+        x, [this](const TensorView& xs, const Routing& r, const TensorView& ys) { routed(xs, r, ys); }, info);
+  } catch (const RankError&) {
+    throw;  // agreed on inside the exchange: every rank throws it
+  } catch (...) {
+    err = std::current_exception();
+  }
+  // Whatever failed outside the exchange — before it (the other ranks wait in its first
+  // agreement) or after it (the shared experts) — meets the others here.
+  agree(comm_, err);
+  times_.combine = MPI_Wtime() - t0 - times_.route - times_.exchange_out - times_.compute - times_.exchange_back;
+  return y;
+}
+
+void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, const TensorView& y) const {
+  const MoeConfig& cfg = layer_->config();
+  const std::int64_t T = x.dim(0), D = cfg.hidden_size, K = cfg.router.top_k, E = cfg.router.num_experts;
+  const auto P = static_cast<std::size_t>(size_);
+  const std::size_t Emax = std::max_element(owned_.begin(), owned_.end(), [](const auto& a, const auto& b) {
+                             return a.size() < b.size();
+                           })->size();
+
+  // Send order: destination rank, then its experts ascending, then pair order.
+  std::vector<std::int64_t> position(static_cast<std::size_t>(T * K));  // pair -> send row
+  std::vector<int> send_rows(P, 0), send_displ(P, 0);
+  std::vector<std::int64_t> send_counts(P * std::max<std::size_t>(Emax, 1), 0);  // [P, Emax]
+  std::vector<float> send_x, send_w;
+  std::exception_ptr err;
+  try {
+    const DispatchPlan plan = plan_dispatch(routing.ids, E);
+    send_x.resize(static_cast<std::size_t>(T * K * D));
+    send_w.resize(static_cast<std::size_t>(T * K));
+    const float* xs = x.data_as<const float>();
+    const float* ws = routing.weights.data_as<const float>();
+    std::int64_t row = 0;
+    for (std::size_t d = 0; d < P; ++d) {
+      const std::int64_t first = row;
+      for (std::size_t i = 0; i < owned_[d].size(); ++i) {
+        const std::int64_t e = owned_[d][i];
+        for (std::int64_t j = plan.offsets[e]; j < plan.offsets[e + 1]; ++j, ++row) {
+          const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(j)];
+          position[static_cast<std::size_t>(pair)] = row;
+          std::memcpy(send_x.data() + row * D, xs + (pair / K) * D, static_cast<std::size_t>(D) * sizeof(float));
+          send_w[static_cast<std::size_t>(row)] = ws[pair];
+        }
+        send_counts[d * Emax + i] = plan.counts[static_cast<std::size_t>(e)];
+      }
+      send_rows[d] = mpi_count(row - first, "rows to one rank");
+      mpi_count((row - first) * D, "row elements to one rank");
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(comm_, err);
+  times_.route = MPI_Wtime() - started_;  // input checks and router included
+
+  // Counts: block d of what rank s sends holds, for each of d's experts, how many rows.
+  const double t_out = MPI_Wtime();
+  std::vector<std::int64_t> recv_counts(send_counts.size(), 0);  // [P, Emax]: from s, per local expert
+  const int block = static_cast<int>(std::max<std::size_t>(Emax, 1));
+  MPI_Alltoall(send_counts.data(), block, MPI_INT64_T, recv_counts.data(), block, MPI_INT64_T, comm_);
+  std::vector<int> recv_rows(P, 0), recv_displ(P, 0), sx(P), sxd(P), rx(P), rxd(P);
+  std::int64_t R = 0;
+  try {
+    for (std::size_t s = 0; s < P; ++s) {
+      std::int64_t n = 0;
+      for (std::size_t i = 0; i < mine_.size(); ++i) n += recv_counts[s * Emax + i];
+      recv_rows[s] = mpi_count(n, "rows from one rank");
+      mpi_count(n * D, "row elements from one rank");
+      R += n;
+    }
+    for (std::size_t r = 1; r < P; ++r) {
+      send_displ[r] = send_displ[r - 1] + send_rows[r - 1];
+      recv_displ[r] = recv_displ[r - 1] + recv_rows[r - 1];
+    }
+    mpi_count(R * D, "all row elements received");
+    mpi_count(T * K * D, "all row elements sent");
+    for (std::size_t r = 0; r < P; ++r) {
+      sx[r] = static_cast<int>(send_rows[r] * D);
+      sxd[r] = static_cast<int>(send_displ[r] * D);
+      rx[r] = static_cast<int>(recv_rows[r] * D);
+      rxd[r] = static_cast<int>(recv_displ[r] * D);
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(comm_, err);
+  std::vector<float> recv_x(static_cast<std::size_t>(R * D)), recv_w(static_cast<std::size_t>(R));
+  MPI_Alltoallv(send_x.data(), sx.data(), sxd.data(), MPI_FLOAT, recv_x.data(), rx.data(), rxd.data(), MPI_FLOAT,
+                comm_);
+  MPI_Alltoallv(send_w.data(), send_rows.data(), send_displ.data(), MPI_FLOAT, recv_w.data(), recv_rows.data(),
+                recv_displ.data(), MPI_FLOAT, comm_);
+  times_.exchange_out = MPI_Wtime() - t_out;
+  times_.rows_sent = T * K;
+  times_.rows_received = R;
+  times_.bytes_sent = T * K * (D + 1) * 4;
+  times_.bytes_received = R * (D + 1) * 4;
+
+  // The local experts: for each, the blocks of rank 0, 1, ... in turn.
+  const double t_compute = MPI_Wtime();
+  std::vector<float> back(static_cast<std::size_t>(R * D));
+  try {
+    std::vector<std::int64_t> offsets(mine_.size() + 1, 0);
+    std::vector<std::int32_t> src(static_cast<std::size_t>(R));
+    std::vector<float> wt(static_cast<std::size_t>(R));
+    std::int64_t i = 0;
+    for (std::size_t le = 0; le < mine_.size(); ++le) {
+      for (std::size_t s = 0; s < P; ++s) {
+        std::int64_t at = recv_displ[s];
+        for (std::size_t j = 0; j < le; ++j) at += recv_counts[s * Emax + j];
+        for (std::int64_t c = 0; c < recv_counts[s * Emax + le]; ++c, ++i) {
+          src[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(at + c);
+          wt[static_cast<std::size_t>(i)] = recv_w[static_cast<std::size_t>(at + c)];
+        }
+      }
+      offsets[le + 1] = i;
+    }
+    std::vector<float> out(static_cast<std::size_t>(R * D));
+    if (R > 0)
+      run_sorted_rows(local_, layer_->body(), recv_x.data(), src.data(), wt.data(), cfg.router.weight_on_input,
+                      offsets, out.data(), nullptr, nullptr);
+    for (std::int64_t r = 0; r < R; ++r)
+      std::memcpy(back.data() + static_cast<std::int64_t>(src[static_cast<std::size_t>(r)]) * D, out.data() + r * D,
+                  static_cast<std::size_t>(D) * sizeof(float));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(comm_, err);
+  times_.compute = MPI_Wtime() - t_compute;
+
+  // Outputs back in the order they came; then the combine in slot order.
+  const double t_back = MPI_Wtime();
+  std::vector<float> mine_out(static_cast<std::size_t>(T * K * D));
+  MPI_Alltoallv(back.data(), rx.data(), rxd.data(), MPI_FLOAT, mine_out.data(), sx.data(), sxd.data(), MPI_FLOAT,
+                comm_);
+  times_.exchange_back = MPI_Wtime() - t_back;
+  times_.bytes_sent += R * D * 4;
+  times_.bytes_received += T * K * D * 4;
+  combine_rows(mine_out.data(), position.data(), T, K, D, y.data_as<float>(), false);
+}
+
+}  // namespace moekit::dist
