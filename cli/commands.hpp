@@ -6,7 +6,17 @@ namespace CLI {
 class App;
 }
 
+#include <stdexcept>
+#include <string>
+
 namespace moekit::cli {
+
+/// An error another process already reported (the non-zero ranks of an MPI job, where rank 0
+/// prints the one message): main() exits with 1 without printing it.
+class ReportedElsewhere : public std::runtime_error {
+ public:
+  explicit ReportedElsewhere(const std::string& what) : std::runtime_error(what) {}
+};
 
 /// `moekit backward`: gradients of one MoE layer of a checkpoint, under its tensor names.
 void register_backward(CLI::App& app);

@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const moekit::cli::ReportedElsewhere&) {
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "moekit: error: " << one_line(e.what()) << std::endl;
     return 1;
