@@ -23,6 +23,7 @@
 #include "layer_io.hpp"
 #include "moekit/moekit.hpp"
 #ifdef MOEKIT_HAVE_DIST
+#include "mpi_session.hpp"
 #include "moekit/dist.hpp"
 #endif
 
@@ -122,30 +123,6 @@ void run_forward(const ForwardOptions& opt) {
 }
 
 #ifdef MOEKIT_HAVE_DIST
-// MPI for the life of one command (initialised here unless the caller already did).
-struct MpiSession {
-  MpiSession() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-      owns = true;
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-  }
-  ~MpiSession() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owns && !finalized) MPI_Finalize();
-  }
-  MpiSession(const MpiSession&) = delete;
-  MpiSession& operator=(const MpiSession&) = delete;
-  bool owns = false;
-  int rank = 0, size = 1;
-};
-
 int as_count(std::int64_t n) {
   if (n > INT32_MAX) throw std::length_error(fail_prefix() + "the input is too large for one MPI message");
   return static_cast<int>(n);
