@@ -85,7 +85,8 @@ class ExpertParallelLayer {
   ExpertParallelLayer& operator=(const ExpertParallelLayer&) = delete;
 
   /// Collective: this rank's tokens x [..., D] (f32 or bf16; zero tokens allowed) → y as
-  /// MoeLayer::forward gives them. Not thread-safe (one forward per layer at a time).
+  /// MoeLayer::forward gives them. Not thread-safe (one forward per layer at a time: the
+  /// exchange buffers, kept between calls, are the layer's).
   Tensor forward(const TensorView& x, ForwardInfo* info = nullptr) const;
 
   int rank() const noexcept { return rank_; }
@@ -108,6 +109,11 @@ class ExpertParallelLayer {
   std::vector<std::int64_t> local_index_;  ///< [E] index within its owner's list
   ExpertWeights local_;
   mutable PhaseTimes times_;
+  // The exchange's buffers, kept between forwards.
+  struct Buffers {
+    std::vector<float> send_x, send_w, recv_x, recv_w, out, back, mine_out;
+  };
+  mutable Buffers buffers_;
   mutable double started_ = 0;
 };
 

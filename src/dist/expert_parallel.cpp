@@ -54,6 +54,12 @@ int mpi_count(std::int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
+// Grows a buffer kept between forwards (its pages stay mapped: no zero-filling and first-touch
+// faults per call); never shrinks.
+void grow(std::vector<float>& v, std::int64_t n) {
+  if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
+}
+
 }  // namespace
 
 void agree(MPI_Comm comm, const std::exception_ptr& error) {
@@ -247,12 +253,12 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
   std::vector<std::int64_t> position(static_cast<std::size_t>(T * K));  // pair -> send row
   std::vector<int> send_rows(P, 0), send_displ(P, 0);
   std::vector<std::int64_t> send_counts(P * std::max<std::size_t>(Emax, 1), 0);  // [P, Emax]
-  std::vector<float> send_x, send_w;
+  Buffers& b = buffers_;
   std::exception_ptr err;
   try {
     const DispatchPlan plan = plan_dispatch(routing.ids, E);
-    send_x.resize(static_cast<std::size_t>(T * K * D));
-    send_w.resize(static_cast<std::size_t>(T * K));
+    grow(b.send_x, T * K * D);
+    grow(b.send_w, T * K);
     const float* xs = x.data_as<const float>();
     const float* ws = routing.weights.data_as<const float>();
     std::int64_t row = 0;
@@ -263,8 +269,8 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
         for (std::int64_t j = plan.offsets[e]; j < plan.offsets[e + 1]; ++j, ++row) {
           const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(j)];
           position[static_cast<std::size_t>(pair)] = row;
-          std::memcpy(send_x.data() + row * D, xs + (pair / K) * D, static_cast<std::size_t>(D) * sizeof(float));
-          send_w[static_cast<std::size_t>(row)] = ws[pair];
+          std::memcpy(b.send_x.data() + row * D, xs + (pair / K) * D, static_cast<std::size_t>(D) * sizeof(float));
+          b.send_w[static_cast<std::size_t>(row)] = ws[pair];
         }
         send_counts[d * Emax + i] = plan.counts[static_cast<std::size_t>(e)];
       }
@@ -308,10 +314,11 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
     err = std::current_exception();
   }
   agree(comm_, err);
-  std::vector<float> recv_x(static_cast<std::size_t>(R * D)), recv_w(static_cast<std::size_t>(R));
-  MPI_Alltoallv(send_x.data(), sx.data(), sxd.data(), MPI_FLOAT, recv_x.data(), rx.data(), rxd.data(), MPI_FLOAT,
+  grow(b.recv_x, R * D);
+  grow(b.recv_w, R);
+  MPI_Alltoallv(b.send_x.data(), sx.data(), sxd.data(), MPI_FLOAT, b.recv_x.data(), rx.data(), rxd.data(), MPI_FLOAT,
                 comm_);
-  MPI_Alltoallv(send_w.data(), send_rows.data(), send_displ.data(), MPI_FLOAT, recv_w.data(), recv_rows.data(),
+  MPI_Alltoallv(b.send_w.data(), send_rows.data(), send_displ.data(), MPI_FLOAT, b.recv_w.data(), recv_rows.data(),
                 recv_displ.data(), MPI_FLOAT, comm_);
   times_.exchange_out = MPI_Wtime() - t_out;
   times_.rows_sent = T * K;
@@ -321,7 +328,7 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
 
   // The local experts: for each, the blocks of rank 0, 1, ... in turn.
   const double t_compute = MPI_Wtime();
-  std::vector<float> back(static_cast<std::size_t>(R * D));
+  grow(b.back, R * D);
   try {
     std::vector<std::int64_t> offsets(mine_.size() + 1, 0);
     std::vector<std::int32_t> src(static_cast<std::size_t>(R));
@@ -333,18 +340,18 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
         for (std::size_t j = 0; j < le; ++j) at += recv_counts[s * Emax + j];
         for (std::int64_t c = 0; c < recv_counts[s * Emax + le]; ++c, ++i) {
           src[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(at + c);
-          wt[static_cast<std::size_t>(i)] = recv_w[static_cast<std::size_t>(at + c)];
+          wt[static_cast<std::size_t>(i)] = b.recv_w[static_cast<std::size_t>(at + c)];
         }
       }
       offsets[le + 1] = i;
     }
-    std::vector<float> out(static_cast<std::size_t>(R * D));
+    grow(b.out, R * D);
     if (R > 0)
-      run_sorted_rows(local_, layer_->body(), recv_x.data(), src.data(), wt.data(), cfg.router.weight_on_input,
-                      offsets, out.data(), nullptr, nullptr);
+      run_sorted_rows(local_, layer_->body(), b.recv_x.data(), src.data(), wt.data(), cfg.router.weight_on_input,
+                      offsets, b.out.data(), nullptr, nullptr);
     for (std::int64_t r = 0; r < R; ++r)
-      std::memcpy(back.data() + static_cast<std::int64_t>(src[static_cast<std::size_t>(r)]) * D, out.data() + r * D,
-                  static_cast<std::size_t>(D) * sizeof(float));
+      std::memcpy(b.back.data() + static_cast<std::int64_t>(src[static_cast<std::size_t>(r)]) * D,
+                  b.out.data() + r * D, static_cast<std::size_t>(D) * sizeof(float));
   } catch (...) {
     err = std::current_exception();
   }
@@ -353,13 +360,13 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
 
   // Outputs back in the order they came; then the combine in slot order.
   const double t_back = MPI_Wtime();
-  std::vector<float> mine_out(static_cast<std::size_t>(T * K * D));
-  MPI_Alltoallv(back.data(), rx.data(), rxd.data(), MPI_FLOAT, mine_out.data(), sx.data(), sxd.data(), MPI_FLOAT,
+  grow(b.mine_out, T * K * D);
+  MPI_Alltoallv(b.back.data(), rx.data(), rxd.data(), MPI_FLOAT, b.mine_out.data(), sx.data(), sxd.data(), MPI_FLOAT,
                 comm_);
   times_.exchange_back = MPI_Wtime() - t_back;
   times_.bytes_sent += R * D * 4;
   times_.bytes_received += T * K * D * 4;
-  combine_rows(mine_out.data(), position.data(), T, K, D, y.data_as<float>(), false);
+  combine_rows(b.mine_out.data(), position.data(), T, K, D, y.data_as<float>(), false);
 }
 
 }  // namespace moekit::dist
