@@ -21,6 +21,7 @@
 #include "moekit/dist.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/threading.hpp"
+#include "moekit/train.hpp"
 #include "util/random.hpp"
 
 namespace moekit {
@@ -318,6 +319,57 @@ TEST(DistBalance, CountsSumExactlyOverTheRanks) {
   const std::vector<std::int64_t> sum = dist::allreduce_counts(MPI_COMM_WORLD, mine);
   for (std::int64_t e = 0; e < 10; ++e)
     EXPECT_EQ(sum[e], static_cast<std::int64_t>(P) * (P + 1) / 2 * (e + 1) + P * (std::int64_t{1} << 40));
+}
+
+std::vector<std::int64_t> counts_of(const Tensor& ids, std::int64_t E) {
+  std::vector<std::int64_t> c(static_cast<std::size_t>(E), 0);
+  for (std::int64_t i = 0; i < ids.numel(); ++i) ++c[static_cast<std::size_t>(ids.data_as<const std::int32_t>()[i])];
+  return c;
+}
+
+// Aux-loss-free balancing under expert parallelism: each rank counts its own tokens' routing,
+// the counts are summed over the ranks (exact integers), and every rank updates its bias with
+// them. The bias must be the same bytes on every rank and equal to the single-process bias
+// (counts over all tokens), step after step, and the forwards under the moving bias stay equal.
+TEST(DistBalance, EveryRankHoldsTheSingleProcessBiasStepAfterStep) {
+  const int P = world_size(), rank = world_rank();
+  auto layer = build(Family::deepseek, DType::f32, 11);
+  auto ref = build(Family::deepseek, DType::f32, 11);
+  const std::int64_t E = 10, D = 40, T = 41;
+  const dist::ExpertParallelLayer ep(layer, dist::ExpertPlacement::contiguous(E, P), MPI_COMM_WORLD);
+  RateSchedule rate;
+  rate.rate = 0.05;
+  LoadBalancer bal(E, BalanceRule::sign, rate), bal_ref(E, BalanceRule::sign, rate);
+  const std::vector<std::int64_t> first = slices(T, P, 1);
+  const std::int64_t t0 = first[rank], n = first[rank + 1] - first[rank];
+  int moved = 0;
+  for (std::int64_t step = 0; step < 6; ++step) {
+    SCOPED_TRACE(step);
+    std::mt19937 rng(static_cast<std::mt19937::result_type>(500 + step));
+    const Tensor x = randn({T, D}, rng, 1.0f);
+    ForwardInfo ref_info;
+    const Tensor y_ref = ref->forward(x, &ref_info);
+    const Tensor none({0, D}, DType::f32);
+    ForwardInfo info;
+    const Tensor y = ep.forward(n > 0 ? x.view().slice_rows(t0, t0 + n) : none.view(), &info);
+    expect_same_bytes(y, y_ref.data_as<const float>() + t0 * D, static_cast<std::size_t>(n * D) * 4, "y");
+    bal.add_counts(dist::allreduce_counts(MPI_COMM_WORLD, counts_of(info.routing.ids, E)));
+    bal_ref.add_counts(counts_of(ref_info.routing.ids, E));
+    EXPECT_EQ(bal.counts(), bal_ref.counts());
+    const std::vector<float> before(layer->weights().selection_bias.data_as<const float>(),
+                                    layer->weights().selection_bias.data_as<const float>() + E);
+    bal.update(layer->weights().selection_bias, step);
+    bal_ref.update(ref->weights().selection_bias, step);
+    const Tensor& b = layer->weights().selection_bias;
+    EXPECT_EQ(std::memcmp(b.data(), ref->weights().selection_bias.data(), b.nbytes()), 0) << "bias != one process";
+    std::vector<std::uint32_t> bits(static_cast<std::size_t>(E)), lo(bits.size()), hi(bits.size());
+    std::memcpy(bits.data(), b.data(), b.nbytes());
+    MPI_Allreduce(bits.data(), lo.data(), static_cast<int>(E), MPI_UINT32_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(bits.data(), hi.data(), static_cast<int>(E), MPI_UINT32_T, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(lo, hi) << "the ranks hold different biases";
+    moved += std::memcmp(before.data(), b.data(), b.nbytes()) != 0;
+  }
+  EXPECT_GT(moved, 0) << "the bias never moved: the test checked nothing";
 }
 
 }  // namespace
