@@ -996,8 +996,7 @@ void run_bench(const Options& o) {
     try {
       return run_bench_expert_parallel(mpi, o);
     } catch (const dist::RankError& e) {
-      if (mpi.rank == 0) throw std::runtime_error(e.what());
-      throw ReportedElsewhere(e.what());
+      end_failed_job(mpi, e, "[moekit bench] ");
     }
 #else
     throw std::invalid_argument("--expert-parallel: this moekit was built without MPI (-DMOEKIT_WITH_MPI=OFF)");

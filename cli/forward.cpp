@@ -205,8 +205,7 @@ void run_forward_mpi(const ForwardOptions& opt) {
   try {
     run_forward_expert_parallel(mpi, opt);
   } catch (const dist::RankError& e) {
-    if (mpi.rank == 0) throw std::runtime_error(e.what());
-    throw ReportedElsewhere(e.what());
+    end_failed_job(mpi, e, "");
   }
 }
 #endif

@@ -4,6 +4,12 @@
 
 #include <mpi.h>
 
+#include <cstdio>
+#include <string>
+
+#include "commands.hpp"
+#include "moekit/dist.hpp"
+
 namespace moekit::cli {
 
 struct MpiSession {
@@ -28,5 +34,20 @@ struct MpiSession {
   bool owns = false;
   int rank = 0, size = 1;
 };
+
+/// Ends an MPI job that failed on some rank: rank 0 prints the one message now ("moekit:
+/// error: ..."), every rank waits until it has, then each throws ReportedElsewhere (exit 1,
+/// nothing more printed) — so no rank's exit can make mpirun kill rank 0 before it printed.
+[[noreturn]] inline void end_failed_job(const MpiSession& mpi, const dist::RankError& e, const std::string& prefix) {
+  if (mpi.rank == 0) {
+    std::string msg = prefix + e.what();
+    for (char& c : msg)
+      if (c == '\n' || c == '\r') c = ' ';
+    std::fprintf(stderr, "moekit: error: %s\n", msg.c_str());
+    std::fflush(stderr);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  throw ReportedElsewhere(e.what());
+}
 
 }  // namespace moekit::cli

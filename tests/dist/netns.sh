@@ -54,7 +54,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run3() {
   timeout 300 ip netns exec "${tag}n0" "$mpiexec" --host "$(IFS=,; echo "${hosts[*]}")" -np 3 \
     --mca plm_rsh_agent "$work/agent" --mca btl tcp,self --mca btl_tcp_if_include "$subnet" \
-    --mca oob_tcp_if_include "$subnet" --mca mpi_yield_when_idle 1 -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+    --mca oob_tcp_if_include "$subnet" --mca mpi_yield_when_idle 1 --mca rtc ^hwloc -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
     -x OMP_NUM_THREADS "$@"
 }
 export OMP_NUM_THREADS=1
