@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "experts/expert_rows.hpp"
+#include "train/backward_parts.hpp"
 #include "experts/weight_matrix.hpp"
 #include "kernels/activation.hpp"
 #include "kernels/gemm.hpp"
@@ -36,6 +37,8 @@ namespace moekit {
 
 namespace {
 
+using detail::GradSink;
+
 constexpr std::int64_t kChunk = 256;
 
 bool has(const Tensor& t) { return t.numel() > 0; }
@@ -48,16 +51,6 @@ Scratch& scratch() {
   thread_local Scratch s;
   return s;
 }
-
-// Where one ExpertWeights' gradients go: the stacked grads, expert e at offset e · size.
-struct GradSink {
-  float* gate = nullptr;
-  float* up = nullptr;
-  float* down = nullptr;
-  float* gate_bias = nullptr;
-  float* up_bias = nullptr;
-  float* down_bias = nullptr;
-};
 
 float* ptr(const Tensor& t) { return has(t) ? t.data_as<float>() : nullptr; }
 
@@ -300,51 +293,82 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
   const detail::Workspace pair_dx(static_cast<std::size_t>(T * K * D), detail::WorkspaceSlot::backward_rows);
   std::vector<float> pair_dg(static_cast<std::size_t>(T * K));
   const GradSink sink{ptr(g.gate), ptr(g.up), ptr(g.down), ptr(g.gate_bias), ptr(g.up_bias), ptr(g.down_bias)};
+  detail::backward_sorted_rows(w.experts, body, x, src_rows.data(), slot_weight.data(), woi, plan.offsets,
+                               kept ? saved.routed.pre_gate.data_as<const float>() : nullptr,
+                               kept ? saved.routed.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(),
+                               pair_dg.data(), sink, accumulate);
+  Tensor dx = detail::backward_tail(layer, saved, dy, pair_dx.data(), pair_dg.data(), plan.inverse.data(), g,
+                                    accumulate, options);
+  grads = g;
+  dx.reshape(saved.shape);
+  return dx;
+}
+
+namespace detail {
+
+void backward_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
+                          const float* slot_weight, bool woi, const std::vector<std::int64_t>& offsets,
+                          const float* pre_gate, const float* pre_up, const float* dy, float* pair_dx,
+                          float* pair_dg, const GradSink& sink, bool accumulate) {
+  const std::int64_t D = w.hidden_size(), F = w.width();
+  const std::int64_t E = static_cast<std::int64_t>(offsets.size()) - 1;
+  const bool gated = w.gate.defined();
   std::vector<std::int64_t> active;
   for (std::int64_t e = 0; e < E; ++e) {
-    if (plan.counts[e] > 0) {
+    if (offsets[e + 1] > offsets[e]) {
       active.push_back(e);
     } else if (!accumulate) {
-      zero_expert(w.experts, e, sink);
+      zero_expert(w, e, sink);
     }
   }
   const bool split = static_cast<std::int64_t>(active.size()) < num_threads();
   const auto run_expert = [&](std::int64_t i) {
     const std::int64_t e = active[static_cast<std::size_t>(i)];
-    const std::int64_t o = plan.offsets[e];
+    const std::int64_t o = offsets[e];
     ExpertRows rows;
-    rows.x = {x, D, src_rows.data() + o, woi ? slot_weight.data() + o : nullptr};
+    rows.x = {x, D, src + o, woi ? slot_weight + o : nullptr};
     rows.x_raw = x;
-    rows.tokens = src_rows.data() + o;
-    rows.g = slot_weight.data() + o;
+    rows.tokens = src + o;
+    rows.g = slot_weight + o;
     rows.weight_on_input = woi;
-    if (kept) {
-      rows.pre_up = saved.routed.pre_up.data_as<const float>() + o * F;
-      if (gated) rows.pre_gate = saved.routed.pre_gate.data_as<const float>() + o * F;
+    if (pre_up) {
+      rows.pre_up = pre_up + o * F;
+      if (gated) rows.pre_gate = pre_gate + o * F;
     }
-    expert_backward(w.experts, body, e, rows, plan.counts[e], dy, pair_dx.data() + o * D, false, pair_dg.data() + o,
-                    sink, accumulate, split, scratch());
+    expert_backward(w, body, e, rows, offsets[e + 1] - o, dy, pair_dx + o * D, false, pair_dg + o, sink, accumulate,
+                    split, scratch());
   };
   if (split) {
     for (std::int64_t i = 0; i < static_cast<std::int64_t>(active.size()); ++i) run_expert(i);
   } else {
-    detail::parallel_tasks(static_cast<std::int64_t>(active.size()), run_expert);
+    parallel_tasks(static_cast<std::int64_t>(active.size()), run_expert);
   }
+}
+
+Tensor backward_tail(const MoeLayer& layer, const SavedForward& saved, const float* dy, const float* pair_dx,
+                     const float* pair_dg, const std::int64_t* position, MoeTensors& g, bool accumulate,
+                     const BackwardOptions& options) {
+  const MoeConfig& cfg = layer.config();
+  const MoeWeights& w = layer.weights();
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k;
+  const std::int64_t S = cfg.shared_width;
+  const std::int64_t T = saved.x.numel() > 0 ? saved.x.dim(0) : 0;
+  const float* x = saved.x.data_as<const float>();
 
   // --- combine: dx_t = Σ_k (slot order) of its rows; the weights' gradients back in pair order
   Tensor dx = Tensor::uninitialized({T, D}, DType::f32);
   float* dxs = dx.data_as<float>();
   Tensor dweights = Tensor::uninitialized({T, K}, DType::f32);
   float* dws = dweights.data_as<float>();
-  detail::parallel_for(T, 8, [&](std::int64_t t0, std::int64_t t1) {
+  parallel_for(T, 8, [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t) {
       float* row = dxs + t * D;
       std::fill(row, row + D, 0.0f);
       for (std::int64_t k = 0; k < K; ++k) {
-        const std::int64_t pos = plan.inverse[t * K + k];
-        const float* o = pair_dx.data() + pos * D;
+        const std::int64_t pos = position[t * K + k];
+        const float* o = pair_dx + pos * D;
         for (std::int64_t d = 0; d < D; ++d) row[d] += o[d];
-        dws[t * K + k] = pair_dg[static_cast<std::size_t>(pos)];
+        dws[t * K + k] = pair_dg[pos];
       }
     }
   });
@@ -393,9 +417,9 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
       kernels::gemm_nn({dgate.data(), 1}, view_matrix(w.shared_gate), {dxs, D, nullptr, true}, T, D, 1);
     }
   }
-  grads = g;
-  dx.reshape(saved.shape);
   return dx;
 }
+
+}  // namespace detail
 
 }  // namespace moekit

@@ -1,0 +1,44 @@
+// The pieces of backward() (backward.cpp), shared with the expert-parallel backward (src/dist):
+// the routed experts over expert-sorted rows, and the rest of the block (combine, router, shared
+// experts). Internal.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moekit/train.hpp"
+
+namespace moekit::detail {
+
+/// Where one ExpertWeights' gradients go: the stacked grads, expert e at offset e · size.
+struct GradSink {
+  float* gate = nullptr;
+  float* up = nullptr;
+  float* down = nullptr;
+  float* gate_bias = nullptr;
+  float* up_bias = nullptr;
+  float* down_bias = nullptr;
+};
+
+/// The routed experts' backward over an expert-sorted batch of rows (run_sorted_rows' layout):
+/// rows [offsets[e], offsets[e + 1]) are expert e's; row i read x and dy at row src[i] (both
+/// [*, D]), slot weight slot_weight[i] (on the input when `woi`); pre_gate / pre_up [rows, F]
+/// the forward's pre-activations, or null (recomputed). Writes pair_dx [rows, D] (dL/d input row)
+/// and pair_dg [rows] (dL/d slot weight) in the same order, and each expert's weight gradients
+/// into `sink` (experts with no rows are zeroed unless `accumulate`). An expert's rows run in
+/// order in chunks of 256: its gradients depend only on its rows and their order.
+void backward_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
+                          const float* slot_weight, bool woi, const std::vector<std::int64_t>& offsets,
+                          const float* pre_gate, const float* pre_up, const float* dy, float* pair_dx,
+                          float* pair_dg, const GradSink& sink, bool accumulate);
+
+/// The rest of the block's backward for T tokens: dx_t = Σ_k pair_dx[position[t·K + k]] (slot
+/// order), dweights from pair_dg likewise, the router's backward (+ options.extra_dlogits) into
+/// g.router (g.router_bias) and dx, the shared experts and gate into g.shared_* and dx. `saved`
+/// supplies x, the logits, the routing and the shared trace (its routed trace is not read).
+/// g's members must already have their shapes. Returns dx [T, D].
+Tensor backward_tail(const MoeLayer& layer, const SavedForward& saved, const float* dy, const float* pair_dx,
+                     const float* pair_dg, const std::int64_t* position, MoeTensors& g, bool accumulate,
+                     const BackwardOptions& options);
+
+}  // namespace moekit::detail
