@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "moekit/layer.hpp"
+#include "moekit/train.hpp"
 
 namespace moekit::dist {
 
@@ -72,6 +73,23 @@ struct PhaseTimes {
   std::int64_t bytes_sent = 0, bytes_received = 0;  ///< both exchanges, this rank
 };
 
+/// What an expert-parallel training forward keeps on one rank for backward(): the home part (this
+/// rank's tokens: x, logits, routing, the shared experts' trace, and where each (token, slot) row
+/// went in the exchange) and the owner part (the rows this rank's experts received, in their
+/// expert-sorted order, with slot weights and pre-activations, and the exchange's layout).
+struct DistSavedForward {
+  SavedForward home;
+  std::vector<std::int64_t> position;      ///< [T·K] pair t·K + k → its row in the send order
+  Tensor rows;                              ///< [R, D] the rows received, in receive order
+  std::vector<std::int32_t> src;            ///< [R] expert-sorted row i → receive row
+  std::vector<float> row_weight;            ///< [R] slot weights, expert-sorted
+  std::vector<std::int64_t> offsets;        ///< [E_local + 1] rows of each local expert
+  Tensor pre_gate, pre_up;                  ///< [R, F] expert-sorted; empty when not kept
+  std::vector<int> sx, sxd, rx, rxd, send_rows, send_displ, recv_rows, recv_displ;  ///< the exchange
+  std::int64_t T = 0, R = 0;
+  bool filled = false;
+};
+
 /// A MoeLayer run expert-parallel over `comm`.
 class ExpertParallelLayer {
  public:
@@ -88,6 +106,26 @@ class ExpertParallelLayer {
   /// MoeLayer::forward gives them. Not thread-safe (one forward per layer at a time: the
   /// exchange buffers, kept between calls, are the layer's).
   Tensor forward(const TensorView& x, ForwardInfo* info = nullptr) const;
+
+  /// Collective: forward() keeping in `saved` what backward() needs (y the same bits).
+  /// `keep_pre_activations` false keeps only the rows: backward() recomputes the pre-activations
+  /// with the same kernels and gets the same gradients.
+  Tensor forward_train(const TensorView& x, DistSavedForward& saved, bool keep_pre_activations = true) const;
+
+  /// Collective: the backward of this rank's tokens for dL/dy = dy (shaped like this rank's x).
+  /// Rows of dy travel to the experts' owners (the forward's exchange), the owners run the
+  /// experts' backward, dL/d(row) and dL/d(slot weight) come back and are combined in slot order.
+  /// Returns dx for this rank's tokens — **bit-identical to MoeLayer's backward** for those
+  /// tokens at any rank count. `grads`: the experts' members hold this rank's experts only
+  /// ([E_local, ...], local_experts()' order; empty members are allocated) — bit-identical to the
+  /// single-process gradients of those experts; router, router_bias, shared experts and shared
+  /// gate hold the whole batch's gradient, each rank's partial sum added **in rank order** (0, 1,
+  /// …) and broadcast: the same bits on every rank and for every run at a given rank count,
+  /// equal to one process's to fp32 rounding (bit-identical at one rank). Throws RankError on
+  /// every rank if any rank's dy, saved state or grads are bad.
+  Tensor backward(const DistSavedForward& saved, const TensorView& dy, MoeTensors& grads,
+                  const BackwardOptions& options = {}) const;
+
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -109,6 +147,8 @@ class ExpertParallelLayer {
   std::vector<std::int64_t> local_index_;  ///< [E] index within its owner's list
   ExpertWeights local_;
   mutable PhaseTimes times_;
+  mutable DistSavedForward* saving_ = nullptr;  ///< set during forward_train
+  mutable bool keep_pre_ = true;
   // The exchange's buffers, kept between forwards.
   struct Buffers {
     std::vector<float> send_x, send_w, recv_x, recv_w, out, back, mine_out;

@@ -86,6 +86,11 @@ class MoeLayer {
   /// bit for bit.
   using RoutedExperts = std::function<void(const TensorView& x, const Routing& routing, const TensorView& y)>;
   Tensor forward_with(const TensorView& x, const RoutedExperts& routed, ForwardInfo* info = nullptr) const;
+  /// forward_train() with the routed part run by `routed` (as forward_with): `saved` receives all
+  /// but saved.routed (x, logits, routing, the shared experts' trace), which stays empty — the
+  /// caller keeps what its routed part needs.
+  Tensor forward_train_with(const TensorView& x, SavedForward& saved, const RoutedExperts& routed,
+                            bool keep_pre_activations = true) const;
 
   /// Repacks the routed and shared experts into the forward kernel's panel layout (pack_panels
   /// in experts.hpp): faster prefill, the weights' bytes resident in memory (rounded up to

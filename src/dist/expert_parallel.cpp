@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <numeric>
 #include <stdexcept>
 
 #include "experts/expert_rows.hpp"
+#include "train/backward_parts.hpp"
 #include "moekit/dist.hpp"
 #include "util/error.hpp"
 
@@ -241,6 +243,201 @@ Tensor ExpertParallelLayer::forward(const TensorView& x, ForwardInfo* info) cons
   return y;
 }
 
+Tensor ExpertParallelLayer::forward_train(const TensorView& x, DistSavedForward& saved, bool keep_pre_activations) const {
+  saved = DistSavedForward{};
+  saving_ = &saved;
+  keep_pre_ = keep_pre_activations;
+  struct Reset {
+    const ExpertParallelLayer* l;
+    ~Reset() { l->saving_ = nullptr; }
+  } reset{this};
+  times_ = PhaseTimes{};
+  started_ = MPI_Wtime();
+  Tensor y;
+  std::exception_ptr err;
+  try {
+    y = layer_->forward_train_with(
+        x, saved.home, [this](const TensorView& xs, const Routing& r, const TensorView& ys) { routed(xs, r, ys); },
+        keep_pre_activations);
+  } catch (const RankError&) {
+    throw;
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(comm_, err);
+  saved.filled = true;
+  return y;
+}
+
+namespace {
+
+float* ptr(const Tensor& t) { return t.numel() > 0 ? t.data_as<float>() : nullptr; }
+
+// A gradient member: allocated (zero) when empty, else checked against `shape`.
+void shaped(Tensor& g, const Shape& shape, const char* name) {
+  if (g.numel() == 0 && shape_numel(shape) > 0) {
+    g = Tensor(shape, DType::f32);
+    return;
+  }
+  if (g.numel() == 0) {
+    g = Tensor(shape, DType::f32);
+    return;
+  }
+  if (g.dtype() != DType::f32 || g.shape() != shape)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] grads." << name << " must be f32 "
+                                                                             << shape_str(shape) << ", got "
+                                                                             << dtype_name(g.dtype()) << " "
+                                                                             << shape_str(g.shape())));
+}
+
+// Σ over the ranks of `part`, added in rank order 0, 1, … on rank 0 and broadcast: the same bits
+// everywhere, and `part` itself at one rank.
+void sum_in_rank_order(MPI_Comm comm, Tensor& part) {
+  const int P = comm_size(comm), rank = comm_rank(comm);
+  const std::int64_t n = part.numel();
+  if (P == 1 || n == 0) return;
+  const int count = mpi_count(n, "a gradient");
+  std::vector<float> all(rank == 0 ? static_cast<std::size_t>(n) * static_cast<std::size_t>(P) : 0);
+  MPI_Gather(part.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, 0, comm);
+  float* acc = part.data_as<float>();
+  if (rank == 0)
+    for (int r = 1; r < P; ++r) {
+      const float* p = all.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(n);
+      for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + p[i];
+    }
+  MPI_Bcast(acc, count, MPI_FLOAT, 0, comm);
+}
+
+}  // namespace
+
+Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const TensorView& dy_in, MoeTensors& grads,
+                                     const BackwardOptions& options) const {
+  const MoeConfig& cfg = layer_->config();
+  const MoeWeights& w = layer_->weights();
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k, F = cfg.expert_width;
+  const std::int64_t S = cfg.shared_width;
+  const auto El = static_cast<std::int64_t>(mine_.size());
+  std::exception_ptr err;
+  Tensor dy_owned;
+  const float* dy = nullptr;
+  MoeTensors part;  // this rank's partial router and shared-expert gradients
+  MoeTensors g = grads;
+  const std::int64_t T = saved.T, R = saved.R;
+  try {
+    if (!saved.filled || static_cast<std::int64_t>(saved.position.size()) != T * K ||
+        saved.rows.numel() != R * D || static_cast<std::int64_t>(saved.offsets.size()) != El + 1)
+      throw std::invalid_argument("[moekit::dist::backward] saved state does not belong to this layer: fill it with "
+                                  "this layer's forward_train");
+    if (!dy_in.defined() || (dy_in.dtype() != DType::f32 && dy_in.dtype() != DType::bf16) ||
+        dy_in.shape() != saved.home.shape)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] dy must be f32 or bf16 "
+                                             << shape_str(saved.home.shape) << " (this rank's x), got "
+                                             << dtype_name(dy_in.dtype()) << " " << shape_str(dy_in.shape())));
+    TensorView dyv = dy_in.reshaped({T, D});
+    if (dy_in.dtype() != DType::f32) {
+      dy_owned = to_dtype(dyv, DType::f32);
+      dyv = dy_owned.view();
+    }
+    dy = dyv.data_as<const float>();
+    for (std::int64_t i = 0; i < T * D; ++i)
+      if (!std::isfinite(dy[i]))
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] dy has a non-finite value "
+                                               << dy[i] << " at row " << i / D << ", column " << i % D));
+    const bool gated = local_.gate.defined();
+    if (gated) shaped(g.gate, {El, F, D}, "gate");
+    shaped(g.up, {El, F, D}, "up");
+    shaped(g.down, {El, D, F}, "down");
+    if (local_.gate_bias.numel() > 0) shaped(g.gate_bias, {El, F}, "gate_bias");
+    if (local_.up_bias.numel() > 0) shaped(g.up_bias, {El, F}, "up_bias");
+    if (local_.down_bias.numel() > 0) shaped(g.down_bias, {El, D}, "down_bias");
+    shaped(g.router, {E, D}, "router");
+    part.router = Tensor({E, D}, DType::f32);
+    if (cfg.router.has_router_bias) {
+      shaped(g.router_bias, {E}, "router_bias");
+      part.router_bias = Tensor({E}, DType::f32);
+    }
+    if (S > 0) {
+      if (w.shared.gate.defined()) {
+        shaped(g.shared_gate_proj, {S, D}, "shared_gate_proj");
+        part.shared_gate_proj = Tensor({S, D}, DType::f32);
+      }
+      shaped(g.shared_up_proj, {S, D}, "shared_up_proj");
+      shaped(g.shared_down_proj, {D, S}, "shared_down_proj");
+      part.shared_up_proj = Tensor({S, D}, DType::f32);
+      part.shared_down_proj = Tensor({D, S}, DType::f32);
+      if (cfg.shared_gated) {
+        shaped(g.shared_gate, {1, D}, "shared_gate");
+        part.shared_gate = Tensor({1, D}, DType::f32);
+      }
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(comm_, err);
+
+  // dy's rows to the owners, in the forward's layout.
+  std::vector<float> send_dy(static_cast<std::size_t>(T * K * D)), recv_dy(static_cast<std::size_t>(R * D));
+  for (std::int64_t p = 0; p < T * K; ++p)
+    std::memcpy(send_dy.data() + saved.position[static_cast<std::size_t>(p)] * D, dy + (p / K) * D,
+                static_cast<std::size_t>(D) * sizeof(float));
+  MPI_Alltoallv(send_dy.data(), saved.sx.data(), saved.sxd.data(), MPI_FLOAT, recv_dy.data(), saved.rx.data(),
+                saved.rxd.data(), MPI_FLOAT, comm_);
+
+  // The owners: each local expert's backward over its rows, as in one process.
+  std::vector<float> back_dx(static_cast<std::size_t>(R * D)), back_dg(static_cast<std::size_t>(R));
+  try {
+    std::vector<float> pair_dx(static_cast<std::size_t>(R * D)), pair_dg(static_cast<std::size_t>(R));
+    const detail::GradSink sink{ptr(g.gate), ptr(g.up), ptr(g.down), ptr(g.gate_bias), ptr(g.up_bias),
+                                ptr(g.down_bias)};
+    detail::backward_sorted_rows(local_, layer_->body(), saved.rows.data_as<const float>(), saved.src.data(),
+                                 saved.row_weight.data(), cfg.router.weight_on_input, saved.offsets,
+                                 saved.pre_gate.numel() > 0 ? saved.pre_gate.data_as<const float>() : nullptr,
+                                 saved.pre_up.numel() > 0 ? saved.pre_up.data_as<const float>() : nullptr,
+                                 recv_dy.data(), pair_dx.data(), pair_dg.data(), sink, options.accumulate);
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t r = saved.src[static_cast<std::size_t>(i)];
+      std::memcpy(back_dx.data() + r * D, pair_dx.data() + i * D, static_cast<std::size_t>(D) * sizeof(float));
+      back_dg[static_cast<std::size_t>(r)] = pair_dg[static_cast<std::size_t>(i)];
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(comm_, err);
+
+  // dL/d(row) and dL/d(slot weight) back home; the rest of the block there.
+  std::vector<float> home_dx(static_cast<std::size_t>(T * K * D)), home_dg(static_cast<std::size_t>(T * K));
+  MPI_Alltoallv(back_dx.data(), saved.rx.data(), saved.rxd.data(), MPI_FLOAT, home_dx.data(), saved.sx.data(),
+                saved.sxd.data(), MPI_FLOAT, comm_);
+  MPI_Alltoallv(back_dg.data(), saved.recv_rows.data(), saved.recv_displ.data(), MPI_FLOAT, home_dg.data(),
+                saved.send_rows.data(), saved.send_displ.data(), MPI_FLOAT, comm_);
+  Tensor dx;
+  try {
+    dx = detail::backward_tail(*layer_, saved.home, dy, home_dx.data(), home_dg.data(), saved.position.data(), part,
+                               false, options);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(comm_, err);
+
+  // The whole batch's router and shared gradients: partial sums added in rank order.
+  const auto reduce = [&](Tensor& p, Tensor& into) {
+    if (p.numel() == 0) return;
+    sum_in_rank_order(comm_, p);
+    float* dst = into.data_as<float>();
+    const float* src = p.data_as<const float>();
+    for (std::int64_t i = 0; i < p.numel(); ++i) dst[i] = options.accumulate ? dst[i] + src[i] : src[i];
+  };
+  reduce(part.router, g.router);
+  reduce(part.router_bias, g.router_bias);
+  reduce(part.shared_gate_proj, g.shared_gate_proj);
+  reduce(part.shared_up_proj, g.shared_up_proj);
+  reduce(part.shared_down_proj, g.shared_down_proj);
+  reduce(part.shared_gate, g.shared_gate);
+  grads = g;
+  dx.reshape(saved.home.shape);
+  return dx;
+}
+
 void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, const TensorView& y) const {
   const MoeConfig& cfg = layer_->config();
   const std::int64_t T = x.dim(0), D = cfg.hidden_size, K = cfg.router.top_k, E = cfg.router.num_experts;
@@ -346,9 +543,39 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
       offsets[le + 1] = i;
     }
     grow(b.out, R * D);
+    float* keep_gate = nullptr;
+    float* keep_up = nullptr;
+    if (saving_ && keep_pre_) {
+      const std::int64_t F = cfg.expert_width;
+      saving_->pre_up = Tensor::uninitialized({R, F}, DType::f32);
+      keep_up = saving_->pre_up.data_as<float>();
+      if (local_.gate.defined()) {
+        saving_->pre_gate = Tensor::uninitialized({R, F}, DType::f32);
+        keep_gate = saving_->pre_gate.data_as<float>();
+      }
+    }
     if (R > 0)
       run_sorted_rows(local_, layer_->body(), b.recv_x.data(), src.data(), wt.data(), cfg.router.weight_on_input,
-                      offsets, b.out.data(), nullptr, nullptr);
+                      offsets, b.out.data(), keep_gate, keep_up);
+    if (saving_) {
+      DistSavedForward& sv = *saving_;
+      sv.rows = Tensor::uninitialized({R, D}, DType::f32);
+      if (R > 0) std::memcpy(sv.rows.data(), b.recv_x.data(), static_cast<std::size_t>(R * D) * sizeof(float));
+      sv.src = src;
+      sv.row_weight = wt;
+      sv.offsets = offsets;
+      sv.position = position;
+      sv.sx = sx;
+      sv.sxd = sxd;
+      sv.rx = rx;
+      sv.rxd = rxd;
+      sv.send_rows = send_rows;
+      sv.send_displ = send_displ;
+      sv.recv_rows = recv_rows;
+      sv.recv_displ = recv_displ;
+      sv.T = T;
+      sv.R = R;
+    }
     for (std::int64_t r = 0; r < R; ++r)
       std::memcpy(b.back.data() + static_cast<std::int64_t>(src[static_cast<std::size_t>(r)]) * D,
                   b.out.data() + r * D, static_cast<std::size_t>(D) * sizeof(float));

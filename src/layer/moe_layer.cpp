@@ -138,6 +138,15 @@ Tensor MoeLayer::forward_with(const TensorView& x, const RoutedExperts& routed, 
   return forward_impl(x, info, nullptr, &routed);
 }
 
+Tensor MoeLayer::forward_train_with(const TensorView& x, SavedForward& saved, const RoutedExperts& routed,
+                                    bool keep_pre_activations) const {
+  saved.shared_gate_logits = Tensor();
+  saved.routed = ExpertTrace();
+  saved.shared.keep_pre_activations = keep_pre_activations;
+  if (config_.shared_width == 0) saved.shared = ExpertTrace();
+  return forward_impl(x, nullptr, &saved, &routed);
+}
+
 Tensor MoeLayer::forward_impl(const TensorView& x, ForwardInfo* info, SavedForward* saved,
                               const RoutedExperts* routed) const {
   const std::int64_t D = config_.hidden_size;

@@ -13,6 +13,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <tuple>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -319,6 +321,133 @@ TEST(DistBalance, CountsSumExactlyOverTheRanks) {
   const std::vector<std::int64_t> sum = dist::allreduce_counts(MPI_COMM_WORLD, mine);
   for (std::int64_t e = 0; e < 10; ++e)
     EXPECT_EQ(sum[e], static_cast<std::int64_t>(P) * (P + 1) / 2 * (e + 1) + P * (std::int64_t{1} << 40));
+}
+
+// --- backward -----------------------------------------------------------------------------
+
+bool same_bits(const Tensor& a, const float* b, std::int64_t n) {
+  return a.numel() == n && std::memcmp(a.data(), b, static_cast<std::size_t>(n) * sizeof(float)) == 0;
+}
+
+// Every rank holds the same bits of `t` (compared as integers: min == max over the ranks).
+bool same_on_every_rank(const Tensor& t) {
+  std::vector<std::uint32_t> bits(static_cast<std::size_t>(t.numel())), lo(bits.size()), hi(bits.size());
+  std::memcpy(bits.data(), t.data(), t.nbytes());
+  MPI_Allreduce(bits.data(), lo.data(), static_cast<int>(bits.size()), MPI_UINT32_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(bits.data(), hi.data(), static_cast<int>(bits.size()), MPI_UINT32_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(t.data_as<const float>()[i])));
+  return m;
+}
+
+void run_backward_case(const Case& c, bool keep) {
+  const int P = world_size(), rank = world_rank();
+  auto layer = build(c.family, c.dtype, 9);
+  std::mt19937 rng(77);
+  const MoeConfig& cfg = layer->config();
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts;
+  const Tensor x = randn({c.T, D}, rng, 1.0f), dy = randn({c.T, D}, rng, 1.0f);
+  SavedForward saved_ref;
+  const Tensor y_ref = layer->forward_train(x, saved_ref, keep);
+  MoeTensors g_ref;
+  const Tensor dx_ref = backward(*layer, saved_ref, dy, g_ref);
+
+  const dist::ExpertPlacement pl = placement(E, P, c.placement_kind);
+  const dist::ExpertParallelLayer ep(layer, pl, MPI_COMM_WORLD);
+  const std::vector<std::int64_t> first = slices(c.T, P, c.slice_scheme);
+  const std::int64_t t0 = first[rank], n = first[rank + 1] - first[rank];
+  const Tensor none({0, D}, DType::f32);
+  const TensorView mine = n > 0 ? x.view().slice_rows(t0, t0 + n) : none.view();
+  const TensorView dy_mine = n > 0 ? dy.view().slice_rows(t0, t0 + n) : none.view();
+  dist::DistSavedForward saved;
+  const Tensor y = ep.forward_train(mine, saved, keep);
+  expect_same_bytes(y, y_ref.data_as<const float>() + t0 * D, static_cast<std::size_t>(n * D) * 4, "y (train)");
+  MoeTensors g;
+  const Tensor dx = ep.backward(saved, dy_mine, g);
+  expect_same_bytes(dx, dx_ref.data_as<const float>() + t0 * D, static_cast<std::size_t>(n * D) * 4, "dx");
+  // This rank's experts: the single-process gradients of those experts, bit for bit.
+  const std::vector<std::int64_t> own = pl.experts_of(rank);
+  const auto expert_member = [&](const Tensor& local, const Tensor& full, const char* name) {
+    if (full.numel() == 0) return;
+    const std::int64_t per = full.numel() / E;
+    ASSERT_EQ(local.numel(), per * static_cast<std::int64_t>(own.size())) << name;
+    for (std::size_t i = 0; i < own.size(); ++i)
+      EXPECT_EQ(std::memcmp(local.data_as<const float>() + static_cast<std::int64_t>(i) * per,
+                            full.data_as<const float>() + own[i] * per, static_cast<std::size_t>(per) * sizeof(float)),
+                0)
+          << name << " of expert " << own[i] << " differs from one process";
+  };
+  expert_member(g.gate, g_ref.gate, "gate");
+  expert_member(g.up, g_ref.up, "up");
+  expert_member(g.down, g_ref.down, "down");
+  expert_member(g.gate_bias, g_ref.gate_bias, "gate_bias");
+  expert_member(g.up_bias, g_ref.up_bias, "up_bias");
+  expert_member(g.down_bias, g_ref.down_bias, "down_bias");
+  // The batch's router and shared gradients: the same bits on every rank; one process's to fp32
+  // rounding (bit for bit at one rank); the same bits when run again.
+  MoeTensors again;
+  dist::DistSavedForward saved2;
+  (void)ep.forward_train(mine, saved2, keep);
+  (void)ep.backward(saved2, dy_mine, again);
+  for (const auto& [got, want, twice, name] :
+       {std::tuple{&g.router, &g_ref.router, &again.router, "router"},
+        std::tuple{&g.router_bias, &g_ref.router_bias, &again.router_bias, "router_bias"},
+        std::tuple{&g.shared_gate_proj, &g_ref.shared_gate_proj, &again.shared_gate_proj, "shared_gate_proj"},
+        std::tuple{&g.shared_up_proj, &g_ref.shared_up_proj, &again.shared_up_proj, "shared_up_proj"},
+        std::tuple{&g.shared_down_proj, &g_ref.shared_down_proj, &again.shared_down_proj, "shared_down_proj"},
+        std::tuple{&g.shared_gate, &g_ref.shared_gate, &again.shared_gate, "shared_gate"}}) {
+    if (want->numel() == 0) continue;
+    ASSERT_EQ(got->numel(), want->numel()) << name;
+    EXPECT_TRUE(same_on_every_rank(*got)) << name;
+    EXPECT_TRUE(same_bits(*twice, got->data_as<const float>(), got->numel())) << name << " changed between runs";
+    if (P == 1) {
+      EXPECT_TRUE(same_bits(*got, want->data_as<const float>(), want->numel())) << name << " at one rank";
+    } else {
+      double err = 0;
+      for (std::int64_t i = 0; i < want->numel(); ++i)
+        err = std::max(err, std::fabs(static_cast<double>(got->data_as<const float>()[i]) - want->data_as<const float>()[i]));
+      EXPECT_LE(err, 1e-5 * std::max(1.0, max_abs(*want))) << name;
+    }
+  }
+}
+
+TEST(DistBackward, MatchesTheSingleProcessBackward) {
+  std::vector<Case> cases;
+  for (const Family f : {Family::deepseek, Family::llama4, Family::gpt_oss, Family::qwen})
+    for (int p = 0; p < 3; ++p) cases.push_back({f, DType::f32, false, p, p, 33});
+  cases.push_back({Family::deepseek, DType::bf16, false, 1, 1, 40});
+  cases.push_back({Family::qwen, DType::f32, false, 0, 0, 300});  // > 256 rows per expert: several chunks
+  for (const Case& c : cases)
+    for (const bool keep : {true, false}) {
+      SCOPED_TRACE(describe(c) + (keep ? " kept" : " recomputed"));
+      run_backward_case(c, keep);
+    }
+}
+
+TEST(DistBackward, BadDyOnOneRankFailsEveryRank) {
+  const int P = world_size(), rank = world_rank();
+  auto layer = build(Family::qwen, DType::f32, 4);
+  const dist::ExpertParallelLayer ep(layer, dist::ExpertPlacement::contiguous(10, P), MPI_COMM_WORLD);
+  std::mt19937 rng(8);
+  const Tensor x = randn({5, 40}, rng, 1.0f);
+  dist::DistSavedForward saved;
+  (void)ep.forward_train(x, saved);
+  Tensor dy = randn({5, 40}, rng, 1.0f);
+  if (rank == 0) dy.data_as<float>()[7] = std::numeric_limits<float>::infinity();
+  MoeTensors g;
+  try {
+    (void)ep.backward(saved, dy, g);
+    ADD_FAILURE() << "no error";
+  } catch (const dist::RankError& e) {
+    EXPECT_EQ(e.rank(), 0);
+    EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
+  }
+  // A saved state that was never filled, on every rank.
+  EXPECT_THROW((void)ep.backward(dist::DistSavedForward{}, randn({5, 40}, rng, 1.0f), g), dist::RankError);
 }
 
 std::vector<std::int64_t> counts_of(const Tensor& ids, std::int64_t E) {
