@@ -15,6 +15,10 @@
 // experts; the shared experts run on each rank's own rows, so with the fast mode on and a rank
 // holding at most 8 tokens their kernel can differ from one process's.)
 //
+// Training: forward_train + backward run the same exchange backward (dx and the owners' expert
+// gradients bit-identical to one process; router and shared gradients summed over the ranks in
+// rank order, equal to one process's to fp32 rounding).
+//
 // Failure: an exception on any rank (bad input, a missing tensor, an expert's error) is agreed
 // on before the next collective: every rank then throws dist::RankError with the failing rank's
 // message, so a job ends with one message and never hangs.
