@@ -290,14 +290,8 @@ ExpertMatrix random_matrix(const WeightFormat& f, std::int64_t n, std::int64_t o
   return ExpertMatrix::stacked_affine(*codes, *scales, *biases, f.bits, WeightFormat::kGroup);
 }
 
-std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& format, bool panels,
-                                      std::uint64_t seed) {
-  MoeConfig cfg = parse_hf_config(s.config_json);
-  if (cfg.hidden_size != s.D || cfg.expert_width != s.F || cfg.router.num_experts != s.E ||
-      cfg.router.top_k != s.K || cfg.shared_width != s.shared * s.F)
-    throw std::logic_error(std::string("bench shape ") + s.name + " disagrees with its config");
-  const std::int64_t D = s.D, E = s.E;
-  std::uint64_t stream = seed * 1000 + 1;
+// Random router weights (and selection / router bias where the config has them), f32.
+MoeWeights random_router(const MoeConfig& cfg, std::int64_t E, std::int64_t D, std::uint64_t& stream) {
   MoeWeights w;
   auto router = std::make_shared<Tensor>(Tensor::uninitialized({E, D}, DType::f32));
   fill_random(*router, 0.02f, stream++);
@@ -311,6 +305,18 @@ std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& f
     w.router_bias = Tensor({E}, DType::f32);
     fill_random(w.router_bias, 0.01f, stream++);
   }
+  return w;
+}
+
+std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& format, bool panels,
+                                      std::uint64_t seed) {
+  MoeConfig cfg = parse_hf_config(s.config_json);
+  if (cfg.hidden_size != s.D || cfg.expert_width != s.F || cfg.router.num_experts != s.E ||
+      cfg.router.top_k != s.K || cfg.shared_width != s.shared * s.F)
+    throw std::logic_error(std::string("bench shape ") + s.name + " disagrees with its config");
+  const std::int64_t D = s.D, E = s.E;
+  std::uint64_t stream = seed * 1000 + 1;
+  MoeWeights w = random_router(cfg, E, D, stream);
   const auto experts = [&](std::int64_t n, std::int64_t F) {
     ExpertWeights ex;
     ex.gate = random_matrix(format, n, F, D, stream, ex.keep_alive);
@@ -786,20 +792,8 @@ std::shared_ptr<MoeLayer> build_rank_layer(const BenchShape& s, const WeightForm
   const std::vector<std::int64_t> mine = placement.experts_of(rank);
   const std::int64_t n = std::max<std::int64_t>(1, static_cast<std::int64_t>(mine.size()));
   std::uint64_t stream = seed * 1000 + 1 + static_cast<std::uint64_t>(rank) * 7919;
-  MoeWeights w;
-  auto router = std::make_shared<Tensor>(Tensor::uninitialized({E, D}, DType::f32));
   std::uint64_t shared_stream = seed * 1000 + 1;  // router, biases, shared experts: the same on every rank
-  fill_random(*router, 0.02f, shared_stream++);
-  w.router = router->view();
-  w.keep_alive.push_back(router);
-  if (cfg.router.has_selection_bias) {
-    w.selection_bias = Tensor({E}, DType::f32);
-    fill_random(w.selection_bias, 0.01f, shared_stream++);
-  }
-  if (cfg.router.has_router_bias) {
-    w.router_bias = Tensor({E}, DType::f32);
-    fill_random(w.router_bias, 0.01f, shared_stream++);
-  }
+  MoeWeights w = random_router(cfg, E, D, shared_stream);
   const auto spread = [&](ExpertMatrix m) {
     ExpertMatrix all = m;
     all.experts.assign(static_cast<std::size_t>(E), m.experts[0]);
