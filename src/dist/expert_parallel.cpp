@@ -333,6 +333,13 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const Tensor
       throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] dy must be f32 or bf16 "
                                              << shape_str(saved.home.shape) << " (this rank's x), got "
                                              << dtype_name(dy_in.dtype()) << " " << shape_str(dy_in.shape())));
+    if (options.extra_dlogits.defined() &&
+        (options.extra_dlogits.dtype() != DType::f32 || options.extra_dlogits.numel() != T * E ||
+         options.extra_dlogits.dim(-1) != E))
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] extra_dlogits must be f32 ["
+                                             << T << ", " << E << "] (this rank's tokens), got "
+                                             << dtype_name(options.extra_dlogits.dtype()) << " "
+                                             << shape_str(options.extra_dlogits.shape())));
     TensorView dyv = dy_in.reshaped({T, D});
     if (dy_in.dtype() != DType::f32) {
       dy_owned = to_dtype(dyv, DType::f32);

@@ -446,6 +446,17 @@ TEST(DistBackward, BadDyOnOneRankFailsEveryRank) {
     EXPECT_EQ(e.rank(), 0);
     EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
   }
+  // extra_dlogits of the wrong shape on the last rank only.
+  (void)ep.forward_train(x, saved);
+  const Tensor wrong = randn({rank == P - 1 ? 4 : 5, 10}, rng, 1.0f);
+  BackwardOptions opts;
+  opts.extra_dlogits = wrong.view();
+  try {
+    (void)ep.backward(saved, randn({5, 40}, rng, 1.0f), g, opts);
+    ADD_FAILURE() << "no error";
+  } catch (const dist::RankError& e) {
+    EXPECT_NE(std::string(e.what()).find("extra_dlogits"), std::string::npos) << e.what();
+  }
   // A saved state that was never filled, on every rank.
   EXPECT_THROW((void)ep.backward(dist::DistSavedForward{}, randn({5, 40}, rng, 1.0f), g), dist::RankError);
 }
