@@ -27,6 +27,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -141,6 +142,8 @@ class ExpertParallelLayer {
 
  private:
   void routed(const TensorView& x, const Routing& routing, const TensorView& y) const;
+  // Runs `run` (a MoeLayer forward given routed()) with the failure agreement around it.
+  Tensor collective_forward(const std::function<Tensor(const MoeLayer::RoutedExperts&)>& run) const;
 
   std::shared_ptr<const MoeLayer> layer_;
   ExpertPlacement placement_;
@@ -148,7 +151,6 @@ class ExpertParallelLayer {
   int rank_ = 0, size_ = 1;
   std::vector<std::int64_t> mine_;  ///< experts_of(rank_)
   std::vector<std::vector<std::int64_t>> owned_;  ///< experts_of(r) for every rank
-  std::vector<std::int64_t> local_index_;  ///< [E] index within its owner's list
   ExpertWeights local_;
   mutable PhaseTimes times_;
   mutable DistSavedForward* saving_ = nullptr;  ///< set during forward_train

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <numeric>
 #include <stdexcept>
 
@@ -183,9 +184,6 @@ ExpertParallelLayer::ExpertParallelLayer(std::shared_ptr<const MoeLayer> layer, 
                                              << placement_.owner.size() << " experts, the layer " << E));
     for (int r = 0; r < size_; ++r) owned_.push_back(placement_.experts_of(r));
     mine_ = owned_[static_cast<std::size_t>(rank_)];
-    local_index_.assign(static_cast<std::size_t>(E), 0);
-    for (const auto& list : owned_)
-      for (std::size_t i = 0; i < list.size(); ++i) local_index_[static_cast<std::size_t>(list[i])] = static_cast<std::int64_t>(i);
     local_ = select_experts(layer_->weights().experts, mine_);
   } catch (...) {
     err = std::current_exception();
@@ -222,15 +220,13 @@ ExpertParallelLayer::~ExpertParallelLayer() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-Tensor ExpertParallelLayer::forward(const TensorView& x, ForwardInfo* info) const {
+Tensor ExpertParallelLayer::collective_forward(const std::function<Tensor(const MoeLayer::RoutedExperts&)>& run) const {
   times_ = PhaseTimes{};
-  const double t0 = MPI_Wtime();
-  started_ = t0;
+  started_ = MPI_Wtime();
   Tensor y;
   std::exception_ptr err;
   try {
-    y = layer_->forward_with(
-        x, [this](const TensorView& xs, const Routing& r, const TensorView& ys) { routed(xs, r, ys); }, info);
+    y = run([this](const TensorView& xs, const Routing& r, const TensorView& ys) { routed(xs, r, ys); });
   } catch (const RankError&) {
     throw;  // agreed on inside the exchange: every rank throws it
   } catch (...) {
@@ -239,8 +235,13 @@ Tensor ExpertParallelLayer::forward(const TensorView& x, ForwardInfo* info) cons
   // Whatever failed outside the exchange — before it (the other ranks wait in its first
   // agreement) or after it (the shared experts) — meets the others here.
   agree(comm_, err);
-  times_.combine = MPI_Wtime() - t0 - times_.route - times_.exchange_out - times_.compute - times_.exchange_back;
+  times_.combine =
+      MPI_Wtime() - started_ - times_.route - times_.exchange_out - times_.compute - times_.exchange_back;
   return y;
+}
+
+Tensor ExpertParallelLayer::forward(const TensorView& x, ForwardInfo* info) const {
+  return collective_forward([&](const MoeLayer::RoutedExperts& r) { return layer_->forward_with(x, r, info); });
 }
 
 Tensor ExpertParallelLayer::forward_train(const TensorView& x, DistSavedForward& saved, bool keep_pre_activations) const {
@@ -251,44 +252,14 @@ Tensor ExpertParallelLayer::forward_train(const TensorView& x, DistSavedForward&
     const ExpertParallelLayer* l;
     ~Reset() { l->saving_ = nullptr; }
   } reset{this};
-  times_ = PhaseTimes{};
-  started_ = MPI_Wtime();
-  Tensor y;
-  std::exception_ptr err;
-  try {
-    y = layer_->forward_train_with(
-        x, saved.home, [this](const TensorView& xs, const Routing& r, const TensorView& ys) { routed(xs, r, ys); },
-        keep_pre_activations);
-  } catch (const RankError&) {
-    throw;
-  } catch (...) {
-    err = std::current_exception();
-  }
-  agree(comm_, err);
+  Tensor y = collective_forward([&](const MoeLayer::RoutedExperts& r) {
+    return layer_->forward_train_with(x, saved.home, r, keep_pre_activations);
+  });
   saved.filled = true;
   return y;
 }
 
 namespace {
-
-float* ptr(const Tensor& t) { return t.numel() > 0 ? t.data_as<float>() : nullptr; }
-
-// A gradient member: allocated (zero) when empty, else checked against `shape`.
-void shaped(Tensor& g, const Shape& shape, const char* name) {
-  if (g.numel() == 0 && shape_numel(shape) > 0) {
-    g = Tensor(shape, DType::f32);
-    return;
-  }
-  if (g.numel() == 0) {
-    g = Tensor(shape, DType::f32);
-    return;
-  }
-  if (g.dtype() != DType::f32 || g.shape() != shape)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] grads." << name << " must be f32 "
-                                                                             << shape_str(shape) << ", got "
-                                                                             << dtype_name(g.dtype()) << " "
-                                                                             << shape_str(g.shape())));
-}
 
 // Σ over the ranks of `part`, added in rank order 0, 1, … on rank 0 and broadcast: the same bits
 // everywhere, and `part` itself at one rank.
@@ -313,10 +284,7 @@ void sum_in_rank_order(MPI_Comm comm, Tensor& part) {
 Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const TensorView& dy_in, MoeTensors& grads,
                                      const BackwardOptions& options) const {
   const MoeConfig& cfg = layer_->config();
-  const MoeWeights& w = layer_->weights();
-  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k, F = cfg.expert_width;
-  const std::int64_t S = cfg.shared_width;
-  const auto El = static_cast<std::int64_t>(mine_.size());
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k;
   std::exception_ptr err;
   Tensor dy_owned;
   const float* dy = nullptr;
@@ -324,59 +292,19 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const Tensor
   MoeTensors g = grads;
   const std::int64_t T = saved.T, R = saved.R;
   try {
+    detail::check_float_weights("dist::backward", *layer_);
     if (!saved.filled || static_cast<std::int64_t>(saved.position.size()) != T * K ||
-        saved.rows.numel() != R * D || static_cast<std::int64_t>(saved.offsets.size()) != El + 1)
+        saved.rows.numel() != R * D || saved.offsets.size() != mine_.size() + 1)
       throw std::invalid_argument("[moekit::dist::backward] saved state does not belong to this layer: fill it with "
                                   "this layer's forward_train");
-    if (!dy_in.defined() || (dy_in.dtype() != DType::f32 && dy_in.dtype() != DType::bf16) ||
-        dy_in.shape() != saved.home.shape)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] dy must be f32 or bf16 "
-                                             << shape_str(saved.home.shape) << " (this rank's x), got "
-                                             << dtype_name(dy_in.dtype()) << " " << shape_str(dy_in.shape())));
-    if (options.extra_dlogits.defined() &&
-        (options.extra_dlogits.dtype() != DType::f32 || options.extra_dlogits.numel() != T * E ||
-         options.extra_dlogits.dim(-1) != E))
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] extra_dlogits must be f32 ["
-                                             << T << ", " << E << "] (this rank's tokens), got "
-                                             << dtype_name(options.extra_dlogits.dtype()) << " "
-                                             << shape_str(options.extra_dlogits.shape())));
-    TensorView dyv = dy_in.reshaped({T, D});
-    if (dy_in.dtype() != DType::f32) {
-      dy_owned = to_dtype(dyv, DType::f32);
-      dyv = dy_owned.view();
-    }
-    dy = dyv.data_as<const float>();
-    for (std::int64_t i = 0; i < T * D; ++i)
-      if (!std::isfinite(dy[i]))
-        throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::backward] dy has a non-finite value "
-                                               << dy[i] << " at row " << i / D << ", column " << i % D));
-    const bool gated = local_.gate.defined();
-    if (gated) shaped(g.gate, {El, F, D}, "gate");
-    shaped(g.up, {El, F, D}, "up");
-    shaped(g.down, {El, D, F}, "down");
-    if (local_.gate_bias.numel() > 0) shaped(g.gate_bias, {El, F}, "gate_bias");
-    if (local_.up_bias.numel() > 0) shaped(g.up_bias, {El, F}, "up_bias");
-    if (local_.down_bias.numel() > 0) shaped(g.down_bias, {El, D}, "down_bias");
-    shaped(g.router, {E, D}, "router");
-    part.router = Tensor({E, D}, DType::f32);
-    if (cfg.router.has_router_bias) {
-      shaped(g.router_bias, {E}, "router_bias");
-      part.router_bias = Tensor({E}, DType::f32);
-    }
-    if (S > 0) {
-      if (w.shared.gate.defined()) {
-        shaped(g.shared_gate_proj, {S, D}, "shared_gate_proj");
-        part.shared_gate_proj = Tensor({S, D}, DType::f32);
-      }
-      shaped(g.shared_up_proj, {S, D}, "shared_up_proj");
-      shaped(g.shared_down_proj, {D, S}, "shared_down_proj");
-      part.shared_up_proj = Tensor({S, D}, DType::f32);
-      part.shared_down_proj = Tensor({D, S}, DType::f32);
-      if (cfg.shared_gated) {
-        shaped(g.shared_gate, {1, D}, "shared_gate");
-        part.shared_gate = Tensor({1, D}, DType::f32);
-      }
-    }
+    dy = detail::checked_dy("dist::backward", dy_in, saved.home.shape, T, D, E, options, dy_owned);
+    detail::check_grads("dist::backward", *layer_, static_cast<std::int64_t>(mine_.size()), g);
+    for (auto [from, to] : {std::pair{&g.router, &part.router}, std::pair{&g.router_bias, &part.router_bias},
+                            std::pair{&g.shared_gate_proj, &part.shared_gate_proj},
+                            std::pair{&g.shared_up_proj, &part.shared_up_proj},
+                            std::pair{&g.shared_down_proj, &part.shared_down_proj},
+                            std::pair{&g.shared_gate, &part.shared_gate}})
+      if (from->numel() > 0) *to = Tensor(from->shape(), DType::f32);
   } catch (...) {
     err = std::current_exception();
   }
@@ -394,13 +322,12 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const Tensor
   std::vector<float> back_dx(static_cast<std::size_t>(R * D)), back_dg(static_cast<std::size_t>(R));
   try {
     std::vector<float> pair_dx(static_cast<std::size_t>(R * D)), pair_dg(static_cast<std::size_t>(R));
-    const detail::GradSink sink{ptr(g.gate), ptr(g.up), ptr(g.down), ptr(g.gate_bias), ptr(g.up_bias),
-                                ptr(g.down_bias)};
     detail::backward_sorted_rows(local_, layer_->body(), saved.rows.data_as<const float>(), saved.src.data(),
                                  saved.row_weight.data(), cfg.router.weight_on_input, saved.offsets,
                                  saved.pre_gate.numel() > 0 ? saved.pre_gate.data_as<const float>() : nullptr,
                                  saved.pre_up.numel() > 0 ? saved.pre_up.data_as<const float>() : nullptr,
-                                 recv_dy.data(), pair_dx.data(), pair_dg.data(), sink, options.accumulate);
+                                 recv_dy.data(), pair_dx.data(), pair_dg.data(), detail::expert_sink(g),
+                                 options.accumulate);
     for (std::int64_t i = 0; i < R; ++i) {
       const std::int64_t r = saved.src[static_cast<std::size_t>(i)];
       std::memcpy(back_dx.data() + r * D, pair_dx.data() + i * D, static_cast<std::size_t>(D) * sizeof(float));

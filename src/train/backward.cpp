@@ -181,24 +181,6 @@ void zero_expert(const ExpertWeights& w, std::int64_t e, const GradSink& sink) {
   if (sink.down_bias) zero(sink.down_bias + e * D, D);
 }
 
-void check_grad(Tensor& g, const Shape& shape, const char* name) {
-  if (!has(g)) {
-    g = Tensor(shape, DType::f32);  // zeroed: accumulating into a fresh buffer starts from 0
-    return;
-  }
-  if (g.dtype() != DType::f32 || g.shape() != shape)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] grads." << name << " must be f32 " << shape_str(shape)
-                                                                       << ", got " << dtype_name(g.dtype()) << " "
-                                                                       << shape_str(g.shape())));
-}
-
-bool quantized_anywhere(const MoeWeights& w) {
-  for (const ExpertWeights* x : {&w.experts, &w.shared})
-    for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down})
-      if (m->quantized()) return true;
-  return w.router_quantized.defined() || w.shared_gate_quantized.defined();
-}
-
 kernels::WeightMatrix view_matrix(const TensorView& t) { return {t.data(), t.dtype(), t.dim(-1)}; }
 
 }  // namespace
@@ -209,9 +191,7 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
   const MoeWeights& w = layer.weights();
   const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k, F = cfg.expert_width;
   const std::int64_t S = cfg.shared_width;
-  if (quantized_anywhere(w))
-    throw std::invalid_argument("[moekit::backward] the layer has quantized weights, which have no gradient here; "
-                                "train a float copy (moekit::trainable_parameters needs float weights too)");
+  detail::check_float_weights("backward", layer);
   // --- the saved state must be this layer's
   const std::int64_t T = saved.x.numel() > 0 ? saved.x.dim(0) : 0;
   const bool saved_ok = saved.x.rank() == 2 && saved.x.dim(1) == D && saved.logits.rank() == 2 &&
@@ -233,46 +213,11 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
     throw std::invalid_argument("[moekit::backward] saved shared pre-activations do not match the shared width");
   if (cfg.shared_gated && S > 0 && saved.shared_gate_logits.numel() != T)
     throw std::invalid_argument("[moekit::backward] saved state has no shared-gate logits for a gated shared expert");
-  if (!dy_in.defined() || (dy_in.dtype() != DType::f32 && dy_in.dtype() != DType::bf16) || dy_in.shape() != saved.shape)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] dy must be f32 or bf16 "
-                                           << shape_str(saved.shape) << " (the forward's x), got "
-                                           << dtype_name(dy_in.dtype()) << " " << shape_str(dy_in.shape())));
-  if (options.extra_dlogits.defined() &&
-      (options.extra_dlogits.dtype() != DType::f32 || options.extra_dlogits.numel() != T * E ||
-       options.extra_dlogits.dim(-1) != E))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] extra_dlogits must be f32 [" << T << ", " << E
-                                                                                          << "], got "
-                                                                                          << dtype_name(options.extra_dlogits.dtype())
-                                                                                          << " "
-                                                                                          << shape_str(options.extra_dlogits.shape())));
   Tensor dy_owned;
-  TensorView dyv = dy_in.reshaped({T, D});
-  if (dy_in.dtype() != DType::f32) {
-    dy_owned = to_dtype(dyv, DType::f32);
-    dyv = dy_owned.view();
-  }
-  const float* dy = dyv.data_as<const float>();
-  for (std::int64_t i = 0; i < T * D; ++i)
-    if (!std::isfinite(dy[i]))
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::backward] dy has a non-finite value " << dy[i] << " at row "
-                                                                                             << i / D << ", column "
-                                                                                             << i % D));
+  const float* dy = detail::checked_dy("backward", dy_in, saved.shape, T, D, E, options, dy_owned);
   // Gradient buffers: checked (all of them) before any is written.
   MoeTensors g = grads;
-  check_grad(g.router, {E, D}, "router");
-  if (cfg.router.has_router_bias) check_grad(g.router_bias, {E}, "router_bias");
-  if (gated) check_grad(g.gate, {E, F, D}, "gate");
-  check_grad(g.up, {E, F, D}, "up");
-  check_grad(g.down, {E, D, F}, "down");
-  if (has(w.experts.gate_bias)) check_grad(g.gate_bias, {E, F}, "gate_bias");
-  if (has(w.experts.up_bias)) check_grad(g.up_bias, {E, F}, "up_bias");
-  if (has(w.experts.down_bias)) check_grad(g.down_bias, {E, D}, "down_bias");
-  if (S > 0) {
-    if (w.shared.gate.defined()) check_grad(g.shared_gate_proj, {S, D}, "shared_gate_proj");
-    check_grad(g.shared_up_proj, {S, D}, "shared_up_proj");
-    check_grad(g.shared_down_proj, {D, S}, "shared_down_proj");
-    if (cfg.shared_gated) check_grad(g.shared_gate, {1, D}, "shared_gate");
-  }
+  detail::check_grads("backward", layer, E, g);
   const bool accumulate = options.accumulate;
 
   const float* x = saved.x.data_as<const float>();
@@ -292,11 +237,10 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
   // [T*K, D] dL/d(input row) in sorted order; every row is written before it is read.
   const detail::Workspace pair_dx(static_cast<std::size_t>(T * K * D), detail::WorkspaceSlot::backward_rows);
   std::vector<float> pair_dg(static_cast<std::size_t>(T * K));
-  const GradSink sink{ptr(g.gate), ptr(g.up), ptr(g.down), ptr(g.gate_bias), ptr(g.up_bias), ptr(g.down_bias)};
   detail::backward_sorted_rows(w.experts, body, x, src_rows.data(), slot_weight.data(), woi, plan.offsets,
                                kept ? saved.routed.pre_gate.data_as<const float>() : nullptr,
                                kept ? saved.routed.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(),
-                               pair_dg.data(), sink, accumulate);
+                               pair_dg.data(), detail::expert_sink(g), accumulate);
   Tensor dx = detail::backward_tail(layer, saved, dy, pair_dx.data(), pair_dg.data(), plan.inverse.data(), g,
                                     accumulate, options);
   grads = g;
@@ -305,6 +249,77 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
 }
 
 namespace detail {
+
+void check_float_weights(const char* fn, const MoeLayer& layer) {
+  const MoeWeights& w = layer.weights();
+  bool quantized = w.router_quantized.defined() || w.shared_gate_quantized.defined();
+  for (const ExpertWeights* x : {&w.experts, &w.shared})
+    for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down}) quantized = quantized || m->quantized();
+  if (quantized)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the layer has quantized weights, which have no "
+                                           "gradient here; train a float copy (moekit::trainable_parameters needs "
+                                           "float weights too)"));
+}
+
+const float* checked_dy(const char* fn, const TensorView& dy_in, const Shape& shape, std::int64_t T, std::int64_t D,
+                        std::int64_t E, const BackwardOptions& options, Tensor& owned) {
+  if (!dy_in.defined() || (dy_in.dtype() != DType::f32 && dy_in.dtype() != DType::bf16) || dy_in.shape() != shape)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] dy must be f32 or bf16 " << shape_str(shape)
+                                                       << " (the forward's x), got " << dtype_name(dy_in.dtype())
+                                                       << " " << shape_str(dy_in.shape())));
+  if (options.extra_dlogits.defined() &&
+      (options.extra_dlogits.dtype() != DType::f32 || options.extra_dlogits.numel() != T * E ||
+       options.extra_dlogits.dim(-1) != E))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] extra_dlogits must be f32 [" << T << ", " << E
+                                                       << "], got " << dtype_name(options.extra_dlogits.dtype())
+                                                       << " " << shape_str(options.extra_dlogits.shape())));
+  TensorView dyv = dy_in.reshaped({T, D});
+  if (dy_in.dtype() != DType::f32) {
+    owned = to_dtype(dyv, DType::f32);
+    dyv = owned.view();
+  }
+  const float* dy = dyv.data_as<const float>();
+  for (std::int64_t i = 0; i < T * D; ++i)
+    if (!std::isfinite(dy[i]))
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] dy has a non-finite value " << dy[i]
+                                                         << " at row " << i / D << ", column " << i % D));
+  return dy;
+}
+
+void check_grads(const char* fn, const MoeLayer& layer, std::int64_t num_experts, MoeTensors& g) {
+  const MoeConfig& cfg = layer.config();
+  const MoeWeights& w = layer.weights();
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, F = cfg.expert_width, S = cfg.shared_width,
+                     X = num_experts;
+  const auto check = [fn](Tensor& t, const Shape& shape, const char* name) {
+    if (!has(t)) {
+      t = Tensor(shape, DType::f32);  // zeroed: accumulating into a fresh buffer starts from 0
+      return;
+    }
+    if (t.dtype() != DType::f32 || t.shape() != shape)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] grads." << name << " must be f32 "
+                                                         << shape_str(shape) << ", got " << dtype_name(t.dtype())
+                                                         << " " << shape_str(t.shape())));
+  };
+  check(g.router, {E, D}, "router");
+  if (cfg.router.has_router_bias) check(g.router_bias, {E}, "router_bias");
+  if (w.experts.gate.defined()) check(g.gate, {X, F, D}, "gate");
+  check(g.up, {X, F, D}, "up");
+  check(g.down, {X, D, F}, "down");
+  if (has(w.experts.gate_bias)) check(g.gate_bias, {X, F}, "gate_bias");
+  if (has(w.experts.up_bias)) check(g.up_bias, {X, F}, "up_bias");
+  if (has(w.experts.down_bias)) check(g.down_bias, {X, D}, "down_bias");
+  if (S > 0) {
+    if (w.shared.gate.defined()) check(g.shared_gate_proj, {S, D}, "shared_gate_proj");
+    check(g.shared_up_proj, {S, D}, "shared_up_proj");
+    check(g.shared_down_proj, {D, S}, "shared_down_proj");
+    if (cfg.shared_gated) check(g.shared_gate, {1, D}, "shared_gate");
+  }
+}
+
+GradSink expert_sink(const MoeTensors& g) {
+  return {ptr(g.gate), ptr(g.up), ptr(g.down), ptr(g.gate_bias), ptr(g.up_bias), ptr(g.down_bias)};
+}
 
 void backward_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
                           const float* slot_weight, bool woi, const std::vector<std::int64_t>& offsets,

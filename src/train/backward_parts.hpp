@@ -20,6 +20,24 @@ struct GradSink {
   float* down_bias = nullptr;
 };
 
+/// Throws std::invalid_argument ("[moekit::<fn>] ...") if `layer` has quantized weights (no
+/// gradient through them).
+void check_float_weights(const char* fn, const MoeLayer& layer);
+
+/// Checks dy (f32 or bf16, shaped `shape` = T rows of D) and options.extra_dlogits (f32 [T, E])
+/// and returns dy as f32 — widened into `owned` for bf16 — after checking every element is
+/// finite. Throws std::invalid_argument naming fn and what is wrong.
+const float* checked_dy(const char* fn, const TensorView& dy, const Shape& shape, std::int64_t T, std::int64_t D,
+                        std::int64_t E, const BackwardOptions& options, Tensor& owned);
+
+/// Checks every gradient member `layer` has (router, experts, shared) against its f32 shape —
+/// the experts' members for `num_experts` experts (E, or one rank's own) — allocating the empty
+/// ones as zeros. Throws std::invalid_argument naming fn and the first bad member.
+void check_grads(const char* fn, const MoeLayer& layer, std::int64_t num_experts, MoeTensors& g);
+
+/// Where the routed experts' gradients in g go.
+GradSink expert_sink(const MoeTensors& g);
+
 /// The routed experts' backward over an expert-sorted batch of rows (run_sorted_rows' layout):
 /// rows [offsets[e], offsets[e + 1]) are expert e's; row i read x and dy at row src[i] (both
 /// [*, D]), slot weight slot_weight[i] (on the input when `woi`); pre_gate / pre_up [rows, F]
