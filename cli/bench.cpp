@@ -396,6 +396,20 @@ double measure_dram_read(int threads, std::size_t bytes) {
 
 constexpr std::int64_t kPeakM = 256, kPeakN = 768, kPeakK = 2048;
 
+// GFLOP/s of the best of 3 calls of a kPeakM x kPeakN x kPeakK GEMM, after one warm-up call (B
+// into cache, the pool's threads started).
+template <typename Call>
+double best_peak_gflops(const Call& call) {
+  call();
+  double best = 0.0;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    call();
+    best = std::max(best, 2.0 * kPeakM * kPeakN * kPeakK / seconds_since(t0) * 1e-9);
+  }
+  return best;
+}
+
 // moekit::kernels::gemm_nt, f32, M = 256 rows x [768, 2048] weights (6 MB: cached), best of 3.
 double measure_gemm_peak(int threads) {
   set_num_threads(threads);
@@ -412,14 +426,7 @@ double measure_gemm_peak(int threads) {
     kernels::gemm_nt({a.data_as<float>(), kPeakK}, {p.data(), DType::f32, kPeakK, kernels::WeightLayout::panels},
                      {c.data_as<float>(), kPeakN}, kPeakM, kPeakN, kPeakK);
   };
-  call();  // warm-up: B into cache, the pool's threads started
-  double best = 0.0;
-  for (int r = 0; r < 3; ++r) {
-    const auto t0 = Clock::now();
-    call();
-    best = std::max(best, 2.0 * kPeakM * kPeakN * kPeakK / seconds_since(t0) * 1e-9);
-  }
-  return best;
+  return best_peak_gflops(call);
 }
 
 // The bf16 compute mode's GEMM on the CPU's bf16 path (kernels::bf16_path(): AMX tiles where the
@@ -440,14 +447,7 @@ double measure_bf16_peak(int threads) {
         kernels::round_to_bf16({a.data_as<float>(), kPeakK}, kPeakM, kPeakK, path, buf.data());
     kernels::gemm_nt_bf16(x, {wb.data(), DType::bf16, kPeakK}, {c.data_as<float>(), kPeakN}, kPeakM, kPeakN, kPeakK);
   };
-  call();
-  double best = 0.0;
-  for (int r = 0; r < 3; ++r) {
-    const auto t0 = Clock::now();
-    call();
-    best = std::max(best, 2.0 * kPeakM * kPeakN * kPeakK / seconds_since(t0) * 1e-9);
-  }
-  return best;
+  return best_peak_gflops(call);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -723,25 +723,21 @@ void print_json(const Header& h, const Limits& l, const std::vector<const BenchS
                          {"threads", l.dram_threads},
                          {"bytes", l.dram_bytes},
                          {"value", l.dram_gbs}});
-  for (const auto& [t, v] : l.gemm_peak)
-    j["limits"].push_back({{"name", "gemm_peak"},
-                           {"label", "moekit GEMM peak (cached)"},
-                           {"unit", "GFLOP/s"},
-                           {"threads", t},
-                           {"M", kPeakM},
-                           {"N", kPeakN},
-                           {"K", kPeakK},
-                           {"value", v}});
-  for (const auto& [t, v] : l.bf16_peak)
-    j["limits"].push_back({{"name", "bf16_peak"},
-                           {"label", std::string("moekit bf16 GEMM peak (cached, ") +
-                                         kernels::bf16_path_name(kernels::bf16_path()) + ")"},
-                           {"unit", "GFLOP/s"},
-                           {"threads", t},
-                           {"M", kPeakM},
-                           {"N", kPeakN},
-                           {"K", kPeakK},
-                           {"value", v}});
+  const auto peaks = [&](const std::vector<std::pair<int, double>>& values, const char* name,
+                         const std::string& label) {
+    for (const auto& [t, v] : values)
+      j["limits"].push_back({{"name", name},
+                             {"label", label},
+                             {"unit", "GFLOP/s"},
+                             {"threads", t},
+                             {"M", kPeakM},
+                             {"N", kPeakN},
+                             {"K", kPeakK},
+                             {"value", v}});
+  };
+  peaks(l.gemm_peak, "gemm_peak", "moekit GEMM peak (cached)");
+  peaks(l.bf16_peak, "bf16_peak",
+        std::string("moekit bf16 GEMM peak (cached, ") + kernels::bf16_path_name(kernels::bf16_path()) + ")");
   j["shapes"] = nlohmann::json::array();
   for (const BenchShape* s : shapes)
     j["shapes"].push_back({{"name", s->name},

@@ -11,6 +11,13 @@ class App;
 
 namespace moekit::cli {
 
+/// `message` with its newlines as spaces: errors print as one line on stderr.
+inline std::string one_line(std::string message) {
+  for (char& c : message)
+    if (c == '\n' || c == '\r') c = ' ';
+  return message;
+}
+
 /// An error another process already reported (the non-zero ranks of an MPI job, where rank 0
 /// prints the one message): main() exits with 1 without printing it.
 class ReportedElsewhere : public std::runtime_error {

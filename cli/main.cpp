@@ -8,17 +8,9 @@
 
 #include "commands.hpp"
 
-namespace {
-
 // Library messages are one line, but a path or a JSON excerpt may carry a newline; the contract
-// is one line on stderr.
-std::string one_line(std::string message) {
-  for (char& c : message)
-    if (c == '\n' || c == '\r') c = ' ';
-  return message;
-}
-
-}  // namespace
+// is one line on stderr (cli::one_line).
+using moekit::cli::one_line;
 
 int main(int argc, char** argv) {
   CLI::App app{"moekit: Mixture-of-Experts layers, exact to each model family"};

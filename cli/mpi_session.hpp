@@ -40,10 +40,7 @@ struct MpiSession {
 /// nothing more printed) — so no rank's exit can make mpirun kill rank 0 before it printed.
 [[noreturn]] inline void end_failed_job(const MpiSession& mpi, const dist::RankError& e, const std::string& prefix) {
   if (mpi.rank == 0) {
-    std::string msg = prefix + e.what();
-    for (char& c : msg)
-      if (c == '\n' || c == '\r') c = ' ';
-    std::fprintf(stderr, "moekit: error: %s\n", msg.c_str());
+    std::fprintf(stderr, "moekit: error: %s\n", one_line(prefix + e.what()).c_str());
     std::fflush(stderr);
   }
   MPI_Barrier(MPI_COMM_WORLD);
