@@ -22,6 +22,8 @@
 
 #include "moekit/dist.hpp"
 #include "moekit/layer.hpp"
+#include "moekit/model.hpp"
+#include "moekit/npy.hpp"
 #include "moekit/threading.hpp"
 #include "moekit/train.hpp"
 #include "util/random.hpp"
@@ -459,6 +461,25 @@ TEST(DistBackward, BadDyOnOneRankFailsEveryRank) {
   }
   // A saved state that was never filled, on every rank.
   EXPECT_THROW((void)ep.backward(dist::DistSavedForward{}, randn({5, 40}, rng, 1.0f), g), dist::RankError);
+}
+
+// A quantized checkpoint has no gradient: refused on every rank before any exchange.
+TEST(DistBackward, QuantizedWeightsAreRefusedOnEveryRank) {
+  const int P = world_size();
+  auto layer = std::make_shared<MoeLayer>(
+      load_moe_layer(std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/mixtral_q4_g32_f16", 1));
+  const dist::ExpertParallelLayer ep(
+      layer, dist::ExpertPlacement::contiguous(layer->config().router.num_experts, P), MPI_COMM_WORLD);
+  const Tensor x = read_npy(std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/mixtral_q4_g32_f16/input.npy");
+  dist::DistSavedForward saved;
+  (void)ep.forward_train(x, saved);
+  MoeTensors g;
+  try {
+    (void)ep.backward(saved, x, g);
+    ADD_FAILURE() << "no error";
+  } catch (const dist::RankError& e) {
+    EXPECT_NE(std::string(e.what()).find("quantized"), std::string::npos) << e.what();
+  }
 }
 
 std::vector<std::int64_t> counts_of(const Tensor& ids, std::int64_t E) {
