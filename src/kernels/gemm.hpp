@@ -214,8 +214,8 @@ const char* bf16_path_name(Bf16Path path) noexcept;
 /// Whether this CPU can run `path` (f32_fma: everywhere).
 bool bf16_path_supported(Bf16Path path) noexcept;
 
-/// Rounded activations for gemm_nt_bf16 in `path`'s form: dense rows of K, f32 holding bf16
-/// values (f32_fma, ld = K) or bf16 (avx512bf16, ld = K); for amx, bf16 in AMX tile panels of
+/// Rounded activations for gemm_nt_bf16 in `path`'s form: rows of K, f32 holding bf16 values
+/// (f32_fma) or bf16 (avx512bf16), ld = bf16_activation_ld(K, path); for amx, bf16 in AMX tile panels of
 /// kAmxRows rows: element (m, k) at (m / 16)·16·Kp + (k / 2)·32 + (m % 16)·2 + k % 2, with
 /// Kp = amx_padded_k(K) = ld, rows past the last and k past K zero.
 struct Bf16Activations {
@@ -227,11 +227,22 @@ struct Bf16Activations {
 constexpr std::int64_t kAmxRows = 16;
 inline std::int64_t amx_padded_k(std::int64_t K) { return (K + 31) / 32 * 32; }
 
+/// The row stride (elements) of round_to_bf16's output on `path`. For f32_fma and avx512bf16:
+/// K rounded up to whole 64-byte lines plus one line, so that consecutive rows start in
+/// different L1 sets. At a stride of a multiple of 4 KB (K = 2048 bf16) every row of a 6-row
+/// tile and the tile's weight rows mapped to the same set of the 8-way L1 and evicted each
+/// other (docs/performance.md).
+inline std::int64_t bf16_activation_ld(std::int64_t K, Bf16Path path) {
+  if (path == Bf16Path::amx) return amx_padded_k(K);
+  const std::int64_t line = path == Bf16Path::avx512bf16 ? 32 : 16;  // elements per 64 bytes
+  return (K + line - 1) / line * line + line;
+}
+
 /// Bytes round_to_bf16 writes for `rows` rows of K on `path`.
 inline std::size_t bf16_activation_bytes(std::int64_t rows, std::int64_t K, Bf16Path path) {
   if (path == Bf16Path::amx)
     return static_cast<std::size_t>((rows + kAmxRows - 1) / kAmxRows * kAmxRows * amx_padded_k(K)) * 2;
-  return static_cast<std::size_t>(rows * K) * (path == Bf16Path::avx512bf16 ? 2 : 4);
+  return static_cast<std::size_t>(rows * bf16_activation_ld(K, path)) * (path == Bf16Path::avx512bf16 ? 2 : 4);
 }
 
 /// rows × K elements of A (gathered and scaled as A says; the scaled product rounded to f32
@@ -274,10 +285,11 @@ void gemm_nn_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, 
 void gemm_tn_kernel(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
 // gemm_nt_bf16's AVX512-BF16 kernel (single-threaded; only where the CPU has it), and
-// round_to_bf16's kernel (as_f32: f32 values out, else bf16 bits).
+// round_to_bf16's kernel (as_f32: f32 values out, else bf16 bits), rows `ld` elements apart.
 void gemm_nt_bf16_avx512(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                          std::int64_t K);
-void round_rows_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, bool as_f32, void* dst);
+void round_rows_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, bool as_f32, void* dst,
+                     std::int64_t ld);
 // gemm_nt_bf16's AMX kernel (single-threaded; only where the CPU has it): A is the amx form of
 // M rows starting at a panel boundary (data at its first panel, ld = amx_padded_k(K)).
 void gemm_nt_bf16_amx(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M,

@@ -11,6 +11,11 @@
 // The reduction axis is padded with zeros to a multiple of 32 by masked loads (nothing past a
 // row is read), then each accumulator is reduced by one fixed tree (ref::reduce16), so an
 // element's bits depend only on K, never on the tile it landed in, M, N or the thread count.
+// Measured on Zen 4 (docs/performance.md): vdpbf16ps issues at the FMA's rate there, so the
+// loop's ceiling is twice the f32 kernel's; what held it back was memory, not arithmetic — the
+// activation rows 4 KB apart sharing L1 sets with the weight rows (round_to_bf16 now staggers
+// them) and each L2 block of weight rows fetched from DRAM at the first strip's compute rate
+// (the next block is now prefetched while the current one computes).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -91,7 +96,7 @@ void round_rows_amx(const RowSource& A, std::int64_t rows, std::int64_t K, std::
       const std::int64_t w = std::min(kChunk, K - k0);
       RowSource src = A.from(p * kAmxRows);
       src.data += k0;  // columns [k0, k0 + w) of each row, gathered rows included
-      detail::round_rows_bf16(src, r, w, false, block);
+      detail::round_rows_bf16(src, r, w, false, block, w);
       for (std::int64_t i = 0; i < r; ++i) {
         const std::uint16_t* from = block + i * w;
         std::uint16_t* to = panel + (k0 / 2) * 2 * kAmxRows + i * 2;
@@ -112,8 +117,9 @@ Bf16Activations round_to_bf16(const RowSource& A, std::int64_t rows, std::int64_
     round_rows_amx(A, rows, K, static_cast<std::uint16_t*>(dst));
     return {dst, amx_padded_k(K), path};
   }
-  detail::round_rows_bf16(A, rows, K, path == Bf16Path::f32_fma, dst);
-  return {dst, K, path};
+  const std::int64_t ld = bf16_activation_ld(K, path);
+  detail::round_rows_bf16(A, rows, K, path == Bf16Path::f32_fma, dst, ld);
+  return {dst, ld, path};
 }
 
 #ifdef MOEKIT_HAVE_X86_BF16_KERNEL
@@ -133,6 +139,30 @@ MOEKIT_AVX512BF16 inline float reduce16(__m512 v) {
   return _mm_cvtss_f32(s1);
 }
 
+// GCC 12's AVX-512 headers make their "undefined" source operands as `__m512 __Y = __Y;`, which
+// -Wuninitialized reports once the shuffles below are inlined: a false positive (every lane
+// of the result is written), silenced for this function alone.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// reduce16 of four accumulators at once, by the same tree: lanes l and l + 8, then + 4, + 2, + 1
+// (IEEE addition commutes, so only the pairing matters; the twin tests hold it to the bit).
+// Returns the four sums. A third of reduce16's shuffles per element.
+MOEKIT_AVX512BF16 inline __m128 reduce16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  // [a0's lanes l + l+8 | a1's], [a2's | a3's]
+  const __m512 t01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 t23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  // quarter q: the four lanes of a_q after + 4
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(t01, t23, 0x88), _mm512_shuffle_f32x4(t01, t23, 0xDD));
+  const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4E));  // + 2: lanes 0, 1 of each quarter
+  const __m512 w = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));  // + 1: lane 0 of each quarter
+  const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, w));
+}
+#pragma GCC diagnostic pop
+
 MOEKIT_AVX512BF16 inline __m512bh load_bh(const std::uint16_t* p) {
   return (__m512bh)_mm512_loadu_si512(p);
 }
@@ -140,10 +170,31 @@ MOEKIT_AVX512BF16 inline __m512bh load_bh_tail(const std::uint16_t* p, __mmask32
   return (__m512bh)_mm512_maskz_loadu_epi16(mask, p);
 }
 
+// The next block of weight rows, fetched into L2 a few lines per k step while the current
+// block computes: without it each block's first row strip waited on DRAM at the compute rate
+// (+6 % at M = 32, +20-30 % at M = 8 and on the down projection's shape; docs/performance.md).
+struct Prefetch {
+  const char* row = nullptr;
+  std::int64_t off = 0, row_bytes = 0, stride = 0, rows = 0;
+  int per_step = 0;
+
+  inline void step() {
+    for (int s = 0; s < per_step && rows > 0; ++s) {
+      _mm_prefetch(row + off, _MM_HINT_T1);
+      off += 64;
+      if (off >= row_bytes) {
+        off = 0;
+        row += stride;
+        --rows;
+      }
+    }
+  }
+};
+
 // One MR × NR tile over the whole K: rows a[0..MR), columns b[0..NR) (weights rows).
 template <int MR, int NR>
 MOEKIT_AVX512BF16 inline void tile(const std::uint16_t* const* a, const std::uint16_t* const* b, std::int64_t K,
-                                   const Output& C, std::int64_t m, std::int64_t n) {
+                                   const Output& C, std::int64_t m, std::int64_t n, Prefetch& pf) {
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -155,6 +206,7 @@ MOEKIT_AVX512BF16 inline void tile(const std::uint16_t* const* a, const std::uin
       const __m512bh bv = load_bh(b[j] + k);
       for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av[i], bv);
     }
+    pf.step();
   }
   if (k < K) {
     const __mmask32 mask = static_cast<__mmask32>((1ull << (K - k)) - 1ull);
@@ -167,10 +219,19 @@ MOEKIT_AVX512BF16 inline void tile(const std::uint16_t* const* a, const std::uin
   }
   for (int i = 0; i < MR; ++i) {
     float* c = C.data + (m + i) * C.ld + n;
-    for (int j = 0; j < NR; ++j) {
-      float v = reduce16(acc[i][j]);
-      if (C.row_scale) v *= C.row_scale[m + i];
-      c[j] = C.accumulate ? c[j] + v : v;
+    if constexpr (NR % 4 == 0) {
+      for (int j = 0; j < NR; j += 4) {
+        __m128 v = reduce16x4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+        if (C.row_scale) v = _mm_mul_ps(v, _mm_set1_ps(C.row_scale[m + i]));
+        if (C.accumulate) v = _mm_add_ps(_mm_loadu_ps(c + j), v);
+        _mm_storeu_ps(c + j, v);
+      }
+    } else {
+      for (int j = 0; j < NR; ++j) {
+        float v = reduce16(acc[i][j]);
+        if (C.row_scale) v *= C.row_scale[m + i];
+        c[j] = C.accumulate ? c[j] + v : v;
+      }
     }
   }
 }
@@ -178,7 +239,7 @@ MOEKIT_AVX512BF16 inline void tile(const std::uint16_t* const* a, const std::uin
 // Rows m .. m + MR - 1 against columns [n0, n1).
 template <int MR>
 MOEKIT_AVX512BF16 void strip(const Bf16Rows& A, const std::uint16_t* B, std::int64_t ldb, const Output& C,
-                             std::int64_t m, std::int64_t n0, std::int64_t n1, std::int64_t K) {
+                             std::int64_t m, std::int64_t n0, std::int64_t n1, std::int64_t K, Prefetch& pf) {
   const std::uint16_t* a[MR];
   for (int i = 0; i < MR; ++i) a[i] = A.row(m + i);
   std::int64_t n = n0;
@@ -186,19 +247,21 @@ MOEKIT_AVX512BF16 void strip(const Bf16Rows& A, const std::uint16_t* B, std::int
     for (; n + 8 <= n1; n += 8) {
       const std::uint16_t* b[8];
       for (int j = 0; j < 8; ++j) b[j] = B + (n + j) * ldb;
-      tile<1, 8>(a, b, K, C, m, n);
+      tile<1, 8>(a, b, K, C, m, n, pf);
     }
   }
   for (; n + 4 <= n1; n += 4) {
     const std::uint16_t* b[4];
     for (int j = 0; j < 4; ++j) b[j] = B + (n + j) * ldb;
-    tile<MR, 4>(a, b, K, C, m, n);
+    tile<MR, 4>(a, b, K, C, m, n, pf);
   }
   for (; n < n1; ++n) {
     const std::uint16_t* b[1] = {B + n * ldb};
-    tile<MR, 1>(a, b, K, C, m, n);
+    tile<MR, 1>(a, b, K, C, m, n, pf);
   }
 }
+
+constexpr int kMaxRows = 6;
 
 }  // namespace
 
@@ -208,16 +271,28 @@ MOEKIT_AVX512BF16 void detail::gemm_nt_bf16_avx512(const Bf16Rows& A, const Weig
   // A block of B's columns stays in L2 while every row strip of A passes over it.
   const std::int64_t row_bytes = std::max<std::int64_t>(1, K * 2);
   const std::int64_t block_n = std::max<std::int64_t>(4, (256 * 1024 / row_bytes) / 4 * 4);
+  const std::int64_t strips = (M + kMaxRows - 1) / kMaxRows;
   for (std::int64_t n0 = 0; n0 < N; n0 += block_n) {
     const std::int64_t n1 = std::min(N, n0 + block_n);
-    for (std::int64_t m = 0; m < M; m += 6) {
-      switch (std::min<std::int64_t>(6, M - m)) {
-        case 1: strip<1>(A, b, B.ld, C, m, n0, n1, K); break;
-        case 2: strip<2>(A, b, B.ld, C, m, n0, n1, K); break;
-        case 3: strip<3>(A, b, B.ld, C, m, n0, n1, K); break;
-        case 4: strip<4>(A, b, B.ld, C, m, n0, n1, K); break;
-        case 5: strip<5>(A, b, B.ld, C, m, n0, n1, K); break;
-        default: strip<6>(A, b, B.ld, C, m, n0, n1, K); break;
+    Prefetch pf;  // the next block's lines, spread evenly over this block's k steps
+    if (n1 < N && K >= 32) {
+      const std::int64_t next = std::min(N, n1 + block_n) - n1;
+      pf.row = reinterpret_cast<const char*>(b + n1 * B.ld);
+      pf.row_bytes = K * 2;
+      pf.stride = B.ld * 2;
+      pf.rows = next;
+      const std::int64_t lines = next * ((K * 2 + 63) / 64);
+      const std::int64_t steps = strips * ((n1 - n0 + 3) / 4) * (K / 32);
+      pf.per_step = static_cast<int>(std::min<std::int64_t>(8, (lines + steps - 1) / steps));
+    }
+    for (std::int64_t m = 0; m < M; m += kMaxRows) {
+      switch (std::min<std::int64_t>(kMaxRows, M - m)) {
+        case 1: strip<1>(A, b, B.ld, C, m, n0, n1, K, pf); break;
+        case 2: strip<2>(A, b, B.ld, C, m, n0, n1, K, pf); break;
+        case 3: strip<3>(A, b, B.ld, C, m, n0, n1, K, pf); break;
+        case 4: strip<4>(A, b, B.ld, C, m, n0, n1, K, pf); break;
+        case 5: strip<5>(A, b, B.ld, C, m, n0, n1, K, pf); break;
+        default: strip<6>(A, b, B.ld, C, m, n0, n1, K, pf); break;
       }
     }
   }

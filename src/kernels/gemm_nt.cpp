@@ -182,8 +182,8 @@ HWY_INLINE hn::Vec<DU> RoundedBf16Bits(DU du, hn::Vec<DF> v) {
 }
 
 // round_to_bf16's kernel: rows of A (gathered, scaled) rounded to bf16, stored as bf16 or as the
-// f32 values they are (dense rows of K).
-void RoundRowsBf16(const RowSource& A, int64_t rows, int64_t K, bool as_f32, void* dst) {
+// f32 values they are, rows `ld` elements apart.
+void RoundRowsBf16(const RowSource& A, int64_t rows, int64_t K, bool as_f32, void* dst, int64_t ld) {
   const DF df;
   const hn::RebindToUnsigned<DF> du;
   const hn::Rebind<int32_t, DF> di;
@@ -192,8 +192,8 @@ void RoundRowsBf16(const RowSource& A, int64_t rows, int64_t K, bool as_f32, voi
   for (int64_t i = 0; i < rows; ++i) {
     const float* src = A.row(i);
     const float s = A.factor(i);
-    float* out32 = static_cast<float*>(dst) + i * K;
-    uint16_t* out16 = static_cast<uint16_t*>(dst) + i * K;
+    float* out32 = static_cast<float*>(dst) + i * ld;
+    uint16_t* out16 = static_cast<uint16_t*>(dst) + i * ld;
     int64_t k = 0;
     for (; k + L <= K; k += L) {
       auto v = hn::LoadU(df, src + k);
@@ -245,9 +245,10 @@ void detail::gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Out
   HWY_DYNAMIC_DISPATCH(GemmNt)(A, B, C, M, N, K);
 }
 
-void detail::round_rows_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, bool as_f32, void* dst) {
+void detail::round_rows_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, bool as_f32, void* dst,
+                             std::int64_t ld) {
   if (rows <= 0 || K <= 0) return;
-  HWY_DYNAMIC_DISPATCH(RoundRowsBf16)(A, rows, K, as_f32, dst);
+  HWY_DYNAMIC_DISPATCH(RoundRowsBf16)(A, rows, K, as_f32, dst, ld);
 }
 
 void detail::gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

@@ -86,6 +86,10 @@ std::vector<Case> cases() {
       for (const std::int64_t K : {1, 2, 31, 32, 33, 95, 256})
         out.push_back({M, N, K, (M + N) % 2 == 0, K % 3 == 0, N % 2 == 1});
   out.push_back({64, 96, 2048, true, true, false});  // an expert task at the reference width
+  // Several L2 blocks of weight rows (the kernel prefetches the next block while it computes),
+  // with a K tail and odd row counts: 9 and 70 rows a block at K = 1509 and 2085.
+  out.push_back({7, 301, 1509, true, false, true});
+  out.push_back({13, 150, 2085, false, true, false});
   return out;
 }
 
@@ -254,10 +258,11 @@ TEST(GemmBf16, F32FmaPathIsGemmNtOnTheRoundedRows) {
       const Tensor x32 = testing::randn({src_rows, ld}, rng);
       const kernels::RowSource x{x32.data_as<const float>(), ld, c.gather ? op.index.data() : nullptr,
                                  c.gather ? op.rs.data() : nullptr};
-      std::vector<float> buf(static_cast<std::size_t>(c.M * c.K));
+      std::vector<float> buf = activation_buffer(c.M, c.K, Bf16Path::f32_fma);
       const kernels::Bf16Activations A = kernels::round_to_bf16(x, c.M, c.K, Bf16Path::f32_fma, buf.data());
       const std::vector<float> want_rows = rounded_by_scalar(x, c.M, c.K);
-      ASSERT_EQ(std::memcmp(buf.data(), want_rows.data(), buf.size() * 4), 0);
+      for (std::int64_t m = 0; m < c.M; ++m)
+        ASSERT_EQ(std::memcmp(buf.data() + m * A.ld, want_rows.data() + m * c.K, static_cast<std::size_t>(c.K) * 4), 0);
       std::vector<float> got, want;
       kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K);
       kernels::detail::gemm_nt_kernel({want_rows.data(), c.K}, op.B(), op.C(c, want), c.M, c.N, c.K);
@@ -336,10 +341,15 @@ TEST(GemmBf16, RoundToBf16MatchesTheScalarConversionOnEveryTarget) {
   const std::vector<float> scale = {0.5f, 3.0f};
   const kernels::RowSource A{src.data(), K, index.data(), scale.data()};
   testing::for_each_target([&](std::int64_t) {
-    std::vector<std::uint16_t> out16(2 * K);
-    std::vector<float> out32(2 * K);
-    kernels::round_to_bf16(A, 2, K, Bf16Path::avx512bf16, out16.data());  // the bf16 form, any CPU
-    kernels::round_to_bf16(A, 2, K, Bf16Path::f32_fma, out32.data());
+    std::vector<std::uint16_t> out16(kernels::bf16_activation_bytes(2, K, Bf16Path::avx512bf16) / 2);
+    std::vector<float> out32(kernels::bf16_activation_bytes(2, K, Bf16Path::f32_fma) / 4);
+    // The bf16 form (any CPU), rows a padded stride apart; and the f32 form.
+    const std::int64_t ld16 = kernels::round_to_bf16(A, 2, K, Bf16Path::avx512bf16, out16.data()).ld;
+    const std::int64_t ld32 = kernels::round_to_bf16(A, 2, K, Bf16Path::f32_fma, out32.data()).ld;
+    ASSERT_EQ(ld16, kernels::bf16_activation_ld(K, Bf16Path::avx512bf16));
+    ASSERT_EQ(ld32, kernels::bf16_activation_ld(K, Bf16Path::f32_fma));
+    ASSERT_GE(ld16, K);
+    ASSERT_GE(ld32, K);
     std::vector<std::uint16_t> packed(kernels::bf16_activation_bytes(2, K, Bf16Path::amx) / 2, 0xFFFFu);
     const kernels::Bf16Activations amx_form = kernels::round_to_bf16(A, 2, K, Bf16Path::amx, packed.data());
     const std::int64_t Kp = kernels::amx_padded_k(K);
@@ -348,17 +358,16 @@ TEST(GemmBf16, RoundToBf16MatchesTheScalarConversionOnEveryTarget) {
     for (std::int64_t m = 0; m < 16; ++m)
       for (std::int64_t k = 0; k < Kp; ++k) {
         const std::uint16_t got = packed[static_cast<std::size_t>((k / 2) * 32 + m * 2 + k % 2)];
-        const std::uint16_t want = m < 2 && k < K ? out16[static_cast<std::size_t>(m * K + k)] : 0;
+        const std::uint16_t want = m < 2 && k < K ? out16[static_cast<std::size_t>(m * ld16 + k)] : 0;
         ASSERT_EQ(got, want) << "amx form, row " << m << " k " << k;
       }
     for (std::int64_t i = 0; i < 2; ++i)
       for (std::int64_t k = 0; k < K; ++k) {
         const float x = src[static_cast<std::size_t>(index[i] * K + k)] * scale[i];
         const std::uint16_t want = f32_to_bf16(x);
-        const std::size_t j = static_cast<std::size_t>(i * K + k);
         std::uint32_t bits32;
-        std::memcpy(&bits32, &out32[j], 4);
-        EXPECT_EQ(out16[j], want) << "row " << i << " k " << k << " x " << x;
+        std::memcpy(&bits32, &out32[static_cast<std::size_t>(i * ld32 + k)], 4);
+        EXPECT_EQ(out16[static_cast<std::size_t>(i * ld16 + k)], want) << "row " << i << " k " << k << " x " << x;
         EXPECT_EQ(bits32, static_cast<std::uint32_t>(want) << 16) << "row " << i << " k " << k << " x " << x;
       }
   });
