@@ -93,7 +93,7 @@ MoeTensors gather_expert_grads(const MpiSession& mpi, const dist::ExpertPlacemen
   const auto E = static_cast<std::int64_t>(placement.owner.size());
   for (Tensor MoeTensors::*member : {&MoeTensors::gate, &MoeTensors::up, &MoeTensors::down, &MoeTensors::gate_bias,
                                      &MoeTensors::up_bias, &MoeTensors::down_bias}) {
-    const Tensor local = grads.*member;  // [E_r, ...]; rank 0 (no dims) where the layer has no such member
+    const Tensor local = grads.*member;  // [E_r, ...]; no dimensions where the layer has no such member
     if (local.rank() == 0) continue;
     Shape shape = local.shape();
     shape[0] = E;
