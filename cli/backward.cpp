@@ -2,14 +2,18 @@
 // under the checkpoint's own tensor names and shapes (for checking against other frameworks).
 //
 // Nothing is written until the layer is loaded, both inputs read and checked and the backward
-// run; the safetensors file is written under a temporary name and renamed into place.
+// run; the safetensors file is written under a temporary name and renamed into place (by rank 0
+// under --expert-parallel, once every rank's part arrived).
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "commands.hpp"
+#include "expert_parallel.hpp"
 #include "format.hpp"
 #include "layer_io.hpp"
 #include "moekit/moekit.hpp"
@@ -24,31 +28,38 @@ struct BackwardCliOptions {
   std::string input, grad_output, output;
   std::vector<std::string> router_knobs;
   bool recompute = false;
+  ExpertParallelOptions ep;
   int threads = 0;
   CLI::Option* threads_option = nullptr;
 };
 
 const std::string kPrefix = "[moekit backward] ";
 
-void run_backward(const BackwardCliOptions& opt) {
-  check_output_path(kPrefix, opt.output, "--output");
-  apply_threads_option(opt.threads_option, opt.threads);
-  const MoeLayer layer = load_layer_with_knobs(kPrefix, opt.model, opt.layer, opt.router_knobs);
+MoeLayer load_float_layer(const BackwardCliOptions& opt) {
+  MoeLayer layer = load_layer_with_knobs(kPrefix, opt.model, opt.layer, opt.router_knobs);
   if (layer.weights().router_quantized.defined() || layer.weights().experts.up.quantized())
     throw std::invalid_argument(kPrefix + "layer " + std::to_string(opt.layer) + " of '" + opt.model +
                                 "' is quantized: its stored tensors are codes, which have no gradient "
                                 "(backward needs a float checkpoint)");
-  const std::int64_t D = layer.config().hidden_size;
-  const Tensor x = read_activation(kPrefix, "input", opt.input, D, opt.model, opt.layer);
-  const Tensor dy = read_activation(kPrefix, "grad-output", opt.grad_output, D, opt.model, opt.layer);
-  if (dy.shape() != x.shape())
-    throw std::invalid_argument(kPrefix + "grad-output '" + opt.grad_output + "' has shape " + shape_str(dy.shape()) +
-                                " but input '" + opt.input + "' has " + shape_str(x.shape()) +
-                                "; dL/dy is shaped like y, which is shaped like x");
-  SavedForward saved;
-  layer.forward_train(x, saved, !opt.recompute);
-  MoeTensors grads;
-  const Tensor dx = backward(layer, saved, dy, grads);
+  return layer;
+}
+
+struct Inputs {
+  Tensor x, dy;
+};
+
+Inputs read_inputs(const BackwardCliOptions& opt, std::int64_t D) {
+  Inputs in{read_activation(kPrefix, "input", opt.input, D, opt.model, opt.layer),
+            read_activation(kPrefix, "grad-output", opt.grad_output, D, opt.model, opt.layer)};
+  if (in.dy.shape() != in.x.shape())
+    throw std::invalid_argument(kPrefix + "grad-output '" + opt.grad_output + "' has shape " +
+                                shape_str(in.dy.shape()) + " but input '" + opt.input + "' has " +
+                                shape_str(in.x.shape()) + "; dL/dy is shaped like y, which is shaped like x");
+  return in;
+}
+
+// dx and the gradients of the whole block ([E, ...] expert members) under the checkpoint's names.
+void write_gradients(const BackwardCliOptions& opt, const MoeLayer& layer, const Tensor& dx, const MoeTensors& grads) {
   std::vector<std::pair<std::string, Tensor>> tensors = stored_tensors(layer.config(), stored_layout(layer), grads);
   tensors.insert(tensors.begin(), {"dx", dx});
   std::vector<SafetensorsWriter::Entry> entries;
@@ -59,6 +70,85 @@ void run_backward(const BackwardCliOptions& opt) {
   for (const auto& [name, t] : tensors) writer.write(t.data(), t.nbytes());
   writer.commit();
 }
+
+void run_backward(const BackwardCliOptions& opt) {
+  check_output_path(kPrefix, opt.output, "--output");
+  apply_threads_option(opt.threads_option, opt.threads);
+  const MoeLayer layer = load_float_layer(opt);
+  const Inputs in = read_inputs(opt, layer.config().hidden_size);
+  SavedForward saved;
+  layer.forward_train(in.x, saved, !opt.recompute);
+  MoeTensors grads;
+  const Tensor dx = backward(layer, saved, in.dy, grads);
+  write_gradients(opt, layer, dx, grads);
+}
+
+#ifdef MOEKIT_HAVE_DIST
+// Rank 0 gets every routed expert's gradient from its owner: rank r holds [E_r, ...] in
+// experts_of(r)'s order, rank 0 puts expert e's block at e of [E, ...]. One message per expert
+// (each rank sends its experts in ascending order, rank 0 receives in expert order, so no send
+// waits on a later receive), straight into place: no staging copy of the gradients. The other
+// members (router, shared experts) already hold the same bits on every rank. Collective.
+MoeTensors gather_expert_grads(const MpiSession& mpi, const dist::ExpertPlacement& placement, MoeTensors grads) {
+  const auto E = static_cast<std::int64_t>(placement.owner.size());
+  for (Tensor MoeTensors::*member : {&MoeTensors::gate, &MoeTensors::up, &MoeTensors::down, &MoeTensors::gate_bias,
+                                     &MoeTensors::up_bias, &MoeTensors::down_bias}) {
+    const Tensor local = grads.*member;  // [E_r, ...]; no dimensions where the layer has no such member
+    if (local.rank() == 0) continue;
+    Shape shape = local.shape();
+    shape[0] = E;
+    const std::int64_t per = shape_numel(shape) / E;
+    const int count = as_count(kPrefix, per);
+    if (mpi.rank != 0) {
+      for (std::int64_t i = 0; i < local.dim(0); ++i)
+        MPI_Send(local.data_as<const float>() + i * per, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
+      continue;
+    }
+    Tensor whole(shape, DType::f32);
+    std::int64_t mine = 0;  // rank 0's next local expert
+    for (std::int64_t e = 0; e < E; ++e) {
+      float* to = whole.data_as<float>() + e * per;
+      const int owner = placement.owner[static_cast<std::size_t>(e)];
+      if (owner == 0)
+        std::copy_n(local.data_as<const float>() + mine++ * per, per, to);
+      else
+        MPI_Recv(to, count, MPI_FLOAT, owner, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    grads.*member = std::move(whole);
+  }
+  return grads;
+}
+
+// As forward --expert-parallel: every rank loads the layer, rank 0 reads x and dy and scatters
+// the same consecutive slices of both; every rank runs forward_train + backward on its slice;
+// rank 0 gathers dx and the experts' gradients and writes the file the single-process command
+// writes (dx and the expert gradients the same bytes; router and shared-expert gradients summed
+// over the ranks in rank order, docs/distributed.md). Failures are agreed on by every rank.
+void run_backward_expert_parallel(const MpiSession& mpi, const BackwardCliOptions& opt) {
+  std::shared_ptr<MoeLayer> layer;
+  dist::ExpertPlacement placement;
+  Inputs in;
+  agreed([&] {
+    if (mpi.rank == 0) check_output_path(kPrefix, opt.output, "--output");
+    apply_threads_option(opt.threads_option, opt.threads);
+    layer = std::make_shared<MoeLayer>(load_float_layer(opt));
+    placement = parse_placement(kPrefix, opt.ep.placement, layer->config().router.num_experts, mpi.size);
+    if (mpi.rank == 0) in = read_inputs(opt, layer->config().hidden_size);
+  });
+  const std::int64_t D = layer->config().hidden_size;
+  const TokenSplit split(mpi, in.x, kPrefix);
+  const Tensor x = split.scatter(in.x, D), dy = split.scatter(in.dy, D);
+  const dist::ExpertParallelLayer ep(layer, placement, MPI_COMM_WORLD);
+  dist::DistSavedForward saved;
+  ep.forward_train(x, saved, !opt.recompute);
+  MoeTensors grads;
+  const Tensor dx = split.gather(ep.backward(saved, dy, grads), D, DType::f32);
+  grads = gather_expert_grads(mpi, placement, std::move(grads));
+  agreed([&] {
+    if (mpi.rank == 0) write_gradients(opt, *layer, dx, grads);
+  });
+}
+#endif
 
 }  // namespace
 
@@ -78,8 +168,20 @@ void register_backward(CLI::App& app) {
   cmd->add_flag("--recompute", opt->recompute,
                 "Keep only the routing in the forward and recompute the expert pre-activations in the backward "
                 "(less memory, the same gradients)");
+  add_expert_parallel_options(*cmd, opt->ep,
+                              "rank 0 reads the inputs and writes the file: dx and the routed experts' gradients "
+                              "equal the single-process run byte for byte, the router and shared-expert gradients "
+                              "(sums over the ranks' tokens) to fp32 rounding");
   opt->threads_option = add_threads_option(*cmd, opt->threads);
-  cmd->callback([opt] { run_backward(*opt); });
+  cmd->callback([opt] {
+    if (!opt->ep.enabled) return run_backward(*opt);
+#ifdef MOEKIT_HAVE_DIST
+    run_mpi_job("", [&](const MpiSession& mpi) { run_backward_expert_parallel(mpi, *opt); });
+#else
+    throw std::invalid_argument(kPrefix + "--expert-parallel: this moekit was built without MPI "
+                                "(-DMOEKIT_WITH_MPI=OFF)");
+#endif
+  });
 }
 
 }  // namespace moekit::cli

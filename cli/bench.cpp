@@ -34,8 +34,7 @@
 #include "kernels/gemm.hpp"
 #include "moekit/moekit.hpp"
 #ifdef MOEKIT_HAVE_DIST
-#include "moekit/dist.hpp"
-#include "mpi_session.hpp"
+#include "expert_parallel.hpp"
 #endif
 
 #ifndef MOEKIT_GIT_COMMIT
@@ -982,12 +981,7 @@ void run_bench_expert_parallel(const MpiSession& mpi, const Options& o) {
 void run_bench(const Options& o) {
   if (o.expert_parallel) {
 #ifdef MOEKIT_HAVE_DIST
-    const MpiSession mpi;
-    try {
-      return run_bench_expert_parallel(mpi, o);
-    } catch (const dist::RankError& e) {
-      end_failed_job(mpi, e, "[moekit bench] ");
-    }
+    return run_mpi_job("[moekit bench] ", [&](const MpiSession& mpi) { run_bench_expert_parallel(mpi, o); });
 #else
     throw std::invalid_argument("--expert-parallel: this moekit was built without MPI (-DMOEKIT_WITH_MPI=OFF)");
 #endif

@@ -6,9 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <climits>
 #include <cmath>
-#include <cstdint>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -19,13 +17,10 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "expert_parallel.hpp"
 #include "format.hpp"
 #include "layer_io.hpp"
 #include "moekit/moekit.hpp"
-#ifdef MOEKIT_HAVE_DIST
-#include "mpi_session.hpp"
-#include "moekit/dist.hpp"
-#endif
 
 namespace moekit::cli {
 
@@ -41,7 +36,7 @@ struct ForwardOptions {
   bool pack = false;
   bool int8 = false;
   bool bf16_activations = false;
-  bool expert_parallel = false;
+  ExpertParallelOptions ep;
   int threads = 0;
   CLI::Option* threads_option = nullptr;
 };
@@ -123,90 +118,35 @@ void run_forward(const ForwardOptions& opt) {
 }
 
 #ifdef MOEKIT_HAVE_DIST
-int as_count(std::int64_t n) {
-  if (n > INT32_MAX) throw std::length_error(fail_prefix() + "the input is too large for one MPI message");
-  return static_cast<int>(n);
-}
-
 // Every rank loads the layer (mapped: a rank touches only its own experts' pages); rank 0 reads
 // x and hands each rank a consecutive slice of its rows; the outputs come back to rank 0, which
 // writes them. Every failure is agreed on (dist::agree), so every rank exits with 1 and rank 0
 // alone prints the message.
 void run_forward_expert_parallel(const MpiSession& mpi, const ForwardOptions& opt) {
-  std::exception_ptr err;
   std::shared_ptr<MoeLayer> layer;
+  dist::ExpertPlacement placement;
   Tensor x;
-  try {
+  agreed([&] {
     if (mpi.rank == 0) check_outputs(opt);
     apply_threads_option(opt.threads_option, opt.threads);
     layer = std::make_shared<MoeLayer>(load(opt));
+    placement = parse_placement(fail_prefix(), opt.ep.placement, layer->config().router.num_experts, mpi.size);
     if (mpi.rank == 0)
       x = read_activation(fail_prefix(), "input", opt.input, layer->config().hidden_size, opt.model, opt.layer);
-  } catch (...) {
-    err = std::current_exception();
-  }
-  dist::agree(MPI_COMM_WORLD, err);
+  });
   const std::int64_t D = layer->config().hidden_size, K = layer->config().router.top_k;
-  std::int64_t T = mpi.rank == 0 ? x.view().rows() : 0;
-  MPI_Bcast(&T, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-  std::vector<int> rows(static_cast<std::size_t>(mpi.size)), first(static_cast<std::size_t>(mpi.size), 0);
-  for (int r = 0; r < mpi.size; ++r) rows[r] = as_count(T / mpi.size + (r < T % mpi.size ? 1 : 0));
-  for (int r = 1; r < mpi.size; ++r) first[r] = first[r - 1] + rows[r - 1];
-  const auto scaled = [&](std::int64_t f, std::vector<int>& c, std::vector<int>& d) {
-    for (int r = 0; r < mpi.size; ++r) {
-      c[r] = as_count(rows[r] * f);
-      d[r] = as_count(first[r] * f);
-    }
-  };
-  std::vector<int> cx(rows.size()), dx(rows.size()), ck(rows.size()), dk(rows.size());
-  scaled(D, cx, dx);
-  scaled(K, ck, dk);
-  const std::int64_t mine = rows[mpi.rank];
-  Tensor slice({mine, D}, DType::f32);
-  MPI_Scatterv(mpi.rank == 0 ? x.data() : nullptr, cx.data(), dx.data(), MPI_FLOAT, slice.data(), cx[mpi.rank],
-               MPI_FLOAT, 0, MPI_COMM_WORLD);
-  const dist::ExpertParallelLayer ep(layer, dist::ExpertPlacement::contiguous(layer->config().router.num_experts,
-                                                                             mpi.size),
-                                     MPI_COMM_WORLD);
+  const TokenSplit split(mpi, x, fail_prefix());
+  const Tensor slice = split.scatter(x, D);
+  const dist::ExpertParallelLayer ep(layer, placement, MPI_COMM_WORLD);
   ForwardInfo part;
   const Tensor y_part = ep.forward(slice, &part);
-  Tensor y, ids, weights;
-  if (mpi.rank == 0) {
-    y = Tensor({T, D}, DType::f32);
-    ids = Tensor({T, K}, DType::i32);
-    weights = Tensor({T, K}, DType::f32);
-  }
-  MPI_Gatherv(y_part.data(), cx[mpi.rank], MPI_FLOAT, mpi.rank == 0 ? y.data() : nullptr, cx.data(), dx.data(),
-              MPI_FLOAT, 0, MPI_COMM_WORLD);
-  MPI_Gatherv(part.routing.ids.data(), ck[mpi.rank], MPI_INT32_T, mpi.rank == 0 ? ids.data() : nullptr, ck.data(),
-              dk.data(), MPI_INT32_T, 0, MPI_COMM_WORLD);
-  MPI_Gatherv(part.routing.weights.data(), ck[mpi.rank], MPI_FLOAT, mpi.rank == 0 ? weights.data() : nullptr,
-              ck.data(), dk.data(), MPI_FLOAT, 0, MPI_COMM_WORLD);
-  try {
-    if (mpi.rank == 0) {
-      Shape ys = x.shape(), ks = x.shape();
-      ks.back() = K;
-      y.reshape(ys);
-      ids.reshape(ks);
-      weights.reshape(ks);
-      ForwardInfo info;
-      info.routing.ids = ids;
-      info.routing.weights = weights;
-      write_results(opt, y, info);
-    }
-  } catch (...) {
-    err = std::current_exception();
-  }
-  dist::agree(MPI_COMM_WORLD, err);
-}
-
-void run_forward_mpi(const ForwardOptions& opt) {
-  const MpiSession mpi;
-  try {
-    run_forward_expert_parallel(mpi, opt);
-  } catch (const dist::RankError& e) {
-    end_failed_job(mpi, e, "");
-  }
+  const Tensor y = split.gather(y_part, D, DType::f32);
+  ForwardInfo info;
+  info.routing.ids = split.gather(part.routing.ids, K, DType::i32);
+  info.routing.weights = split.gather(part.routing.weights, K, DType::f32);
+  agreed([&] {
+    if (mpi.rank == 0) write_results(opt, y, info);
+  });
 }
 #endif
 
@@ -235,15 +175,14 @@ void register_forward(CLI::App& app) {
                 "The bf16 compute mode for bf16 checkpoints, as torch and MLX run them: the experts' input rows "
                 "and intermediate rounded to bf16, bf16 x bf16 products summed in fp32 (AMX or AVX512-BF16 where "
                 "the CPU has them); the router stays fp32 (docs/numerics.md)");
-  cmd->add_flag("--expert-parallel", opt->expert_parallel,
-                "Run under mpirun with the routed experts split over the ranks in contiguous blocks (MPI; "
-                "docs/distributed.md): rank 0 reads the input and writes the outputs, which equal the "
-                "single-process run byte for byte");
+  add_expert_parallel_options(*cmd, opt->ep,
+                              "rank 0 reads the input and writes the outputs, which equal the single-process run "
+                              "byte for byte");
   opt->threads_option = add_threads_option(*cmd, opt->threads);
   cmd->callback([opt] {
-    if (!opt->expert_parallel) return run_forward(*opt);
+    if (!opt->ep.enabled) return run_forward(*opt);
 #ifdef MOEKIT_HAVE_DIST
-    run_forward_mpi(*opt);
+    run_mpi_job("", [&](const MpiSession& mpi) { run_forward_expert_parallel(mpi, *opt); });
 #else
     throw std::invalid_argument(fail_prefix() + "--expert-parallel: this moekit was built without MPI "
                                 "(-DMOEKIT_WITH_MPI=OFF)");
