@@ -23,6 +23,7 @@
 
 #include "kernels/cpu.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/prefetch.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MOEKIT_HAVE_X86_BF16_KERNEL 1
@@ -170,31 +171,10 @@ MOEKIT_AVX512BF16 inline __m512bh load_bh_tail(const std::uint16_t* p, __mmask32
   return (__m512bh)_mm512_maskz_loadu_epi16(mask, p);
 }
 
-// The next block of weight rows, fetched into L2 a few lines per k step while the current
-// block computes: without it each block's first row strip waited on DRAM at the compute rate
-// (+6 % at M = 32, +20-30 % at M = 8 and on the down projection's shape; docs/performance.md).
-struct Prefetch {
-  const char* row = nullptr;
-  std::int64_t off = 0, row_bytes = 0, stride = 0, rows = 0;
-  int per_step = 0;
-
-  inline void step() {
-    for (int s = 0; s < per_step && rows > 0; ++s) {
-      _mm_prefetch(row + off, _MM_HINT_T1);
-      off += 64;
-      if (off >= row_bytes) {
-        off = 0;
-        row += stride;
-        --rows;
-      }
-    }
-  }
-};
-
 // One MR × NR tile over the whole K: rows a[0..MR), columns b[0..NR) (weights rows).
 template <int MR, int NR>
 MOEKIT_AVX512BF16 inline void tile(const std::uint16_t* const* a, const std::uint16_t* const* b, std::int64_t K,
-                                   const Output& C, std::int64_t m, std::int64_t n, Prefetch& pf) {
+                                   const Output& C, std::int64_t m, std::int64_t n, NextRows& pf) {
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -239,7 +219,7 @@ MOEKIT_AVX512BF16 inline void tile(const std::uint16_t* const* a, const std::uin
 // Rows m .. m + MR - 1 against columns [n0, n1).
 template <int MR>
 MOEKIT_AVX512BF16 void strip(const Bf16Rows& A, const std::uint16_t* B, std::int64_t ldb, const Output& C,
-                             std::int64_t m, std::int64_t n0, std::int64_t n1, std::int64_t K, Prefetch& pf) {
+                             std::int64_t m, std::int64_t n0, std::int64_t n1, std::int64_t K, NextRows& pf) {
   const std::uint16_t* a[MR];
   for (int i = 0; i < MR; ++i) a[i] = A.row(m + i);
   std::int64_t n = n0;
@@ -274,17 +254,10 @@ MOEKIT_AVX512BF16 void detail::gemm_nt_bf16_avx512(const Bf16Rows& A, const Weig
   const std::int64_t strips = (M + kMaxRows - 1) / kMaxRows;
   for (std::int64_t n0 = 0; n0 < N; n0 += block_n) {
     const std::int64_t n1 = std::min(N, n0 + block_n);
-    Prefetch pf;  // the next block's lines, spread evenly over this block's k steps
-    if (n1 < N && K >= 32) {
-      const std::int64_t next = std::min(N, n1 + block_n) - n1;
-      pf.row = reinterpret_cast<const char*>(b + n1 * B.ld);
-      pf.row_bytes = K * 2;
-      pf.stride = B.ld * 2;
-      pf.rows = next;
-      const std::int64_t lines = next * ((K * 2 + 63) / 64);
-      const std::int64_t steps = strips * ((n1 - n0 + 3) / 4) * (K / 32);
-      pf.per_step = static_cast<int>(std::min<std::int64_t>(8, (lines + steps - 1) / steps));
-    }
+    // The next block's rows, spread over this block's k steps (kernels/prefetch.hpp): +6 % at
+    // M = 32, +20-30 % at M = 8 and at the down projection's shape (docs/performance.md).
+    const std::int64_t next = n1 < N && K >= 32 ? std::min(N, n1 + block_n) - n1 : 0;
+    NextRows pf = NextRows::over(next > 0 ? b + n1 * B.ld : b, next, K * 2, B.ld * 2, strips * ((n1 - n0 + 3) / 4) * (K / 32));
     for (std::int64_t m = 0; m < M; m += kMaxRows) {
       switch (std::min<std::int64_t>(kMaxRows, M - m)) {
         case 1: strip<1>(A, b, B.ld, C, m, n0, n1, K, pf); break;

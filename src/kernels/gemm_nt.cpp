@@ -9,6 +9,7 @@
 // work is split. B is streamed in its stored dtype (f32, bf16 or f16) and widened in registers:
 // a bf16 or f16 model is never expanded in memory.
 #include "kernels/gemm.hpp"
+#include "kernels/prefetch.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -35,6 +36,11 @@ struct RowsB {
   const TB* base;
   int64_t ldb;
   const TB* at(int64_t n, int64_t k) const { return base + n * ldb + k; }
+  // Rows [n1, n2) fetched into L2 over `steps` k steps (kernels/prefetch.hpp).
+  NextRows next(int64_t n1, int64_t n2, int64_t K, int64_t steps) const {
+    const int64_t bytes = static_cast<int64_t>(sizeof(TB));
+    return NextRows::over(n2 > n1 ? at(n1, 0) : base, n2 - n1, K * bytes, ldb * bytes, steps);
+  }
 };
 template <typename TB>
 struct PanelsT {
@@ -44,12 +50,14 @@ struct PanelsT {
   const TB* at(int64_t n, int64_t k) const {
     return base + (k / kPanelRows) * panel_stride + n * kPanelRows + k % kPanelRows;
   }
+  NextRows next(int64_t, int64_t, int64_t, int64_t) const { return {}; }  // not measured: none
 };
 
 // One MR x NR tile over the full K. Tail lanes (K % lanes) come from zero-padded copies, so
 // they add exact zeros and never read past the rows.
 template <bool kScaled, int MR, int NR, class BV>
-HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int64_t m, int64_t n, int64_t K) {
+HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int64_t m, int64_t n, int64_t K,
+                     NextRows& pf) {
   using TB = typename BV::T;
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
@@ -64,6 +72,7 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int6
       const auto b = WidenLoad(df, B.at(n + j, k));
       for (int i = 0; i < MR; ++i) acc[i][j] = hn::MulAdd(a[i], b, acc[i][j]);
     }
+    pf.step();
   }
   if (k < K) {
     const int64_t r = K - k;
@@ -86,28 +95,28 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int6
 
 template <bool kScaled, int MR, class BV>
 HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64_t m, int64_t n0,
-                         int64_t n1, int64_t K) {
+                         int64_t n1, int64_t K, NextRows& pf) {
   int64_t n = n0;
   // A single row (decode) has no A reuse to gain from tall tiles; 8 columns give 8 independent
   // FMA chains and 8 weight streams in flight instead of 4.
   if constexpr (MR == 1) {
-    for (; n + 8 <= n1; n += 8) Tile<kScaled, 1, 8>(a, B, C, m, n, K);
+    for (; n + 8 <= n1; n += 8) Tile<kScaled, 1, 8>(a, B, C, m, n, K, pf);
   }
-  for (; n + 4 <= n1; n += 4) Tile<kScaled, MR, 4>(a, B, C, m, n, K);
+  for (; n + 4 <= n1; n += 4) Tile<kScaled, MR, 4>(a, B, C, m, n, K, pf);
   // The last N % 4 columns one at a time: a column's sum does not depend on the tile width, and
   // no MoE shape has such a tail on its hot path (F, D and E are multiples of 4), so 3- and
   // 2-wide tiles would only cost compile time (every MR x dtype x target instantiates them).
-  for (; n < n1; ++n) Tile<kScaled, MR, 1>(a, B, C, m, n, K);
+  for (; n < n1; ++n) Tile<kScaled, MR, 1>(a, B, C, m, n, K, pf);
 }
 
 template <int MR, class BV>
 HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_t m, int64_t n0,
-                        int64_t n1, int64_t K) {
+                        int64_t n1, int64_t K, NextRows& pf) {
   const auto a = ARows<MR>::Of(A, m);
   if (A.scale) {
-    RowStrip<true, MR>(a, B, C, m, n0, n1, K);
+    RowStrip<true, MR>(a, B, C, m, n0, n1, K, pf);
   } else {
-    RowStrip<false, MR>(a, B, C, m, n0, n1, K);
+    RowStrip<false, MR>(a, B, C, m, n0, n1, K, pf);
   }
 }
 
@@ -118,21 +127,21 @@ constexpr int kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 3;
 
 template <class BV>
 HWY_INLINE void Strip(int rows, const RowSource& A, const BV& B, const Output& C, int64_t m,
-                      int64_t n0, int64_t n1, int64_t K) {
+                      int64_t n0, int64_t n1, int64_t K, NextRows& pf) {
   switch (rows) {
     case 1:
-      return StripOf<1>(A, B, C, m, n0, n1, K);
+      return StripOf<1>(A, B, C, m, n0, n1, K, pf);
     case 2:
-      return StripOf<2>(A, B, C, m, n0, n1, K);
+      return StripOf<2>(A, B, C, m, n0, n1, K, pf);
     case 3:
-      return StripOf<3>(A, B, C, m, n0, n1, K);
+      return StripOf<3>(A, B, C, m, n0, n1, K, pf);
 #if HWY_MAX_BYTES >= 64
     case 4:
-      return StripOf<4>(A, B, C, m, n0, n1, K);
+      return StripOf<4>(A, B, C, m, n0, n1, K, pf);
     case 5:
-      return StripOf<5>(A, B, C, m, n0, n1, K);
+      return StripOf<5>(A, B, C, m, n0, n1, K, pf);
     case 6:
-      return StripOf<6>(A, B, C, m, n0, n1, K);
+      return StripOf<6>(A, B, C, m, n0, n1, K, pf);
 #endif
     default:
       return;
@@ -144,11 +153,15 @@ template <class BV>
 void GemmBlocks(const RowSource& A, const BV& B, const Output& C, int64_t M, int64_t N, int64_t K) {
   const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(typename BV::T)));
   const int64_t block_n = std::max<int64_t>(4, (256 * 1024 / row_bytes) / 4 * 4);
+  const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
+  const int64_t strips = (M + kMaxRows - 1) / kMaxRows;
   for (int64_t n0 = 0; n0 < N; n0 += block_n) {
     const int64_t n1 = std::min(N, n0 + block_n);
+    // The next block's rows into L2 over this block's k steps (about (n1 - n0) / 4 tiles a strip).
+    NextRows pf = B.next(n1, std::min(N, n1 + block_n), K, strips * ((n1 - n0 + 3) / 4) * (K / L));
     for (int64_t m = 0; m < M; m += kMaxRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, M - m));
-      Strip(rows, A, B, C, m, n0, n1, K);
+      Strip(rows, A, B, C, m, n0, n1, K, pf);
     }
   }
 }
