@@ -327,9 +327,9 @@ std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& f
   if (cfg.shared_width > 0) w.shared = experts(1, cfg.shared_width);
   w.layout = "stacked (random, in memory)";
   auto layer = std::make_unique<MoeLayer>(std::move(cfg), std::move(w));
+  if (format.bf16_act) layer->set_bf16_activations(true);  // first: packing then takes its layout
   if (panels) layer->pack_weights();
   if (format.int8) layer->set_int8_activations(true);
-  if (format.bf16_act) layer->set_bf16_activations(true);
   return layer;
 }
 
@@ -589,7 +589,9 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
       row.saved_bytes_per_token = saved_bytes;
       row.shape = s.name;
       row.dtype = format.name();
-      row.layout = format.quantized() ? "affine" : layout;
+      row.layout = format.quantized()                         ? "affine"
+                   : format.bf16_act && layout == "panels" ? "amx_tiles"
+                                                           : layout;
       row.tokens = T;
       row.threads = static_cast<int>(nt);
       const double med = median_of(secs);
@@ -1004,9 +1006,12 @@ void run_bench(const Options& o) {
         throw std::invalid_argument("--mode train needs float weights; " + d.name() + " has no gradient");
   for (const WeightFormat& d : dtypes) {
     if (d.bf16_act && train) throw std::invalid_argument("--mode train trains f32 parameters; bf16-act is forward only");
-    if (d.bf16_act && std::find(layouts.begin(), layouts.end(), "rows") == layouts.end())
-      throw std::invalid_argument("--dtype bf16-act needs --layout rows (the bf16 compute mode reads bf16 weights in rows "
-                                  "layout; with other layouts listed too it runs in rows only)");
+    if (d.bf16_act && kernels::bf16_path() != kernels::Bf16Path::amx &&
+        std::find(layouts.begin(), layouts.end(), "rows") == layouts.end())
+      throw std::invalid_argument(std::string("--dtype bf16-act needs --layout rows on this CPU: the bf16 compute mode "
+                                              "packs (AMX tiles) on the amx path only, and it runs ") +
+                                  kernels::bf16_path_name(kernels::bf16_path()) +
+                                  " here; with other layouts listed too it runs in rows only");
   }
   if (o.output != "md" && o.output != "csv" && o.output != "json")
     throw std::invalid_argument("-o '" + o.output +
@@ -1046,7 +1051,9 @@ void run_bench(const Options& o) {
       for (const std::string& lay : layouts) {
         // Quantized experts have one layout (MLX's, read in place): run them once.
         if (d.quantized() && lay != layouts.front()) continue;
-        if (d.bf16_act && lay != "rows") continue;  // the bf16 compute mode reads rows only
+        // The bf16 compute mode packs AMX tiles on the amx path ("panels" then means them) and
+        // reads rows on its other paths.
+        if (d.bf16_act && lay != "rows" && kernels::bf16_path() != kernels::Bf16Path::amx) continue;
         for (Row& r : run_shape(*s, d, lay, tokens, threads, reps, seed, limits, progress, train))
           rows.push_back(std::move(r));
       }
@@ -1077,7 +1084,8 @@ void register_bench(CLI::App& app) {
                   "Weight dtypes, comma list of f32, bf16, f16 (default f32,bf16)");
   cmd->add_option("--layout", opt->layout,
                   "Expert weight layouts, comma list of panels (repacked at load for the outer-product "
-                  "kernel) and rows (as stored, read in place: mapped checkpoints) (default panels)");
+                  "kernel; for bf16-act on AMX: AMX tiles) and rows (as stored, read in place: mapped "
+                  "checkpoints) (default panels)");
   cmd->add_option("--mode", opt->mode,
                   "forward (inference) or train (one training step: forward_train + backward, against 3x the "
                   "forward's FLOPs) (default forward)");

@@ -93,9 +93,10 @@ void check_outputs(const ForwardOptions& opt) {
 
 MoeLayer load(const ForwardOptions& opt) {
   MoeLayer layer = load_layer_with_knobs(fail_prefix(), opt.model, opt.layer, opt.router_knobs);
+  // The bf16 mode first: packing then takes its layout (AMX tiles, where the mode runs on AMX).
+  if (opt.bf16_activations) layer.set_bf16_activations(true);
   if (opt.pack) layer.pack_weights();
   if (opt.int8) layer.set_int8_activations(true);
-  if (opt.bf16_activations) layer.set_bf16_activations(true);
   return layer;
 }
 
@@ -166,8 +167,9 @@ void register_forward(CLI::App& app) {
                   "Override a routing knob, KEY=VALUE (repeatable), e.g. mask_fill=legacy_zero to reproduce "
                   "mlx-lm; see docs/routing.md");
   cmd->add_flag("--pack", opt->pack,
-                "Repack the experts into the forward kernel's panels first (faster prefill; the expert "
-                "bytes become resident instead of read in place from the mapped file)");
+                "Repack the experts into the forward kernel's packed layout first (faster prefill; the expert "
+                "bytes become resident instead of read in place from the mapped file): panels, or with "
+                "--bf16-activations AMX tiles (CPUs with AMX only; the same bytes out as without --pack)");
   cmd->add_flag("--int8", opt->int8,
                 "The fast mode for MLX-quantized experts: int8 activations and integer dot products for 4- and "
                 "8-bit codes where an expert has few rows (error bound: docs/numerics.md); the router stays exact");

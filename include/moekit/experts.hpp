@@ -15,6 +15,18 @@
 
 namespace moekit {
 
+/// How an ExpertMatrix's elements lie in memory (the kernel layer's WeightLayout, the same three).
+enum class MatrixLayout {
+  rows,       ///< row-major, row_stride elements apart: read in place (checkpoints, mappings)
+  /// pack_panels() in the f32 mode: per expert ceil(rows / 16) panels of [cols, 16] elements (16
+  /// consecutive output rows side by side for each input index; rows past `rows` zero)
+  panels,
+  /// pack_panels() in the bf16 compute mode on the AMX path: per expert ceil(rows / 16) blocks of
+  /// ceil(cols / 32) bf16 tiles of 16 rows × 32 columns (AMX's operand, 1 KB each; rows and
+  /// columns past the matrix zero). The same values as rows, multiplied in the same order.
+  amx_tiles,
+};
+
 /// One projection of every expert: E matrices of shape [rows, cols] = [out, in], each stored
 /// row-major with `row_stride` elements between rows, at arbitrary per-expert addresses. This
 /// describes every non-transposed checkpoint layout without a copy: stacked [E, out, in],
@@ -25,10 +37,9 @@ struct ExpertMatrix {
   std::int64_t cols = 0;     ///< in
   std::int64_t row_stride = 0;            ///< elements between consecutive rows (>= cols)
   std::vector<const void*> experts;      ///< E pointers to row 0 of each expert
-  /// false: rows as above, read in place. true: repacked by pack_panels(): per expert,
-  /// ceil(rows / 16) panels of [cols, 16] elements (16 consecutive output rows side by side for
-  /// each input index; rows past `rows` zero), in `dtype`; row_stride is then unused.
-  bool panels = false;
+  /// rows: as above, read in place. Else repacked by pack_panels(), in `dtype`; row_stride is
+  /// then unused.
+  MatrixLayout layout = MatrixLayout::rows;
   /// MLX affine quantization (docs/formats.md), bits != 0: `experts` point at each expert's
   /// packed codes (dtype u32, row_stride counted in uint32 words, cols · bits / 32 per row) and
   /// scales / biases at its [rows, cols / group_size] scales and biases (scale_dtype f32, bf16 or
@@ -45,6 +56,7 @@ struct ExpertMatrix {
   } affine;
 
   bool quantized() const noexcept { return affine.bits != 0; }
+  bool packed() const noexcept { return layout != MatrixLayout::rows; }
   /// Bytes of every expert's matrix as stored now (codes + scales + biases when quantized).
   std::size_t nbytes() const noexcept;
   /// "bf16", or "4-bit affine, group 64, bf16 scales" (inspect, messages).
@@ -77,15 +89,16 @@ struct ExpertWeights {
   /// Bytes of the expert matrices (what a forward may read; whole panels when packed; codes,
   /// scales and biases when quantized).
   std::size_t nbytes() const noexcept;
-  /// Bytes the matrices take once packed by pack_panels() (rows rounded up to whole panels;
-  /// quantized matrices stay as they are).
+  /// Bytes the matrices take once packed by pack_panels() in the current mode (rows rounded up
+  /// to whole panels, or to whole AMX tiles in the bf16 compute mode on AMX; quantized matrices
+  /// stay as they are).
   std::size_t packed_nbytes() const noexcept;
   /// The bf16 compute mode (MoeLayer::set_bf16_activations): the rows entering each projection
   /// (the input rows, times their weight where the family scales the input, and the activated
   /// intermediate) are rounded to bf16 and multiplied with the bf16 weights by
   /// kernels::gemm_nt_bf16 (exact bf16 × bf16 products, fp32 sums); the projections' outputs, the
-  /// activation and the combine stay fp32. Needs every matrix bf16 in rows layout
-  /// (validate_bf16_activations). false (the default): fp32 activations.
+  /// activation and the combine stay fp32. Needs every matrix bf16 in rows layout, or packed in
+  /// amx_tiles (validate_bf16_activations). false (the default): fp32 activations.
   bool bf16_activations = false;
 };
 
@@ -107,8 +120,8 @@ void validate_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, s
 /// present iff the body is gated. Throws std::invalid_argument naming `what` and the matrix.
 void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what);
 
-/// Checks that `w` can run the bf16 compute mode: every defined matrix bf16, in rows layout, not
-/// quantized. Throws std::invalid_argument naming `what`.`name` and its format.
+/// Checks that `w` can run the bf16 compute mode: every defined matrix bf16, in rows layout (or
+/// amx_tiles), not quantized. Throws std::invalid_argument naming `what`.`name` and its format.
 void validate_bf16_activations(const ExpertWeights& w, const char* what);
 
 /// Rows of a routing grouped by expert: a stable counting sort of the (token, slot) pairs.
@@ -122,14 +135,19 @@ struct DispatchPlan {
   std::vector<std::int64_t> inverse;
 };
 
-/// Repacks gate, up and down of every expert into the forward kernel's panel layout, in the
+/// Repacks gate, up and down of every expert into the forward kernel's packed layout, in the
 /// stored dtype (a bf16 model stays bf16), and makes `w` own the packed copy: afterwards the
-/// source memory (a mapped checkpoint, say) is no longer read. Costs one pass over the weights
-/// and their bytes rounded up to whole 16-row panels; the forward then runs the outer-product
-/// kernel, whose summation order differs from the in-place dot-product kernel's (docs/numerics.md)
-/// and is likewise fixed: bit-identical for any thread count and batch composition. A matrix
-/// already packed, and a quantized one (already in its packed format), is left as it is. Throws std::invalid_argument if a matrix has an unsupported
-/// dtype.
+/// source memory (a mapped checkpoint, say) is no longer read. Costs one pass over the weights.
+///  - f32 mode: panels (bytes rounded up to whole 16-row panels); the forward then runs the
+///    outer-product kernel, whose summation order differs from the in-place dot-product kernel's
+///    (docs/numerics.md) and is likewise fixed: bit-identical for any thread count and batch
+///    composition.
+///  - bf16 compute mode on the AMX path: amx_tiles (bytes rounded up to whole 16 × 32 tiles); the
+///    same bits as the in-place AMX kernel, read as whole tiles. The mode cannot be turned off
+///    afterwards (the f32 kernels do not read tiles). On the bf16 mode's other paths there is no
+///    packed layout: std::invalid_argument.
+/// A matrix already packed, and a quantized one (already in its packed format), is left as it is.
+/// Throws std::invalid_argument if a matrix has an unsupported dtype.
 void pack_panels(ExpertWeights& w);
 
 /// What a training forward keeps of the expert execution for the backward (the train layer).

@@ -92,10 +92,11 @@ class MoeLayer {
   Tensor forward_train_with(const TensorView& x, SavedForward& saved, const RoutedExperts& routed,
                             bool keep_pre_activations = true) const;
 
-  /// Repacks the routed and shared experts into the forward kernel's panel layout (pack_panels
-  /// in experts.hpp): faster prefill, the weights' bytes resident in memory (rounded up to
-  /// whole panels) instead of read in place from a mapped file. Not thread-safe against
-  /// concurrent forwards; call it once after loading.
+  /// Repacks the routed and shared experts into the forward kernel's packed layout (pack_panels
+  /// in experts.hpp: panels in the f32 mode; AMX tiles in the bf16 compute mode where it runs on
+  /// AMX, so turn that mode on first): faster prefill, the weights' bytes resident in memory
+  /// (rounded up to whole panels or tiles) instead of read in place from a mapped file. Not
+  /// thread-safe against concurrent forwards; call it once after loading.
   void pack_weights();
 
   /// The fast mode for MLX-affine-quantized experts (routed and shared; the router and the
@@ -113,9 +114,10 @@ class MoeLayer {
   /// intermediate) to bf16 and multiply them with the bf16 weights as exact bf16 × bf16 products
   /// summed in fp32 (AMX or AVX512-BF16 where the CPU has them). The router, the shared-expert
   /// gate, the projections' outputs, the activation and the combine stay fp32. Deterministic for
-  /// any thread count. Needs every expert matrix bf16 in rows layout: throws
+  /// any thread count. Needs every expert matrix bf16 in rows layout (or AMX tiles): throws
   /// std::invalid_argument naming the first that is not (f32/f16 weights, pack_weights()'s
-  /// panels, quantized experts). Not thread-safe against concurrent forwards.
+  /// panels, quantized experts). Turning it off after pack_weights() packed AMX tiles throws
+  /// too. Not thread-safe against concurrent forwards.
   void set_bf16_activations(bool on);
   bool bf16_activations() const noexcept { return weights_.experts.bf16_activations; }
 

@@ -121,7 +121,8 @@ std::vector<std::int64_t> py_expert_counts(nb::handle ids, std::int64_t num_expe
 
 // Every stored matrix of one projection as arrays: one [E, rows, cols] (or [rows, cols] for a
 // single matrix) strided view where the experts sit at evenly spaced addresses, else a list of
-// E [rows, cols] views. Packed panels are [E, panels, cols, 16]; MLX-quantized projections give
+// E [rows, cols] views. Packed panels are [E, panels, cols, 16], AMX tiles [E, rows / 16,
+// cols / 32, 16, 32] (both rounded up); MLX-quantized projections give
 // their uint32 codes plus ".scales" and ".biases".
 void add_matrix(nb::dict& out, const std::string& name, const ExpertMatrix& m, nb::handle owner, bool single) {
   if (!m.defined()) return;
@@ -158,8 +159,11 @@ void add_matrix(nb::dict& out, const std::string& name, const ExpertMatrix& m, n
     add(name, m.experts, DType::u32, {m.rows, words}, {m.row_stride, 1});
     add(name + ".scales", m.affine.scales, m.affine.scale_dtype, {m.rows, groups}, {m.affine.scale_stride, 1});
     add(name + ".biases", m.affine.biases, m.affine.scale_dtype, {m.rows, groups}, {m.affine.scale_stride, 1});
-  } else if (m.panels) {
+  } else if (m.layout == MatrixLayout::panels) {
     add(name, m.experts, m.dtype, {(m.rows + 15) / 16, m.cols, 16}, {m.cols * 16, 16, 1});
+  } else if (m.layout == MatrixLayout::amx_tiles) {
+    const std::int64_t chunks = (m.cols + 31) / 32;
+    add(name, m.experts, m.dtype, {(m.rows + 15) / 16, chunks, 16, 32}, {chunks * 512, 512, 32, 1});
   } else {
     add(name, m.experts, m.dtype, {m.rows, m.cols}, {m.row_stride, 1});
   }
@@ -378,8 +382,10 @@ void bind_core(nb::module_& m) {
             std::unique_lock lock(compute_mutex());
             l.pack_weights();
           },
-          "Repacks the experts into the forward kernel's panel layout (faster prefill; the weights'\n"
-          "bytes become resident). Waits for forwards in flight.")
+          "Repacks the experts into the forward kernel's packed layout (faster prefill; the weights'\n"
+          "bytes become resident): panels, or in the bf16 compute mode on a CPU with AMX, AMX tiles\n"
+          "(the same results as unpacked; ValueError on the mode's other paths). Waits for forwards in\n"
+          "flight.")
       .def(
           "set_int8_activations",
           [](MoeLayer& l, bool on) {
@@ -398,7 +404,8 @@ void bind_core(nb::module_& m) {
           "on"_a,
           "The bf16 compute mode for bf16 weights, as torch and MLX run bf16 models: the experts' input\n"
           "rows and intermediate rounded to bf16, bf16 x bf16 products summed in fp32 (AVX512-BF16 where\n"
-          "the CPU has it); the router stays fp32. ValueError for weights that are not bf16 rows.")
+          "the CPU has it); the router stays fp32. ValueError for weights that are not bf16 rows, and for\n"
+          "turning it off once pack_weights() packed AMX tiles.")
       .def_prop_ro("bf16_activations", &MoeLayer::bf16_activations, "Whether the bf16 compute mode is on.")
       .def(
           "forward_train",

@@ -130,10 +130,21 @@ def test_bf16_compute_mode_against_torch_bf16():
     y = layer.forward(x)
     assert rel_err(y, y_torch) <= 1e-2  # torch rounds after every op: bf16 noise apart
     assert 1e-5 < rel_err(y, y_exact) <= 1e-2  # the mode is on, and costs bf16 rounding only
-    with pytest.raises(ValueError, match="turn it off before packing"):
-        layer.pack_weights()
     layer.set_bf16_activations(False)
     np.testing.assert_array_equal(layer.forward(x), y_exact)
+    # Packing in the bf16 mode: AMX tiles where the mode runs on AMX (the same bits, and the mode
+    # then stays on), else a clear refusal that leaves the layer as it was.
+    layer.set_bf16_activations(True)
+    try:
+        layer.pack_weights()
+    except ValueError as e:
+        assert "packed layout on the amx path only" in str(e)
+        np.testing.assert_array_equal(layer.forward(x), y)
+    else:
+        np.testing.assert_array_equal(layer.forward(x), y)
+        assert layer.weights["experts.up"].ndim == 5  # [E, rows / 16, cols / 32, 16, 32]
+        with pytest.raises(ValueError, match="packed in AMX tiles"):
+            layer.set_bf16_activations(False)
 
 
 def test_bf16_compute_mode_refuses_f32_weights():

@@ -47,20 +47,22 @@ ExpertMatrix ExpertMatrix::stacked_affine(const TensorView& codes, const TensorV
 }
 
 namespace {
-// Bytes of one matrix of every expert, in panels or as rows.
-std::size_t matrix_bytes(const ExpertMatrix& m, bool panels) {
+// Bytes of one matrix of every expert in `layout`.
+std::size_t matrix_bytes(const ExpertMatrix& m, MatrixLayout layout) {
   if (m.quantized()) {
     const std::int64_t codes = m.rows * kernels::affine_words(m.cols, m.affine.bits) * 4;
     const std::int64_t groups = 2 * m.rows * (m.cols / m.affine.group_size) *
                                 static_cast<std::int64_t>(dtype_size(m.affine.scale_dtype));
     return static_cast<std::size_t>(m.num_experts() * (codes + groups));
   }
-  const std::int64_t per = panels ? kernels::panel_elements(m.rows, m.cols) : m.rows * m.cols;
+  const std::int64_t per = layout == MatrixLayout::panels      ? kernels::panel_elements(m.rows, m.cols)
+                          : layout == MatrixLayout::amx_tiles ? kernels::amx_tile_elements(m.rows, m.cols)
+                                                              : m.rows * m.cols;
   return static_cast<std::size_t>(m.num_experts() * per) * dtype_size(m.dtype);
 }
 }  // namespace
 
-std::size_t ExpertMatrix::nbytes() const noexcept { return matrix_bytes(*this, panels); }
+std::size_t ExpertMatrix::nbytes() const noexcept { return matrix_bytes(*this, layout); }
 
 std::string ExpertMatrix::format() const {
   if (!quantized()) return dtype_name(dtype);
@@ -70,13 +72,31 @@ std::string ExpertMatrix::format() const {
 
 std::size_t ExpertWeights::nbytes() const noexcept {
   std::size_t n = 0;
-  for (const ExpertMatrix* m : {&gate, &up, &down}) n += matrix_bytes(*m, m->panels);
+  for (const ExpertMatrix* m : {&gate, &up, &down}) n += matrix_bytes(*m, m->layout);
   return n;
 }
 
+namespace {
+// The layout pack_panels() packs `w` into in its current mode (throws where there is none).
+MatrixLayout packed_layout(const ExpertWeights& w) {
+  if (!w.bf16_activations) return MatrixLayout::panels;
+  const kernels::Bf16Path path = kernels::bf16_path();
+  if (path == kernels::Bf16Path::amx) return MatrixLayout::amx_tiles;
+  throw std::invalid_argument(MOEKIT_MSG("[moekit::pack_panels] the bf16 compute mode has a packed layout on the amx "
+                                         "path only; this CPU runs it on "
+                                         << kernels::bf16_path_name(path) << ", which reads the rows in place"));
+}
+}  // namespace
+
 std::size_t ExpertWeights::packed_nbytes() const noexcept {
+  MatrixLayout target = MatrixLayout::panels;
+  try {
+    target = packed_layout(*this);
+  } catch (const std::invalid_argument&) {
+    target = MatrixLayout::rows;  // nothing would be packed
+  }
   std::size_t n = 0;
-  for (const ExpertMatrix* m : {&gate, &up, &down}) n += matrix_bytes(*m, true);
+  for (const ExpertMatrix* m : {&gate, &up, &down}) n += matrix_bytes(*m, m->packed() ? m->layout : target);
   return n;
 }
 
@@ -85,26 +105,24 @@ void validate_bf16_activations(const ExpertWeights& w, const char* what) {
   for (const auto& item : mats) {
     const ExpertMatrix& m = *item.first;
     if (!m.defined()) continue;
-    if (m.quantized() || m.dtype != DType::bf16 || m.panels)
+    if (m.quantized() || m.dtype != DType::bf16 || m.layout == MatrixLayout::panels)
       throw std::invalid_argument(MOEKIT_MSG("[moekit] the bf16 compute mode multiplies bf16 weights read in rows "
                                              "layout, but "
                                              << what << "." << item.second << " is "
-                                             << (m.panels ? "packed in panels, " : "") << m.format()));
+                                             << (m.packed() ? "packed in panels, " : "") << m.format()));
   }
 }
 
 void pack_panels(ExpertWeights& w) {
-  if (w.bf16_activations)
-    throw std::invalid_argument(
-        "[moekit::pack_panels] the bf16 compute mode reads bf16 weights in rows layout: turn it off before packing");
   // A matrix packed before this call reads memory that keep_alive holds; then nothing is let go.
   // A quantized matrix keeps reading its codes in place, so then nothing is let go either.
   bool any_rows = false, any_kept = false;
   for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
-    any_rows |= m->defined() && !m->panels && !m->quantized();
-    any_kept |= m->defined() && (m->panels || m->quantized());
+    any_rows |= m->defined() && !m->packed() && !m->quantized();
+    any_kept |= m->defined() && (m->packed() || m->quantized());
   }
   if (!any_rows) return;
+  const MatrixLayout target = packed_layout(w);
   for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down})
     if (m->defined() && !m->quantized() && m->dtype != DType::f32 && m->dtype != DType::bf16 &&
         m->dtype != DType::f16)
@@ -112,17 +130,23 @@ void pack_panels(ExpertWeights& w) {
                                                                           << " is not f32, bf16 or f16"));
   std::vector<std::shared_ptr<const void>> holders;
   for (ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
-    if (!m->defined() || m->panels || m->quantized()) continue;
-    const std::int64_t per = kernels::panel_elements(m->rows, m->cols);
+    if (!m->defined() || m->packed() || m->quantized()) continue;
+    const bool tiles = target == MatrixLayout::amx_tiles;
+    const std::int64_t per = tiles ? kernels::amx_tile_elements(m->rows, m->cols)
+                                   : kernels::panel_elements(m->rows, m->cols);
     const std::size_t es = dtype_size(m->dtype);
     const Tensor packed = Tensor::uninitialized({m->num_experts(), per}, m->dtype);
     auto* base = static_cast<char*>(packed.data());
     for (std::int64_t e = 0; e < m->num_experts(); ++e) {
       char* dst = base + static_cast<std::size_t>(e * per) * es;
-      kernels::pack_panels({m->experts[e], m->dtype, m->row_stride}, m->rows, m->cols, dst);
+      if (tiles) {
+        kernels::pack_amx_tiles({m->experts[e], m->dtype, m->row_stride}, m->rows, m->cols, dst);
+      } else {
+        kernels::pack_panels({m->experts[e], m->dtype, m->row_stride}, m->rows, m->cols, dst);
+      }
       m->experts[e] = dst;
     }
-    m->panels = true;
+    m->layout = target;
     m->row_stride = m->cols;
     holders.push_back(std::make_shared<Tensor>(packed));
   }
@@ -151,7 +175,7 @@ void check_affine(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
   if (q.group_size < 16 || q.group_size % 16 != 0 || m.cols % q.group_size != 0)
     fail(MOEKIT_MSG("group_size " << q.group_size << " does not divide cols " << m.cols << " in multiples of 16"));
   if (m.dtype != DType::u32) fail(MOEKIT_MSG("quantized codes must be u32, got " << dtype_name(m.dtype)));
-  if (m.panels) fail("a quantized matrix cannot be in panels layout");
+  if (m.packed()) fail("a quantized matrix cannot be in panels layout");
   if (m.row_stride < kernels::affine_words(m.cols, b))
     fail(MOEKIT_MSG("row_stride " << m.row_stride << " words < " << kernels::affine_words(m.cols, b)));
   if (!is_float(q.scale_dtype)) fail(MOEKIT_MSG("scale dtype " << dtype_name(q.scale_dtype) << " is not a float"));
@@ -192,7 +216,9 @@ void validate_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, s
     check_affine(m, E, fail);
     return;
   }
-  if (!m.panels && m.row_stride < m.cols) fail(MOEKIT_MSG("row_stride " << m.row_stride << " < cols " << m.cols));
+  if (!m.packed() && m.row_stride < m.cols) fail(MOEKIT_MSG("row_stride " << m.row_stride << " < cols " << m.cols));
+  if (m.layout == MatrixLayout::amx_tiles && m.dtype != DType::bf16)
+    fail(MOEKIT_MSG("AMX tiles hold bf16, got " << dtype_name(m.dtype)));
   if (m.dtype != DType::f32 && m.dtype != DType::bf16 && m.dtype != DType::f16)
     fail(MOEKIT_MSG("dtype " << dtype_name(m.dtype) << " is not f32, bf16 or f16"));
   const std::size_t align = dtype_size(m.dtype);
@@ -218,6 +244,13 @@ void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64
   if (w.gate_bias.numel() || w.gate_bias.rank()) check_bias(w.gate_bias, E, F, what, "gate_bias");
   if (w.up_bias.numel() || w.up_bias.rank()) check_bias(w.up_bias, E, F, what, "up_bias");
   if (w.down_bias.numel() || w.down_bias.rank()) check_bias(w.down_bias, E, D, what, "down_bias");
+  const bool tiles = w.gate.layout == MatrixLayout::amx_tiles || w.up.layout == MatrixLayout::amx_tiles ||
+                     w.down.layout == MatrixLayout::amx_tiles;
+  if (tiles && (!w.bf16_activations || !kernels::bf16_path_supported(kernels::Bf16Path::amx)))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] "
+                                           << what << " holds AMX tiles, which only the bf16 compute mode reads, on "
+                                                      "a CPU with AMX-BF16"));
+  if (tiles) validate_bf16_activations(w, what);
   if (!std::isfinite(body.swiglu_limit) || body.swiglu_limit <= 0.0f || !std::isfinite(body.swiglu_alpha))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] swiglu_limit (" << body.swiglu_limit
                                                                                      << ") and swiglu_alpha ("

@@ -64,7 +64,10 @@ std::vector<float>& bf16_rows_scratch() {
 kernels::Bf16Activations rounded(const ExpertWeights& w, const kernels::RowSource& rows, std::int64_t r,
                                  std::int64_t K) {
   if (!w.bf16_activations) return {};
-  const kernels::Bf16Path path = kernels::bf16_path();
+  // Weights packed in AMX tiles run on the amx path (pack_panels chose it; validate_experts
+  // checked the CPU has it), whatever bf16_path() answers now.
+  const kernels::Bf16Path path =
+      w.up.layout == MatrixLayout::amx_tiles ? kernels::Bf16Path::amx : kernels::bf16_path();
   auto& buf = bf16_rows_scratch();
   buf.resize((kernels::bf16_activation_bytes(r, K, path) + sizeof(float) - 1) / sizeof(float));
   return kernels::round_to_bf16(rows, r, K, path, buf.data());

@@ -7,9 +7,17 @@
 
 namespace moekit {
 
+inline kernels::WeightLayout layout(MatrixLayout l) {
+  switch (l) {
+    case MatrixLayout::panels: return kernels::WeightLayout::panels;
+    case MatrixLayout::amx_tiles: return kernels::WeightLayout::amx_tiles;
+    case MatrixLayout::rows: break;
+  }
+  return kernels::WeightLayout::rows;
+}
+
 inline kernels::WeightMatrix weight_matrix(const ExpertMatrix& m, std::int64_t e) {
-  kernels::WeightMatrix w{m.experts[e], m.dtype, m.row_stride,
-                          m.panels ? kernels::WeightLayout::panels : kernels::WeightLayout::rows};
+  kernels::WeightMatrix w{m.experts[e], m.dtype, m.row_stride, layout(m.layout)};
   if (m.quantized()) {
     w.affine.bits = m.affine.bits;
     w.affine.group_size = m.affine.group_size;

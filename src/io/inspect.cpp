@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/gemm.hpp"
 #include "moekit/model.hpp"
 
 namespace moekit {
@@ -101,7 +102,19 @@ std::string inspect_report(const std::string& path, std::int64_t layer_index) {
     const std::size_t packed = w.experts.packed_nbytes() + w.shared.packed_nbytes();
     out << "  resident expert bytes: " << (w.mapped ? "mapped, only the pages a batch touches; " : "")
         << format_bytes(packed) << " when packed (forward --pack"
-        << (w.experts.up.quantized() ? "; quantized projections stay in their packed codes" : "") << ")\n";
+        << (w.experts.up.quantized() ? "; quantized projections stay in their packed codes" : "") << ")";
+    // bf16 experts on a CPU whose bf16 compute mode runs on AMX: the tile layout's bytes too.
+    if (!w.experts.up.quantized() && w.experts.up.dtype == DType::bf16 &&
+        kernels::bf16_path() == kernels::Bf16Path::amx) {
+      std::size_t tiles = 0;
+      for (const ExpertWeights* x : {&w.experts, &w.shared}) {
+        ExpertWeights bf16_mode = *x;
+        bf16_mode.bf16_activations = true;
+        tiles += bf16_mode.packed_nbytes();
+      }
+      out << ", " << format_bytes(tiles) << " in AMX tiles (forward --pack --bf16-activations)";
+    }
+    out << "\n";
     if (w.shared_gate.defined())
       out << "  shared gate: " << dtype_name(w.shared_gate.dtype()) << " "
           << shape_str(w.shared_gate.shape()) << "\n";

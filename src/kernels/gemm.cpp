@@ -43,7 +43,9 @@ Output block_of(const Output& C, std::int64_t m0, std::int64_t n0) {
 // Rows [first, ...) of an [N, K] weight matrix; in panels `first` is a multiple of kPanelRows.
 WeightMatrix rows_of(const WeightMatrix& B, std::int64_t first, std::int64_t K) {
   WeightMatrix b = B;
-  const std::int64_t stride = B.layout == WeightLayout::panels ? K : B.ld;
+  const std::int64_t stride = B.layout == WeightLayout::panels      ? K
+                              : B.layout == WeightLayout::amx_tiles ? amx_padded_k(K)
+                                                                    : B.ld;
   b.data = static_cast<const char*>(B.data) + first * stride * static_cast<std::int64_t>(dtype_size(B.dtype));
   if (B.quantized()) {
     const std::int64_t step = first * B.affine.scale_ld * static_cast<std::int64_t>(dtype_size(B.affine.scale_dtype));
@@ -121,6 +123,16 @@ void pack_panels(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* ds
   } else {
     pack_typed(static_cast<const std::uint32_t*>(B.data), B.ld, N, K, static_cast<std::uint32_t*>(dst));
   }
+}
+
+void pack_amx_tiles(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* dst) {
+  auto* out = static_cast<std::uint16_t*>(dst);
+  const auto* src = static_cast<const std::uint16_t*>(B.data);
+  std::memset(out, 0, static_cast<std::size_t>(amx_tile_elements(N, K)) * sizeof(std::uint16_t));
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t k0 = 0; k0 < K; k0 += 32)
+      std::memcpy(out + weight_offset(WeightLayout::amx_tiles, n, k0, K, 0), src + n * B.ld + k0,
+                  static_cast<std::size_t>(std::min<std::int64_t>(32, K - k0)) * sizeof(std::uint16_t));
 }
 
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,

@@ -77,8 +77,14 @@ struct Bf16Rows {
 ///  panels: repacked for the outer-product forward kernel: ceil(N / kPanelRows) panels, each
 ///          [K, kPanelRows] (element (n, k) at (n / 16)·16·K + k·16 + n % 16), rows past N zero.
 ///          Same dtype as the source: a bf16 model stays bf16. `ld` is unused.
-enum class WeightLayout { rows, panels };
+///  amx_tiles: bf16 only, for the bf16 compute mode's AMX path (gemm_nt_bf16): ceil(N / 16)
+///          blocks of 16 rows, each ceil(K / 32) tiles of 16 rows × 32 k — one `tdpbf16ps`
+///          operand, 1 KB, loaded as one contiguous block — element (n, k) at
+///          (n / 16)·16·Kp + (k / 32)·512 + (n % 16)·32 + k % 32, Kp = amx_padded_k(K); rows past
+///          N and k past K zero. The same values as rows, so the same bits. `ld` is unused.
+enum class WeightLayout { rows, panels, amx_tiles };
 constexpr std::int64_t kPanelRows = 16;
+inline std::int64_t amx_padded_k(std::int64_t K) { return (K + 31) / 32 * 32; }
 
 /// MLX affine quantization of a weight matrix [N, K] (docs/formats.md): each row holds K codes
 /// of `bits` bits packed little-endian into K · bits / 32 uint32 words (element 0 in the lowest
@@ -141,6 +147,26 @@ inline std::int64_t panel_elements(std::int64_t N, std::int64_t K) {
 
 /// Repacks a rows-layout [N, K] matrix into `dst` (panel_elements(N, K) elements of B.dtype).
 void pack_panels(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* dst);
+
+/// Elements of the amx_tiles layout of an [N, K] matrix (whole 16-row blocks, K padded to 32).
+inline std::int64_t amx_tile_elements(std::int64_t N, std::int64_t K) {
+  return (N + 15) / 16 * 16 * amx_padded_k(K);
+}
+
+/// Repacks a rows-layout bf16 [N, K] matrix into `dst` (amx_tile_elements(N, K) bf16 elements).
+void pack_amx_tiles(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* dst);
+
+/// Where element (n, k) of an [N, K] matrix in `layout` lies, in elements from its start (`ld`:
+/// the rows layout's row stride). Not for affine-quantized matrices.
+inline std::int64_t weight_offset(WeightLayout layout, std::int64_t n, std::int64_t k, std::int64_t K,
+                                  std::int64_t ld) {
+  switch (layout) {
+    case WeightLayout::panels: return (n / kPanelRows) * kPanelRows * K + k * kPanelRows + n % kPanelRows;
+    case WeightLayout::amx_tiles: return (n / 16) * 16 * amx_padded_k(K) + (k / 32) * 512 + (n % 16) * 32 + k % 32;
+    case WeightLayout::rows: break;
+  }
+  return n * ld + k;
+}
 
 /// The f32 output: C[m, n] = data[m * ld + n]. With `row_scale` each row's result is multiplied by
 /// row_scale[m] (after the full sum, before it is stored or added); with `accumulate` it is added
@@ -225,7 +251,6 @@ struct Bf16Activations {
 };
 
 constexpr std::int64_t kAmxRows = 16;
-inline std::int64_t amx_padded_k(std::int64_t K) { return (K + 31) / 32 * 32; }
 
 /// The row stride (elements) of round_to_bf16's output on `path`. For f32_fma and avx512bf16:
 /// K rounded up to whole 64-byte lines plus one line, so that consecutive rows start in
@@ -250,7 +275,8 @@ inline std::size_t bf16_activation_bytes(std::int64_t rows, std::int64_t K, Bf16
 /// into dst, in `path`'s form.
 Bf16Activations round_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, Bf16Path path, void* dst);
 
-/// C[M, N] (+)= A[M, K] · B[N, K]ᵀ on A's path; B bf16 in rows layout (preconditions, unchecked).
+/// C[M, N] (+)= A[M, K] · B[N, K]ᵀ on A's path; B bf16 in rows layout, or in amx_tiles on the amx
+/// path (preconditions, unchecked). Both layouts give the same bits.
 void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                   std::int64_t N, std::int64_t K, Threads threads = Threads::pool);
 
@@ -291,7 +317,8 @@ void gemm_nt_bf16_avx512(const Bf16Rows& A, const WeightMatrix& B, const Output&
 void round_rows_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, bool as_f32, void* dst,
                      std::int64_t ld);
 // gemm_nt_bf16's AMX kernel (single-threaded; only where the CPU has it): A is the amx form of
-// M rows starting at a panel boundary (data at its first panel, ld = amx_padded_k(K)).
+// M rows starting at a panel boundary (data at its first panel, ld = amx_padded_k(K)); B in rows
+// or amx_tiles layout (then starting at a 16-row block).
 void gemm_nt_bf16_amx(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                       std::int64_t N, std::int64_t K);
 // Tests: make bf16_path() answer `path` (where the CPU supports it), or, with nullopt, the

@@ -5,7 +5,9 @@
 // OS's permission. The weights run in place, as stored (rows layout, [N, K]): 16 weight rows ×
 // 32 k are the instruction's first operand, loaded straight from the checkpoint with the row
 // stride; the activations, packed in pairs of k by round_to_bf16, are its second; so each tile
-// holds Cᵀ (16 weight rows × 16 activation rows) and is transposed on the way out.
+// holds Cᵀ (16 weight rows × 16 activation rows) and is transposed on the way out. Weights
+// packed at load in the amx_tiles layout (gemm.hpp) are read as whole 1 KB tiles instead: the
+// same operands, so the same bits, without the 16 strided rows per load.
 //
 // Blocking: 2 × 2 tiles of Cᵀ (4 accumulators, 2 weight tiles, 2 activation tiles: all 8 tile
 // registers) over the whole K, so an element is one chain over K's chunks of 32 in order —
@@ -59,12 +61,15 @@ void stage(const WeightTile& w, std::int64_t k0, std::int64_t K, std::uint16_t* 
     std::memcpy(tile + r * kTileK, w.base + r * w.ld + k0, static_cast<std::size_t>(n) * sizeof(std::uint16_t));
 }
 
-// Loads k-chunk k0 of weight tile `w` into tile register T, straight from memory when the tile
-// is whole, else staged. (A macro: GCC's tile intrinsics paste the register number into the
-// assembly text, so it must be a literal.)
+// Loads k-chunk k0 of weight tile `w` into tile register T: from the packed tiles (whole, zero
+// padded: one contiguous 1 KB block), else straight from the rows when the tile is whole, else
+// staged. (A macro: GCC's tile intrinsics paste the register number into the assembly text, so
+// it must be a literal.)
 #define MOEKIT_LOAD_WEIGHTS(T, w, k0, K, staging)                                          \
   do {                                                                                    \
-    if ((w).rows == 16 && (k0) + kTileK <= (K)) {                                        \
+    if constexpr (Packed) {                                                               \
+      _tile_loadd(T, (w).base + (k0) * 16, kTileK * static_cast<std::int64_t>(sizeof(std::uint16_t))); \
+    } else if ((w).rows == 16 && (k0) + kTileK <= (K)) {                                 \
       _tile_loadd(T, (w).base + (k0), (w).ld * static_cast<std::int64_t>(sizeof(std::uint16_t))); \
     } else {                                                                              \
       stage((w), (k0), (K), (staging));                                                   \
@@ -87,8 +92,9 @@ void write_out(const float* tile, const Output& C, std::int64_t m0, std::int64_t
 }
 
 // NT weight tiles × MT activation panels over the whole K. Tile registers: C(t, u) = 2t + u,
-// weights 4 + t, activations 6 + u.
-template <int NT, int MT>
+// weights 4 + t, activations 6 + u. Packed: the weights are in amx_tiles layout, w[t].base at
+// the block's first tile.
+template <int NT, int MT, bool Packed>
 MOEKIT_AMX void block(const WeightTile* w, const std::uint16_t* const* x, std::int64_t K, const Output& C,
                       std::int64_t m0, std::int64_t M, std::int64_t n0) {
   alignas(64) std::uint16_t staging[2][kTileElems];
@@ -134,19 +140,28 @@ MOEKIT_AMX void detail::gemm_nt_bf16_amx(const Bf16Activations& A, const WeightM
   const auto* a = static_cast<const std::uint16_t*>(A.data);
   const std::int64_t panel = kAmxRows * A.ld;  // elements of one activation panel
   const std::int64_t panels = (M + kAmxRows - 1) / kAmxRows;
+  const bool packed = B.layout == WeightLayout::amx_tiles;
+  const std::int64_t row_step = packed ? amx_padded_k(K) : B.ld;  // elements from one row to the next block's
   for (std::int64_t n0 = 0; n0 < N; n0 += 32) {
     WeightTile w[2];
     for (int t = 0; t < 2; ++t)
-      w[t] = {b + (n0 + 16 * t) * B.ld, B.ld, std::clamp<std::int64_t>(N - n0 - 16 * t, 0, 16)};
+      w[t] = {b + (n0 + 16 * t) * row_step, B.ld, std::clamp<std::int64_t>(N - n0 - 16 * t, 0, 16)};
     const bool two_n = w[1].rows > 0;
     for (std::int64_t p = 0; p < panels; p += 2) {
       const std::uint16_t* x[2] = {a + p * panel, a + (p + 1) * panel};
       const bool two_m = p + 1 < panels;
       const std::int64_t m0 = p * kAmxRows;
-      if (two_n && two_m) block<2, 2>(w, x, K, C, m0, M, n0);
-      else if (two_n) block<2, 1>(w, x, K, C, m0, M, n0);
-      else if (two_m) block<1, 2>(w, x, K, C, m0, M, n0);
-      else block<1, 1>(w, x, K, C, m0, M, n0);
+      if (packed) {
+        if (two_n && two_m) block<2, 2, true>(w, x, K, C, m0, M, n0);
+        else if (two_n) block<2, 1, true>(w, x, K, C, m0, M, n0);
+        else if (two_m) block<1, 2, true>(w, x, K, C, m0, M, n0);
+        else block<1, 1, true>(w, x, K, C, m0, M, n0);
+      } else {
+        if (two_n && two_m) block<2, 2, false>(w, x, K, C, m0, M, n0);
+        else if (two_n) block<2, 1, false>(w, x, K, C, m0, M, n0);
+        else if (two_m) block<1, 2, false>(w, x, K, C, m0, M, n0);
+        else block<1, 1, false>(w, x, K, C, m0, M, n0);
+      }
     }
   }
   _tile_release();

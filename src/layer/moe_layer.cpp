@@ -51,6 +51,13 @@ void MoeLayer::set_bf16_activations(bool on) {
   if (on) {
     validate_bf16_activations(weights_.experts, "experts");
     if (weights_.shared.down.defined()) validate_bf16_activations(weights_.shared, "shared");
+  } else {
+    for (const ExpertWeights* w : {&weights_.experts, &weights_.shared})
+      for (const ExpertMatrix* m : {&w->gate, &w->up, &w->down})
+        if (m->layout == MatrixLayout::amx_tiles)
+          throw std::invalid_argument(
+              "[moekit::MoeLayer::set_bf16_activations] the experts are packed in AMX tiles, which only the bf16 "
+              "compute mode reads: it stays on (pack_weights() after turning it off gives f32 panels)");
   }
   weights_.experts.bf16_activations = on;
   weights_.shared.bf16_activations = on;

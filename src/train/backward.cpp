@@ -259,6 +259,11 @@ void check_float_weights(const char* fn, const MoeLayer& layer) {
     throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the layer has quantized weights, which have no "
                                            "gradient here; train a float copy (moekit::trainable_parameters needs "
                                            "float weights too)"));
+  for (const ExpertWeights* x : {&w.experts, &w.shared})
+    for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down})
+      if (m->layout == MatrixLayout::amx_tiles)
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the experts are packed in AMX tiles, a "
+                                               "forward-only layout; the backward reads rows or f32-mode panels"));
 }
 
 const float* checked_dy(const char* fn, const TensorView& dy_in, const Shape& shape, std::int64_t T, std::int64_t D,

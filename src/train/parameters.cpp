@@ -4,6 +4,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "experts/weight_matrix.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/train.hpp"
 #include "util/error.hpp"
@@ -13,14 +14,12 @@ namespace moekit {
 
 namespace {
 
-// Expert e's matrix widened to f32 [rows, cols] at dst (rows layout or panels).
+// Expert e's matrix widened to f32 [rows, cols] at dst (any layout).
 void widen_expert(const ExpertMatrix& m, std::int64_t e, float* dst) {
   const std::int64_t R = m.rows, C = m.cols;
   for (std::int64_t r = 0; r < R; ++r)
     for (std::int64_t c = 0; c < C; ++c) {
-      const std::int64_t i = m.panels ? (r / kernels::kPanelRows) * kernels::kPanelRows * C + c * kernels::kPanelRows +
-                                            r % kernels::kPanelRows
-                                      : r * m.row_stride + c;
+      const std::int64_t i = kernels::weight_offset(layout(m.layout), r, c, C, m.row_stride);
       dst[r * C + c] = kernels::load_f32(m.experts[e], m.dtype, i);
     }
 }

@@ -110,7 +110,7 @@ void run_case(const Case& c, std::uint32_t seed) {
   // The same experts repacked into panels (the outer-product forward kernel).
   ExpertWeights packed = w;
   pack_panels(packed);
-  ASSERT_TRUE(packed.up.panels && packed.down.panels);
+  ASSERT_TRUE(packed.up.layout == MatrixLayout::panels && packed.down.layout == MatrixLayout::panels);
   Tensor yp({c.T, c.D}, DType::f32);
   run_experts(packed, body, x, ids, wts, c.weight_on_input, yp);
   SCOPED_TRACE("panels");

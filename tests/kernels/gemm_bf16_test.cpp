@@ -6,7 +6,7 @@
 //  - both within the dot-product error bound of an exact (double) sum;
 //  - the AMX path bit for bit against its scalar twin ref::gemm_nt_bf16_tdpbf16 (where the CPU
 //    has AMX-BF16 and the OS grants it; skipped, saying so, elsewhere), partial tiles, denormals
-//    and batch composition included;
+//    and batch composition included, with the weights in rows and packed in amx_tiles;
 //  - any split over threads gives the same bits; round_to_bf16 (every form, every target)
 //    rounds as f32_to_bf16, and the AMX form lays the pairs out as gemm.hpp says.
 #include <gtest/gtest.h>
@@ -174,6 +174,26 @@ void expect_amx_matches_twin(const Case& c, const Operands& op) {
   kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K);
   kernels::ref::gemm_nt_bf16_tdpbf16(op.A(c), op.B(), op.C(c, want), c.M, c.N, c.K);
   expect_bitwise(got, want);
+  // The same weights packed in AMX tiles: whole 1 KB tiles, zero past N and K, the same bits.
+  std::vector<std::uint16_t> tiles(static_cast<std::size_t>(kernels::amx_tile_elements(c.N, c.K)), 0xFFFFu);
+  kernels::pack_amx_tiles(op.B(), c.N, c.K, tiles.data());
+  std::size_t nonzero_padding = 0;
+  for (std::int64_t n = 0; n < (c.N + 15) / 16 * 16; ++n)
+    for (std::int64_t k = 0; k < kernels::amx_padded_k(c.K); ++k) {
+      const std::uint16_t v = tiles[static_cast<std::size_t>(kernels::weight_offset(kernels::WeightLayout::amx_tiles,
+                                                                                     n, k, c.K, 0))];
+      if (n < c.N && k < c.K) {
+        ASSERT_EQ(v, op.b[static_cast<std::size_t>(n * op.ldb + k)]) << "tile element " << n << ", " << k;
+      } else {
+        nonzero_padding += v != 0;
+      }
+    }
+  EXPECT_EQ(nonzero_padding, 0u);
+  std::vector<float> packed_got;
+  kernels::gemm_nt_bf16(A, {tiles.data(), DType::bf16, 0, kernels::WeightLayout::amx_tiles},
+                        op.C(c, packed_got), c.M, c.N, c.K);
+  SCOPED_TRACE("amx_tiles");
+  expect_bitwise(packed_got, want);
 }
 
 std::vector<Case> amx_cases() {

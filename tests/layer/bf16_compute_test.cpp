@@ -2,7 +2,8 @@
 // weights: against a double-precision model of its contract (the rows entering each projection
 // rounded to bf16, exact products, the activation on the fp32 pre-activations), on both paths
 // (avx512bf16 where the CPU has it); against the exact f32 mode (the error the mode costs, printed);
-// bit-identical for any thread count; its errors for weights it cannot run.
+// bit-identical for any thread count; the weights packed in AMX tiles give the rows' bits (where
+// the CPU has AMX); its errors for weights it cannot run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -164,6 +165,15 @@ double max_abs(const std::vector<double>& v) {
 
 const char* name(Family f) { return f == Family::deepseek ? "deepseek" : f == Family::llama4 ? "llama4" : "gpt_oss"; }
 
+void expect_msg(const std::function<void()>& fn, const std::string& want) {
+  try {
+    fn();
+    ADD_FAILURE() << "no exception, expected: " << want;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
 class Bf16Compute : public ::testing::TestWithParam<Family> {};
 
 TEST_P(Bf16Compute, MatchesTheContractOnEveryPath) {
@@ -236,17 +246,44 @@ TEST_P(Bf16Compute, AnyThreadCountGivesTheSameBits) {
   kernels::detail::set_bf16_path_for_tests(std::nullopt);
 }
 
+// pack_weights() in the bf16 mode on AMX: the experts (routed and shared) in amx_tiles, the
+// same bits as the in-place rows for every thread count, the resident bytes those of whole tiles.
+TEST_P(Bf16Compute, AmxTilesGiveTheBitsOfTheRows) {
+  if (kernels::bf16_path() != kernels::Bf16Path::amx)
+    GTEST_SKIP() << "the bf16 mode runs " << kernels::bf16_path_name(kernels::bf16_path())
+                 << " here, not amx: the AMX tile layout was not run";
+  std::mt19937 rng(300 + static_cast<int>(GetParam()));
+  Built b = build(GetParam(), rng);
+  MoeLayer rows(b.cfg, b.w);
+  rows.set_bf16_activations(true);
+  MoeLayer tiles(b.cfg, b.w);
+  tiles.set_bf16_activations(true);
+  const std::size_t predicted = tiles.weights().experts.packed_nbytes();
+  tiles.pack_weights();
+  const ExpertWeights& ex = tiles.weights().experts;
+  ASSERT_EQ(ex.down.layout, MatrixLayout::amx_tiles);
+  ASSERT_EQ(ex.up.layout, MatrixLayout::amx_tiles);
+  if (tiles.weights().shared.down.defined()) ASSERT_EQ(tiles.weights().shared.down.layout, MatrixLayout::amx_tiles);
+  const std::int64_t E = ex.num_experts(), D = ex.hidden_size(), F = ex.width();
+  const std::int64_t matrices = ex.gate.defined() ? 2 : 1;
+  EXPECT_EQ(ex.nbytes(), static_cast<std::size_t>(E * 2 * (matrices * kernels::amx_tile_elements(F, D) +
+                                                           kernels::amx_tile_elements(D, F))));
+  EXPECT_EQ(ex.nbytes(), predicted);
+  const Tensor x = randn({70, b.cfg.hidden_size}, rng, 1.0f);
+  const Tensor want = rows.forward(x);
+  const int before = num_threads();
+  for (const int t : {1, 2, 3}) {
+    set_num_threads(t);
+    const Tensor y = tiles.forward(x);
+    EXPECT_EQ(std::memcmp(y.data(), want.data(), y.nbytes()), 0) << t << " threads";
+  }
+  set_num_threads(before);
+  expect_msg([&] { tiles.set_bf16_activations(false); }, "packed in AMX tiles");
+  EXPECT_TRUE(tiles.bf16_activations());
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Bf16Compute, ::testing::Values(Family::deepseek, Family::llama4, Family::gpt_oss),
                          [](const ::testing::TestParamInfo<Family>& i) { return std::string(name(i.param)); });
-
-void expect_msg(const std::function<void()>& fn, const std::string& want) {
-  try {
-    fn();
-    ADD_FAILURE() << "no exception, expected: " << want;
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
-  }
-}
 
 TEST(Bf16ComputeErrors, NamesTheMatrixItCannotRun) {
   std::mt19937 rng(5);
@@ -264,12 +301,21 @@ TEST(Bf16ComputeErrors, NamesTheMatrixItCannotRun) {
   packed.pack_weights();
   expect_msg([&] { packed.set_bf16_activations(true); }, "experts.gate is packed in panels");
 
+  // In the bf16 mode, pack_weights() packs AMX tiles where the mode runs on AMX and has nothing
+  // to pack into on its other paths.
   MoeLayer on(b.cfg, b.w);
   on.set_bf16_activations(true);
-  expect_msg([&] { on.pack_weights(); }, "turn it off before packing");
+  for (const kernels::Bf16Path path : {kernels::Bf16Path::f32_fma, kernels::Bf16Path::avx512bf16}) {
+    if (!kernels::bf16_path_supported(path)) continue;
+    kernels::detail::set_bf16_path_for_tests(path);
+    expect_msg([&] { on.pack_weights(); }, "packed layout on the amx path only");
+    EXPECT_EQ(on.weights().experts.up.layout, MatrixLayout::rows);
+  }
+  kernels::detail::set_bf16_path_for_tests(std::nullopt);
   on.set_bf16_activations(false);
   EXPECT_FALSE(on.bf16_activations());
-  on.pack_weights();  // and off again, packing works
+  on.pack_weights();  // and off again, packing gives panels
+  EXPECT_EQ(on.weights().experts.up.layout, MatrixLayout::panels);
 }
 
 }  // namespace
