@@ -117,17 +117,35 @@ void BM_GemmNt(benchmark::State& state, DType dtype) {
 void BM_GemmNtBf16(benchmark::State& state) {
   const std::int64_t M = state.range(0), N = state.range(1), K = state.range(2);
   const auto path = kernels::kBf16Paths[state.range(3)];
-  if (!kernels::bf16_path_supported(path)) {
-    state.SkipWithError((std::string("this CPU has no ") + kernels::bf16_path_name(path)).c_str());
+  // range(4): 1 = the weights packed in AMX tiles (amx path only); range(5): 1 = cold weights
+  // (64 copies cycled, far beyond the L3: each call streams its weights from DRAM, as a layer).
+  const bool tiles = state.range(4) == 1, cold = state.range(5) == 1;
+  if (!kernels::bf16_path_supported(path) || (tiles && path != kernels::Bf16Path::amx)) {
+    state.SkipWithError((std::string("this CPU has no ") + kernels::bf16_path_name(path) +
+                         (tiles ? " (AMX tiles need the amx path)" : ""))
+                            .c_str());
     return;
   }
   std::mt19937 rng(4);
+  const int copies = cold ? 64 : 1;
   Tensor a = randn({M, K}, rng, 1.0f), b = to_dtype(randn({N, K}, rng, 1.0f), DType::bf16);
+  const std::int64_t per = tiles ? kernels::amx_tile_elements(N, K) : N * K;
+  std::vector<std::uint16_t> w(static_cast<std::size_t>(per * copies));
+  for (int i = 0; i < copies; ++i) {
+    if (tiles) {
+      kernels::pack_amx_tiles({b.data(), DType::bf16, K}, N, K, w.data() + i * per);
+    } else {
+      std::memcpy(w.data() + i * per, b.data(), static_cast<std::size_t>(per) * 2);
+    }
+  }
+  const kernels::WeightLayout layout = tiles ? kernels::WeightLayout::amx_tiles : kernels::WeightLayout::rows;
   Tensor c({M, N}, DType::f32);
   std::vector<float> buf((kernels::bf16_activation_bytes(M, K, path) + 3) / 4);
+  int next = 0;
   for (auto _ : state) {
     const auto A = kernels::round_to_bf16({a.data_as<float>(), K}, M, K, path, buf.data());
-    kernels::gemm_nt_bf16(A, {b.data(), DType::bf16, K}, {c.data_as<float>(), N}, M, N, K, kernels::Threads::caller);
+    kernels::gemm_nt_bf16(A, {w.data() + (next++ % copies) * per, DType::bf16, K, layout}, {c.data_as<float>(), N}, M,
+                          N, K, kernels::Threads::caller);
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
@@ -312,7 +330,8 @@ BENCHMARK_CAPTURE(BM_GemmNt, f32, DType::f32)
     ->Args({1, 768, 2048})->Args({32, 768, 2048})->Args({64, 768, 2048})->Args({256, 768, 2048})
     ->Args({64, 2048, 768})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_GemmNt, bf16, DType::bf16)->Args({64, 768, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 32, 64}, {768}, {2048}, {0, 1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 32, 64}, {768}, {2048}, {0, 1, 2}, {0}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 32, 64}, {768}, {2048}, {2}, {1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmNtColdB)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 // Qwen3 at T = 512: 32 rows per expert; DeepSeek-style: 48 rows of F = 1408.
 #define MOEKIT_LAYOUT(name, op)                                                                             \
