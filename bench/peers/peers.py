@@ -255,7 +255,12 @@ def row_name(r):
         lay = r.get("backend") or "panels"
         if r["format"] == "f32":
             return "moekit f32" if lay == "panels" else f"moekit f32, {lay} (in place)"
+        if r["format"] == "bf16-act":  # the bf16 compute mode: bf16 weights and activations
+            where = "AMX tiles (packed)" if lay == "amx_tiles" else f"{lay} (in place)"
+            return f"moekit bf16 compute mode (bf16 activations), {where}"
         if lay == "affine":
+            if r["format"].endswith("-int8"):
+                return f"moekit {r['format'][:-5]} (MLX affine, group 64), int8 activations (fast mode)"
             return f"moekit {r['format']} (MLX affine, group 64), exact, f32 activations"
         return f"moekit {r['format']} weights, f32 activations" + ("" if lay == "panels" else f", {lay} (in place)")
     if r["system"] == "torch":
