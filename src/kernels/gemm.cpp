@@ -137,8 +137,12 @@ void pack_amx_tiles(const WeightMatrix& B, std::int64_t N, std::int64_t K, void*
 
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads) {
+  // The fast mode is decided on the whole call (never on a thread's share of its rows); with
+  // many rows on AMX-INT8 its driver quantizes the rows once and splits in whole tiles.
+  const bool int8 = B.quantized() && detail::int8_activations_apply(B, M);
+  if (int8 && M > kInt8MaxRows) return detail::gemm_nt_affine_int8_amx(A, B, C, M, N, K, threads);
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-    if (B.quantized() && detail::int8_activations_apply(B, m1 - m0))
+    if (int8)
       return detail::gemm_nt_affine_int8_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0,
                                                 n1 - n0, K);
     const auto kernel = B.quantized()                     ? detail::gemm_nt_affine_kernel

@@ -293,15 +293,23 @@ void gemm_nt_affine_kernel(const RowSource& A, const WeightMatrix& B, const Outp
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
 // The fast mode's kernel and whether it takes B with M rows of A. `path` picks its
-// instruction set (tests, benchmarks; best: AVX2, else portable C++, or MOEKIT_INT8_PATH's); a path
-// must be supported (int8_path_supported). AVX512-VNNI and AVX2 give the same bits for 4-bit
-// codes and agree to f32 rounding for 8-bit ones.
-enum class Int8Path { best, portable, avx2, avx512vnni };
+// instruction set (tests, benchmarks; best: for more than kInt8MaxRows rows AMX-INT8 where the
+// CPU has it and the group size is a multiple of 64, else AVX2, else portable C++, or
+// MOEKIT_INT8_PATH's); a path must be supported (int8_path_supported, and amx_int8_takes for
+// amx). AVX512-VNNI and AVX2 give the same bits for 4-bit codes and agree to f32 rounding for
+// 8-bit ones; AMX gives the portable path's bits (whole-group integer sums, the same scalar
+// float steps per element).
+enum class Int8Path { best, portable, avx2, avx512vnni, amx };
+bool amx_int8_takes(const WeightMatrix& B) noexcept;
 bool int8_path_supported(Int8Path path) noexcept;
 const char* int8_path_name(Int8Path path) noexcept;  ///< best: the one it resolves to
 bool int8_activations_apply(const WeightMatrix& B, std::int64_t M);
 void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                                 std::int64_t N, std::int64_t K, Int8Path path = Int8Path::best);
+// The fast mode's driver for many rows on AMX-INT8 (amx_int8_takes(B)): A quantized once, split
+// over the pool in whole 16-row panels or 32-column tile pairs.
+void gemm_nt_affine_int8_amx(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                             std::int64_t N, std::int64_t K, Threads threads);
 // n_total: the packed matrix's full column count (its panel stride); B.data points at column 0
 // of the call's first column.
 void gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

@@ -1,7 +1,8 @@
 // The fast mode of gemm_nt on MLX affine weights (int8 activations, kernels/gemm_affine_int8.cpp)
 // against the exact kernel: within the bound its arithmetic guarantees, per element
 //   |y_fast − y_exact| ≤ Σ_g (d_g / 2) · Σ_{k∈g} |w_k|,  d_g = max_{k∈g} |x_k| / 127,
-// (plus f32 rounding); the AVX2 and portable paths agree, AVX512-VNNI and AVX2 bit for bit (4-bit; to f32 rounding for 8-bit); any thread count gives the same bits;
+// (plus f32 rounding); the AVX2 and portable paths agree, AVX512-VNNI and AVX2 bit for bit (4-bit; to f32 rounding for 8-bit);
+// AMX-INT8 (many rows) and the portable path bit for bit; any thread count gives the same bits;
 // the epilogue (row scale, accumulate) and gathered, scaled rows behave as in the exact kernel.
 #include <gtest/gtest.h>
 
@@ -106,10 +107,13 @@ void check_case(const Case& c, std::uint32_t seed) {
 
 TEST(AffineInt8, PathIsNamed) {
   using kernels::detail::Int8Path;
-  std::printf("[ int8 path ] the fast mode runs %s (avx512vnni %s, avx2 %s)\n",
-              kernels::detail::int8_path_name(Int8Path::best),
+  std::printf("[ int8 path ] the fast mode runs %s up to %lld rows (avx512vnni %s, avx2 %s); beyond: %s\n",
+              kernels::detail::int8_path_name(Int8Path::best), static_cast<long long>(kernels::kInt8MaxRows),
               kernels::detail::int8_path_supported(Int8Path::avx512vnni) ? "tested against avx2" : "not supported: skipped",
-              kernels::detail::int8_path_supported(Int8Path::avx2) ? "supported" : "not supported: skipped");
+              kernels::detail::int8_path_supported(Int8Path::avx2) ? "supported" : "not supported: skipped",
+              kernels::detail::int8_path_supported(Int8Path::amx)
+                  ? "amx (group sizes that are multiples of 64), tested against portable"
+                  : "the exact kernel (no AMX-INT8: the amx path skipped)");
   EXPECT_TRUE(kernels::detail::int8_path_supported(Int8Path::portable));
 }
 
@@ -181,7 +185,7 @@ TEST(AffineInt8, NonFiniteActivationsGiveNaNNotGarbage) {
     std::vector<float> x(static_cast<std::size_t>(c.M * c.K), 0.5f), y(static_cast<std::size_t>(c.M * c.N));
     x[static_cast<std::size_t>(c.K + 70)] = bad;  // row 1, second group
     using kernels::detail::Int8Path;
-    for (const Int8Path path : {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni}) {
+    for (const Int8Path path : {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni, Int8Path::amx}) {
       if (!kernels::detail::int8_path_supported(path)) continue;
       kernels::detail::gemm_nt_affine_int8_kernel({x.data(), c.K}, weights_of(q, c, true), {y.data(), c.N}, c.M, c.N,
                                                   c.K, path);
@@ -193,6 +197,62 @@ TEST(AffineInt8, NonFiniteActivationsGiveNaNNotGarbage) {
   }
 }
 
+// AMX-INT8 against the portable kernel, bit for bit: partial panels and tile pairs, 4- and 8-bit
+// codes, groups of 64 and 128, every scale dtype, gathered and scaled rows, the epilogue, and the
+// driver (gemm_nt, which takes AMX for more than kInt8MaxRows rows) for 1-3 threads.
+TEST(AffineInt8, AmxEqualsThePortablePathBitwise) {
+  using kernels::detail::Int8Path;
+  if (!kernels::detail::int8_path_supported(Int8Path::amx))
+    GTEST_SKIP() << "this CPU (or OS) has no AMX-INT8: the tdpbusd path was not run";
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int before = num_threads();
+  int done = 0;
+  for (const int bits : {4, 8})
+    for (const int group : {64, 128})
+      for (const DType sd : {DType::bf16, DType::f32, DType::f16})
+        for (const std::int64_t M : {1, 9, 16, 17, 33, 50})
+          for (const std::int64_t N : {13, 32, 70}) {
+            const std::int64_t K = group == 64 ? 192 : 256;
+            const Case c{bits, group, sd, M, N, K};
+            Tensor w(Shape{N, K}, DType::f32);
+            for (std::int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = 0.05f * nd(rng);
+            const testing::Quantized q = testing::quantize_affine(w, bits, group, sd);
+            const bool gather = (M + N) % 2 == 1, scaled = N % 2 == 0, epilogue = M % 2 == 1;
+            std::vector<float> xs(static_cast<std::size_t>((2 * M + 1) * K));
+            for (float& v : xs) v = nd(rng) * (rng() % 7 == 0 ? 8.0f : 1.0f);
+            std::vector<std::int32_t> index;
+            std::vector<float> scale, row_scale;
+            for (std::int64_t i = 0; i < M; ++i) {
+              index.push_back(static_cast<std::int32_t>(rng() % (2 * M + 1)));
+              scale.push_back(0.25f + 0.5f * static_cast<float>(i % 5));
+              row_scale.push_back(i % 3 == 0 ? -1.5f : 0.75f);
+            }
+            const RowSource A{xs.data(), K, gather ? index.data() : nullptr, scaled ? scale.data() : nullptr};
+            std::vector<float> c0(static_cast<std::size_t>(M * N));
+            for (float& v : c0) v = nd(rng);
+            const auto out = [&](std::vector<float>& y) {
+              y = c0;
+              return Output{y.data(), N, epilogue ? row_scale.data() : nullptr, epilogue};
+            };
+            std::vector<float> want, got;
+            kernels::detail::gemm_nt_affine_int8_kernel(A, weights_of(q, c, true), out(want), M, N, K, Int8Path::portable);
+            kernels::detail::gemm_nt_affine_int8_kernel(A, weights_of(q, c, true), out(got), M, N, K, Int8Path::amx);
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+                << "bits " << bits << " group " << group << " M " << M << " N " << N;
+            if (M > kernels::kInt8MaxRows)
+              for (const int t : {1, 2, 3}) {
+                set_num_threads(t);
+                kernels::gemm_nt(A, weights_of(q, c, true), out(got), M, N, K);
+                ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+                    << "gemm_nt, " << t << " threads, bits " << bits << " M " << M << " N " << N;
+              }
+            ++done;
+          }
+  set_num_threads(before);
+  std::printf("[ int8 path ] amx: %d cases bit for bit against the portable path\n", done);
+}
+
 TEST(AffineInt8, AppliesOnlyWhereItPays) {
   WeightMatrix w{nullptr, DType::u32, 0};
   w.affine.bits = 4;
@@ -201,7 +261,12 @@ TEST(AffineInt8, AppliesOnlyWhereItPays) {
   w.affine.int8_activations = true;
   EXPECT_TRUE(kernels::detail::int8_activations_apply(w, 1));
   EXPECT_TRUE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows));
+  // More rows: only where AMX-INT8 takes the codes (group a multiple of 64).
+  EXPECT_EQ(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1), kernels::detail::amx_int8_takes(w));
+  EXPECT_EQ(kernels::detail::amx_int8_takes(w), kernels::detail::int8_path_supported(kernels::detail::Int8Path::amx));
+  w.affine.group_size = 32;
   EXPECT_FALSE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1));
+  w.affine.group_size = 64;
   w.affine.bits = 3;
   EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1)) << "3-bit codes stay exact";
 }
