@@ -102,8 +102,9 @@ class MoeLayer {
   /// The fast mode for MLX-affine-quantized experts (routed and shared; the router and the
   /// shared-expert gate stay exact, so the routing is unchanged): with `on`, 4- and 8-bit
   /// projections multiply int8-quantized activations (one scale per weight group) with the codes
-  /// as integers wherever an expert has at most kernels' 8 rows (decode, small batches); larger
-  /// groups of rows keep the exact kernel. |y_fast − y_exact| per element is bounded by
+  /// as integers wherever an expert has at most kernels' 8 rows (decode, small batches), and for
+  /// any number of rows on CPUs with AMX-INT8 (group sizes that are multiples of 64); elsewhere
+  /// larger groups of rows keep the exact kernel. |y_fast − y_exact| per element is bounded by
   /// Σ_groups (max|x_group| / 254) · Σ|w_group| of each projection (docs/numerics.md).
   /// Deterministic for any thread count. No effect on float weights. Not thread-safe against
   /// concurrent forwards.
