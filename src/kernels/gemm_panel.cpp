@@ -27,14 +27,21 @@ constexpr int kPanelVectorsPerTile = HWY_LANES(float) >= 16 ? 2 : static_cast<in
 constexpr int kPanelNv = kPanelVectorsPerTile > 4 ? 4 : kPanelVectorsPerTile;
 constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 6 : 3);
 
-template <int MR, bool kScaled, typename TB>
+template <int MR, bool kScaled, typename TB, bool kPrefetch>
 struct PanelOps {
   ARows<MR> a;
   const TB* b[kPanelNv];  // vector j's first weight at k = 0
+  // This tile's share of the next column block: one cache line per k step into L2 (the tiles of
+  // a block together cover it once), clamped to its last line.
+  const char* pf = nullptr;
+  int64_t pf_last = 0;
   struct Step {
     int64_t k;
   };
-  Step step(int64_t k) const { return {k}; }
+  Step step(int64_t k) const {
+    if constexpr (kPrefetch) __builtin_prefetch(pf + std::min(k * 64, pf_last), 0, 2);
+    return {k};
+  }
   float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
   template <bool kTail>
   hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t) const {
@@ -42,14 +49,22 @@ struct PanelOps {
   }
 };
 
-template <bool kScaled, typename TB>
+template <bool kScaled, typename TB, bool kPrefetch>
 struct PanelMaker {
   const RowSource* A;
   const TB* B;
   int64_t N, K;
+  // The next block's bytes (next_bytes 0: this block's first line, already resident) and the
+  // current block's first column, for the tiles' shares of it.
+  const char* next = nullptr;
+  int64_t next_bytes = 0, n0 = 0, tiles_per_strip = 1;
   template <int MR>
-  PanelOps<MR, kScaled, TB> make(int64_t m, int64_t n) const {
-    PanelOps<MR, kScaled, TB> ops;
+  PanelOps<MR, kScaled, TB, kPrefetch> make(int64_t m, int64_t n) const {
+    PanelOps<MR, kScaled, TB, kPrefetch> ops;
+    const int64_t tile = (m / kPanelMr) * tiles_per_strip + (n - n0) / 32;
+    const int64_t first = std::min(tile * K * 64, std::max<int64_t>(0, next_bytes - 64));
+    ops.pf = next + first;
+    ops.pf_last = std::max<int64_t>(0, next_bytes - 64 - first);
     ops.a = ARows<MR>::Of(*A, m);
     const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t last = (N + kPanelRows - 1) / kPanelRows * kPanelRows - L;
@@ -64,13 +79,21 @@ struct PanelMaker {
 };
 
 // Column blocks of 64 (four panels, 64·K weights: 512 KB at K = 2048 f32) stay in L2 while
-// every row tile passes over them.
-template <bool kScaled, typename TB>
+// every row tile passes over them. With more than one strip of rows the next block is fetched
+// into L2 meanwhile, one line per k step of each tile (docs/performance.md: Xeon, T = 512 f32
+// -5 %, bf16 weights -11 %; with one strip — decode, small batches — it measured slower).
+template <bool kScaled, typename TB, bool kPrefetch>
 void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
-  const PanelMaker<kScaled, TB> make{&A, B, N, K};
+  PanelMaker<kScaled, TB, kPrefetch> make{&A, B, N, K};
   constexpr int64_t kBlock = 4 * kPanelRows;
+  const int64_t panel_bytes = kPanelRows * K * static_cast<int64_t>(sizeof(TB));
   for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
     const int64_t n1 = std::min(N, n0 + kBlock);
+    const int64_t next_panels = n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
+    make.next = reinterpret_cast<const char*>(B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
+    make.next_bytes = next_panels * panel_bytes;
+    make.n0 = n0;
+    make.tiles_per_strip = (n1 - n0 + 31) / 32;
     for (int64_t m = 0; m < M; m += kPanelMr)
       OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), make, K, C, m, n0, n1);
   }
@@ -78,10 +101,11 @@ void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int6
 
 template <typename TB>
 void PanelTyped(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
+  const bool pf = M > kPanelMr;
   if (A.scale) {
-    PanelGemm<true>(A, B, C, M, N, K);
+    pf ? PanelGemm<true, TB, true>(A, B, C, M, N, K) : PanelGemm<true, TB, false>(A, B, C, M, N, K);
   } else {
-    PanelGemm<false>(A, B, C, M, N, K);
+    pf ? PanelGemm<false, TB, true>(A, B, C, M, N, K) : PanelGemm<false, TB, false>(A, B, C, M, N, K);
   }
 }
 
