@@ -196,7 +196,7 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
              std::int64_t K, Threads threads = Threads::pool);
 
 /// C[M, N] (+)= A[M, K] · B[K, N]. B is a weight matrix (dx = dh · W with W [out, in]: K = out,
-/// N = in). In rows layout: the outer-product kernel on per-call panels (one FMA chain per
+/// N = in). In rows layout: the outer-product kernel reading B in place (one FMA chain per
 /// element). In panels (the forward's packing of W, over K = out; B.ld = N): the dot-product
 /// kernel reading 16 consecutive k of a panel per column, no packing (lane-strided order, as
 /// gemm_nt on rows).

@@ -26,7 +26,7 @@ namespace moekit::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // gemm_nn: a(i, k) = A row (m + i) at k (times its scale); B row k = B + k * ldb.
-template <int MR, bool kScaled, typename TB>
+template <int MR, bool kScaled, typename TB, bool kPrefetch = false>
 struct NnOps {
   ARows<MR> a;
   const TB* b;
@@ -34,7 +34,16 @@ struct NnOps {
   struct Step {
     int64_t k;
   };
-  Step step(int64_t k) const { return {k}; }
+  Step step(int64_t k) const {
+    if constexpr (kPrefetch) {
+      // The first strip over a column block brings its rows in: row k + 16's lines (the widest
+      // tile's 4 vectors; a prefetch past the last row reads nothing and never faults).
+      const char* p = reinterpret_cast<const char*>(b + (k + 16) * ldb);
+      const int64_t bytes = 4 * static_cast<int64_t>(hn::Lanes(DF()) * sizeof(TB));
+      for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + l, 0, 3);
+    }
+    return {k};
+  }
   float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
   template <bool kTail>
   hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t cols) const {
@@ -94,50 +103,45 @@ HWY_INLINE void OuterGemm(const MakeOps& make, const Output& C, int64_t M, int64
   }
 }
 
-// gemm_nn reads B (the weights) down its columns: a tile's B rows are a whole row stride apart
-// (8 KB for D = 2048 f32), so K of them span thousands of pages. Each column block of B is
-// therefore first copied, widened to f32, into a contiguous panel [K, kNv·lanes] (zero-padded
-// past N) that every row tile then streams from L2. The panel is per-call scratch, never a
-// resident copy of the weights.
-template <bool kScaled>
+// gemm_nn reads B (the weights) in place, down its columns: a tile's B rows are a whole row
+// stride apart (8 KB for D = 2048 f32). The first strip of A's rows over a column block brings
+// the block's rows in, prefetching row k + 16's lines at step k (the hardware prefetchers do
+// not follow a few lines per row at such strides); the other strips find them in L2. This
+// replaced a per-call f32 copy of each column block into a contiguous panel, whose copying
+// cost as much as the products at an expert's few rows (docs/performance.md: Xeon, one thread,
+// dx at the reference shapes, cold weights +3-32 %, cached +35-100 %).
+template <bool kScaled, typename TB, bool kPrefetch>
 struct NnMaker {
   const RowSource* A;
-  const float* panel;
-  int64_t width, n0;
+  const TB* B;
+  int64_t ldb;
   template <int MR>
-  NnOps<MR, kScaled, float> make(int64_t m, int64_t n) const {
-    NnOps<MR, kScaled, float> ops;
+  NnOps<MR, kScaled, TB, kPrefetch> make(int64_t m, int64_t n) const {
+    NnOps<MR, kScaled, TB, kPrefetch> ops;
     ops.a = ARows<MR>::Of(*A, m);
-    ops.b = panel + (n - n0);
-    ops.ldb = width;
+    ops.b = B + n;
+    ops.ldb = ldb;
     return ops;
   }
 };
 
-template <typename TB>
-void PackPanel(const TB* B, int64_t ldb, int64_t K, int64_t cols, int64_t width, float* HWY_RESTRICT panel) {
-  const DF df;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t k = 0; k < K; ++k) {
-    const TB* src = B + k * ldb;
-    float* dst = panel + k * width;
-    int64_t j = 0;
-    for (; j + L <= cols; j += L) hn::StoreU(WidenLoad(df, src + j), df, dst + j);
-    if (j < cols) hn::StoreU(LoadRow<true>(df, src + j, 0, cols - j), df, dst + j), j += L;
-    for (; j < width; j += L) hn::StoreU(hn::Zero(df), df, dst + j);
-  }
-}
-
+// Column blocks of kNv vectors; every row tile of A passes over a block while it is in L2.
 template <bool kScaled, typename TB>
-void NnBlocks(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K,
-              float* panel) {
+void NnBlocks(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K) {
   const DF df;
   const int64_t width = kNv * static_cast<int64_t>(hn::Lanes(df));
+  const NnMaker<kScaled, TB, true> first{&A, B, ldb};
+  const NnMaker<kScaled, TB, false> rest{&A, B, ldb};
   for (int64_t n0 = 0; n0 < N; n0 += width) {
     const int64_t n1 = std::min(N, n0 + width);
-    PackPanel(B + n0, ldb, K, n1 - n0, width, panel);
-    const NnMaker<kScaled> make{&A, panel, width, n0};
-    for (int64_t m = 0; m < M; m += kMr) OuterRows<kNv, kMr>(static_cast<int>(std::min<int64_t>(kMr, M - m)), make, K, C, m, n0, n1);
+    for (int64_t m = 0; m < M; m += kMr) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMr, M - m));
+      if (m == 0) {
+        OuterRows<kNv, kMr>(rows, first, K, C, m, n0, n1);
+      } else {
+        OuterRows<kNv, kMr>(rows, rest, K, C, m, n0, n1);
+      }
+    }
   }
 }
 
@@ -152,27 +156,22 @@ struct TnMaker {
 };
 
 template <typename TB>
-void NnTyped(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K,
-             float* panel) {
+void NnTyped(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K) {
   if (A.scale) {
-    NnBlocks<true>(A, B, ldb, C, M, N, K, panel);
+    NnBlocks<true>(A, B, ldb, C, M, N, K);
   } else {
-    NnBlocks<false>(A, B, ldb, C, M, N, K, panel);
+    NnBlocks<false>(A, B, ldb, C, M, N, K);
   }
 }
 
-// Floats of panel scratch gemm_nn needs for K rows on this target.
-int64_t NnPanelFloats(int64_t K) { return K * kNv * static_cast<int64_t>(hn::Lanes(DF())); }
-
-void GemmNn(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K,
-            float* panel) {
+void GemmNn(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
   switch (B.dtype) {
     case DType::bf16:
-      return NnTyped(A, static_cast<const hwy::bfloat16_t*>(B.data), B.ld, C, M, N, K, panel);
+      return NnTyped(A, static_cast<const hwy::bfloat16_t*>(B.data), B.ld, C, M, N, K);
     case DType::f16:
-      return NnTyped(A, static_cast<const hwy::float16_t*>(B.data), B.ld, C, M, N, K, panel);
+      return NnTyped(A, static_cast<const hwy::float16_t*>(B.data), B.ld, C, M, N, K);
     default:
-      return NnTyped(A, static_cast<const float*>(B.data), B.ld, C, M, N, K, panel);
+      return NnTyped(A, static_cast<const float*>(B.data), B.ld, C, M, N, K);
   }
 }
 
@@ -191,17 +190,11 @@ namespace moekit::kernels {
 
 HWY_EXPORT(GemmNn);
 HWY_EXPORT(GemmTn);
-HWY_EXPORT(NnPanelFloats);
 
 void detail::gemm_nn_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                             std::int64_t N, std::int64_t K) {
   if (M <= 0 || N <= 0) return;
-  // The panel is kept per thread (K × 64 floats at most: 0.5 MB at K = 2048, 3.7 MB at Mixtral's
-  // F = 14336), so a backward pass does not allocate per GEMM.
-  thread_local std::vector<float> panel;
-  const std::size_t need = static_cast<std::size_t>(HWY_DYNAMIC_DISPATCH(NnPanelFloats)(std::max<std::int64_t>(K, 1)));
-  if (panel.size() < need) panel.resize(need);
-  HWY_DYNAMIC_DISPATCH(GemmNn)(A, B, C, M, N, K, panel.data());
+  HWY_DYNAMIC_DISPATCH(GemmNn)(A, B, C, M, N, K);
 }
 
 void detail::gemm_tn_kernel(const RowSource& A, const RowSource& B, const Output& C, std::int64_t M,

@@ -263,7 +263,9 @@ TEST_P(Bf16Compute, AmxTilesGiveTheBitsOfTheRows) {
   const ExpertWeights& ex = tiles.weights().experts;
   ASSERT_EQ(ex.down.layout, MatrixLayout::amx_tiles);
   ASSERT_EQ(ex.up.layout, MatrixLayout::amx_tiles);
-  if (tiles.weights().shared.down.defined()) ASSERT_EQ(tiles.weights().shared.down.layout, MatrixLayout::amx_tiles);
+  if (tiles.weights().shared.down.defined()) {
+    ASSERT_EQ(tiles.weights().shared.down.layout, MatrixLayout::amx_tiles);
+  }
   const std::int64_t E = ex.num_experts(), D = ex.hidden_size(), F = ex.width();
   const std::int64_t matrices = ex.gate.defined() ? 2 : 1;
   EXPECT_EQ(ex.nbytes(), static_cast<std::size_t>(E * 2 * (matrices * kernels::amx_tile_elements(F, D) +
