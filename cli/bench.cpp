@@ -37,9 +37,7 @@
 #include "expert_parallel.hpp"
 #endif
 
-#ifndef MOEKIT_GIT_COMMIT
-#define MOEKIT_GIT_COMMIT "unknown"
-#endif
+#include "git_commit.hpp"  // MOEKIT_GIT_COMMIT, generated at build time (cli/CMakeLists.txt)
 
 namespace moekit::cli {
 
