@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/amx.hpp"
 #include "kernels/gemm.hpp"
 #include "util/thread_pool.hpp"
 
@@ -158,8 +159,8 @@ void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output&
                   std::int64_t K, Threads threads) {
   if (A.path == Bf16Path::f32_fma) return gemm_nt({static_cast<const float*>(A.data), A.ld}, B, C, M, N, K, threads);
   if (A.path == Bf16Path::amx) {
-    // Split in whole activation panels (kAmxRows rows, the packed form's unit) or in pairs of
-    // weight tiles (32 columns, the kernel's block), whichever has more.
+    // Split in whole pairs of activation panels (kAmxRows rows each, the packed form's unit) or
+    // in pairs of weight tiles (32 columns), whichever has more (kernels/amx.hpp).
     const std::int64_t panels = (M + kAmxRows - 1) / kAmxRows, pairs = (N + 31) / 32;
     const auto run = [&](std::int64_t p0, std::int64_t p1, std::int64_t q0, std::int64_t q1) {
       const std::int64_t m0 = p0 * kAmxRows, m1 = std::min(M, p1 * kAmxRows);
@@ -169,12 +170,7 @@ void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output&
       detail::gemm_nt_bf16_amx(a, rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
     };
     if (M <= 0 || N <= 0) return;
-    if (threads == Threads::caller) return run(0, panels, 0, pairs);
-    if (panels >= pairs) {
-      moekit::detail::parallel_for(panels, 1, [&](std::int64_t p0, std::int64_t p1) { run(p0, p1, 0, pairs); });
-    } else {
-      moekit::detail::parallel_for(pairs, 1, [&](std::int64_t q0, std::int64_t q1) { run(0, panels, q0, q1); });
-    }
+    split_amx(panels, pairs, threads, run);
     return;
   }
   const Bf16Rows rows{static_cast<const std::uint16_t*>(A.data), A.ld};

@@ -26,9 +26,9 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/amx.hpp"
 #include "kernels/cpu.hpp"
 #include "kernels/gemm.hpp"
-#include "util/thread_pool.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -242,14 +242,6 @@ bool have_amx_int8() {
 #endif
 #define MOEKIT_AMX8 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2")))
 
-struct alignas(64) AmxConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 // quantize_a's arithmetic (the same d, codes and d·Σq, bit for bit: the max and the integer sum
 // do not depend on the order, v·inv is one rounding, rint rounds to nearest even), 16 elements
 // at a time, written straight into AmxQuantA's tiles: element e of a 64-k chunk at position
@@ -417,11 +409,7 @@ MOEKIT_AMX8 void amx8_block(const AmxQuantA& qa, const CodeRows* w, const Weight
 template <int kBits>
 MOEKIT_AMX8 void amx8_run(const AmxQuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t N,
                           std::int64_t q0, std::int64_t q1, std::int64_t c0, std::int64_t c1) {
-  AmxConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
+  const AmxTileConfig config = AmxTileConfig::full();
   _tile_loadconfig(&config);
   const auto* codes = static_cast<const std::uint8_t*>(B.data);
   const std::int64_t stride = B.ld * 4;
@@ -444,20 +432,10 @@ MOEKIT_AMX8 void amx8_run(const AmxQuantA& qa, const WeightMatrix& B, const Outp
 }
 
 void amx8_split(const AmxQuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t N, Threads threads) {
-  const std::int64_t panels = qa.panels, pairs = (N + 31) / 32;
-  const auto run = [&](std::int64_t q0, std::int64_t q1, std::int64_t c0, std::int64_t c1) {
+  split_amx(qa.panels, (N + 31) / 32, threads, [&](std::int64_t q0, std::int64_t q1, std::int64_t c0, std::int64_t c1) {
     if (B.affine.bits == 4) return amx8_run<4>(qa, B, C, N, q0, q1, c0, c1);
     amx8_run<8>(qa, B, C, N, q0, q1, c0, c1);
-  };
-  if (threads == Threads::caller) return run(0, panels, 0, pairs);
-  // Whole panel pairs (the kernel's 2 × 2 block) or column pairs, whichever has more.
-  if ((panels + 1) / 2 >= pairs) {
-    moekit::detail::parallel_for((panels + 1) / 2, 1, [&](std::int64_t b0, std::int64_t b1) {
-      run(2 * b0, std::min(panels, 2 * b1), 0, pairs);
-    });
-  } else {
-    moekit::detail::parallel_for(pairs, 1, [&](std::int64_t c0, std::int64_t c1) { run(0, panels, c0, c1); });
-  }
+  });
 }
 #pragma GCC diagnostic pop
 #endif

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/amx.hpp"
 #include "kernels/gemm.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -37,15 +38,6 @@ constexpr int kTileK = 32;                   // bf16 elements per tile row (64 b
 constexpr int kTileElems = 16 * kTileK;      // one bf16 tile
 constexpr std::int64_t kPanelStep = kTileElems;  // elements of one k-chunk of an activation panel
 constexpr std::int64_t kPrefetchSteps = 4;       // packed weights: tiles prefetched this many chunks ahead
-
-// The LDTILECFG operand (palette 1): every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
 
 // One weight tile's source: `rows` (1..16) rows of K from `base`, `ld` elements apart.
 struct WeightTile {
@@ -139,11 +131,7 @@ MOEKIT_AMX void block(const WeightTile* w, const std::uint16_t* const* x, std::i
 MOEKIT_AMX void detail::gemm_nt_bf16_amx(const Bf16Activations& A, const WeightMatrix& B, const Output& C,
                                          std::int64_t M, std::int64_t N, std::int64_t K) {
   if (M <= 0 || N <= 0) return;
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
+  const AmxTileConfig config = AmxTileConfig::full();
   _tile_loadconfig(&config);
   const auto* b = static_cast<const std::uint16_t*>(B.data);
   const auto* a = static_cast<const std::uint16_t*>(A.data);
