@@ -175,7 +175,7 @@ void check_affine(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
   if (q.group_size < 16 || q.group_size % 16 != 0 || m.cols % q.group_size != 0)
     fail(MOEKIT_MSG("group_size " << q.group_size << " does not divide cols " << m.cols << " in multiples of 16"));
   if (m.dtype != DType::u32) fail(MOEKIT_MSG("quantized codes must be u32, got " << dtype_name(m.dtype)));
-  if (m.packed()) fail("a quantized matrix cannot be in panels layout");
+  if (m.packed()) fail("a quantized matrix cannot be in a packed float layout (panels, AMX tiles)");
   if (m.row_stride < kernels::affine_words(m.cols, b))
     fail(MOEKIT_MSG("row_stride " << m.row_stride << " words < " << kernels::affine_words(m.cols, b)));
   if (!is_float(q.scale_dtype)) fail(MOEKIT_MSG("scale dtype " << dtype_name(q.scale_dtype) << " is not a float"));
