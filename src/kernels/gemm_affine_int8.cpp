@@ -255,7 +255,9 @@ MOEKIT_AMX8 void quantize_amx(const RowSource& A, std::int64_t M, std::int64_t K
   out.q.assign(static_cast<std::size_t>(out.panels * out.chunks * 1024), 0);
   out.d.assign(static_cast<std::size_t>(out.groups * out.Mp), 0.0f);
   out.xsum.assign(out.d.size(), 0.0f);
-  alignas(64) float v[128];
+  thread_local std::vector<float> group;  // one group's (scaled) inputs; any group size
+  group.resize(static_cast<std::size_t>(gs));
+  float* v = group.data();
   alignas(64) std::int8_t natural[64], placed[64];
   const __m512 lim = _mm512_set1_ps(127.0f), neg = _mm512_set1_ps(-127.0f);
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
@@ -270,7 +272,7 @@ MOEKIT_AMX8 void quantize_amx(const RowSource& A, std::int64_t M, std::int64_t K
       for (int k = 0; k < gs; k += 16) {
         __m512 e = _mm512_loadu_ps(x + k0 + k);
         if (A.scale) e = _mm512_mul_ps(e, f);
-        _mm512_store_ps(v + k, e);
+        _mm512_storeu_ps(v + k, e);
         const __m512 a = _mm512_and_ps(e, abs_mask);
         bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(std::numeric_limits<float>::infinity()), _CMP_NLT_UQ);
         amax = _mm512_max_ps(amax, a);
@@ -287,7 +289,7 @@ MOEKIT_AMX8 void quantize_amx(const RowSource& A, std::int64_t M, std::int64_t K
       __m512i qsum = _mm512_setzero_si512();
       for (int c = 0; c < gs; c += 64) {
         for (int k = 0; k < 64; k += 16) {
-          const __m512 r = _mm512_min_ps(lim, _mm512_max_ps(neg, _mm512_roundscale_ps(_mm512_mul_ps(_mm512_load_ps(v + c + k), inv),
+          const __m512 r = _mm512_min_ps(lim, _mm512_max_ps(neg, _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(v + c + k), inv),
                                                                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
           const __m512i ri = _mm512_cvtps_epi32(r);
           qsum = _mm512_add_epi32(qsum, ri);
