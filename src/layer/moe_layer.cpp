@@ -57,7 +57,8 @@ void MoeLayer::set_bf16_activations(bool on) {
         if (m->layout == MatrixLayout::amx_tiles)
           throw std::invalid_argument(
               "[moekit::MoeLayer::set_bf16_activations] the experts are packed in AMX tiles, which only the bf16 "
-              "compute mode reads: it stays on (pack_weights() after turning it off gives f32 panels)");
+              "compute mode reads: it stays on (for the f32 mode, load the weights again and do not pack them in "
+              "the bf16 mode)");
   }
   weights_.experts.bf16_activations = on;
   weights_.shared.bf16_activations = on;
