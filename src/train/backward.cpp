@@ -111,7 +111,9 @@ void expert_backward(const ExpertWeights& w, const ExpertBody& body, std::int64_
     kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, a, b, s.h.data(), r * F);
     const std::int32_t* tok = in.tokens ? in.tokens + c0 : nullptr;
     const float* g = in.g ? in.g + c0 : nullptr;
-    const kernels::RowSource dy_rows{dy, D, tok, nullptr};
+    // This chunk's rows of dy: gathered by token, or (no token list: row i is token i) from row c0.
+    const float* dyc = tok ? dy : dy + c0 * D;
+    const kernels::RowSource dy_rows{dyc, D, tok, nullptr};
     // dhu = dy · Wd: [r, D] · [D, F].
     kernels::gemm_nn(dy_rows, weight_matrix(w.down, e), {s.dhu.data(), F}, r, F, D, threads);
     if (!in.weight_on_input) {
@@ -132,7 +134,7 @@ void expert_backward(const ExpertWeights& w, const ExpertBody& body, std::int64_
           for (std::int64_t f = 0; f < F; ++f) s.dhu[i * F + f] *= g[i];
     }
     // dWd += (g·dy)ᵀ · h: [D, r] · [r, F]; the weight applies to the output unless on the input.
-    const kernels::RowSource gdy{dy, D, tok, in.weight_on_input ? nullptr : g};
+    const kernels::RowSource gdy{dyc, D, tok, in.weight_on_input ? nullptr : g};
     kernels::gemm_tn(gdy, {s.h.data(), F}, {dWd, F, nullptr, acc}, D, F, r, threads);
     if (dbd)
       for (std::int64_t i = 0; i < r; ++i) {
