@@ -84,37 +84,14 @@ void run_backward(const BackwardCliOptions& opt) {
 }
 
 #ifdef MOEKIT_HAVE_DIST
-// Rank 0 gets every routed expert's gradient from its owner: rank r holds [E_r, ...] in
-// experts_of(r)'s order, rank 0 puts expert e's block at e of [E, ...]. One message per expert
-// (each rank sends its experts in ascending order, rank 0 receives in expert order, so no send
-// waits on a later receive), straight into place: no staging copy of the gradients. The other
+// Rank 0 gets every routed expert's gradient from its owner (dist::gather_experts); the other
 // members (router, shared experts) already hold the same bits on every rank. Collective.
-MoeTensors gather_expert_grads(const MpiSession& mpi, const dist::ExpertPlacement& placement, MoeTensors grads) {
-  const auto E = static_cast<std::int64_t>(placement.owner.size());
+MoeTensors gather_expert_grads(const dist::ExpertPlacement& placement, MoeTensors grads) {
   for (Tensor MoeTensors::*member : {&MoeTensors::gate, &MoeTensors::up, &MoeTensors::down, &MoeTensors::gate_bias,
                                      &MoeTensors::up_bias, &MoeTensors::down_bias}) {
     const Tensor local = grads.*member;  // [E_r, ...]; no dimensions where the layer has no such member
     if (local.rank() == 0) continue;
-    Shape shape = local.shape();
-    shape[0] = E;
-    const std::int64_t per = shape_numel(shape) / E;
-    const int count = as_count(kPrefix, per);
-    if (mpi.rank != 0) {
-      for (std::int64_t i = 0; i < local.dim(0); ++i)
-        MPI_Send(local.data_as<const float>() + i * per, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
-      continue;
-    }
-    Tensor whole(shape, DType::f32);
-    std::int64_t mine = 0;  // rank 0's next local expert
-    for (std::int64_t e = 0; e < E; ++e) {
-      float* to = whole.data_as<float>() + e * per;
-      const int owner = placement.owner[static_cast<std::size_t>(e)];
-      if (owner == 0)
-        std::copy_n(local.data_as<const float>() + mine++ * per, per, to);
-      else
-        MPI_Recv(to, count, MPI_FLOAT, owner, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    }
-    grads.*member = std::move(whole);
+    grads.*member = dist::gather_experts(MPI_COMM_WORLD, placement, local);
   }
   return grads;
 }
@@ -143,7 +120,7 @@ void run_backward_expert_parallel(const MpiSession& mpi, const BackwardCliOption
   ep.forward_train(x, saved, !opt.recompute);
   MoeTensors grads;
   const Tensor dx = split.gather(ep.backward(saved, dy, grads), D, DType::f32);
-  grads = gather_expert_grads(mpi, placement, std::move(grads));
+  grads = gather_expert_grads(placement, std::move(grads));
   agreed([&] {
     if (mpi.rank == 0) write_gradients(opt, *layer, dx, grads);
   });

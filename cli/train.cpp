@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "expert_parallel.hpp"
 #include "format.hpp"
 #include "moekit/moekit.hpp"
 #include "plot_script.hpp"
@@ -73,6 +74,16 @@ struct TrainFlags {
   std::string csv, plot, save, resume, compare;
   int threads = 0;
   CLI::Option* threads_option = nullptr;
+  ExpertParallelOptions ep;
+};
+
+// What run_training needs from `--expert-parallel` (all empty in one process): this rank, a way
+// to run a step that every rank fails together (rank 0's file writes, a checkpoint one rank
+// cannot read), and the trainer's parallel job for a model of E routed experts.
+struct TrainParallel {
+  int rank = 0;
+  std::function<void(const std::function<void()>&)> agreed;
+  std::function<std::shared_ptr<LmParallel>(std::int64_t experts)> make;
 };
 
 // A flag saved in the checkpoint and restored on --resume unless given again.
@@ -352,13 +363,19 @@ std::string user_json(TrainFlags& f, const TextCorpus& corpus) {
   return j.dump();
 }
 
+// Collective with --expert-parallel: the owners' experts gathered to rank 0, which writes.
 void save_checkpoint(const std::string& dir, const std::string& config_json, const LmTrainer& tr, TrainFlags& f,
-                     const TextCorpus& corpus) {
+                     const TextCorpus& corpus, const std::function<void(const std::function<void()>&)>& together) {
   TrainingState st;
   st.step = tr.steps_done();
   st.rng_state = tr.rng_state();
   st.user_json = user_json(f, corpus);
-  save_lm_checkpoint(dir, config_json, tr.config(), tr.params(), tr.selection_biases(), tr.optimizer(), st);
+  const LmParams params = tr.whole_params();
+  const Optimizer optimizer = tr.whole_optimizer();
+  together([&] {
+    if (!tr.parallel() || tr.parallel()->rank() == 0)
+      save_lm_checkpoint(dir, config_json, tr.config(), params, tr.selection_biases(), optimizer, st);
+  });
 }
 
 std::string load_line(const LayerLoad& l) {
@@ -370,10 +387,23 @@ std::string load_line(const LayerLoad& l) {
 }
 
 RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths, const std::string& label,
-                        const std::string& plot_python, bool quiet) {
+                        const std::string& plot_python, bool quiet, const TrainParallel& par = {}) {
+  // With --expert-parallel every rank runs all of this; rank 0 alone prints and writes, and
+  // whatever may fail on one rank only runs in together(), which ends every rank with it.
+  const bool rank0 = par.rank == 0;
+  quiet = quiet || !rank0;
+  const auto together = [&](const std::function<void()>& fn) {
+    if (par.agreed)
+      par.agreed(fn);
+    else
+      fn();
+  };
   // 1. Everything checked before anything is computed or written.
   std::string config_json;
   LmConfig config;
+  LmTrainOptions options;
+  TextCorpus corpus;
+  together([&] {
   if (!f.resume.empty()) {
     for (const char* flag : kModelFlags)
       if (app && app->count(flag) > 0)
@@ -411,7 +441,7 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
       throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': " + e.what());
     }
   }
-  const LmTrainOptions options = train_options(f);
+  options = train_options(f);
   if (f.resume.empty()) {
     const std::string bj = block_json(f);
     config.block = parse_hf_config(bj);
@@ -425,7 +455,6 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
     config_json = lm_config_json(config, bj);
   }
   if (f.data.empty()) f.data = {kDefaultCorpus};
-  TextCorpus corpus;
   try {
     corpus = load_text_corpus(f.data);
   } catch (const std::invalid_argument& e) {
@@ -443,23 +472,37 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
   if (!paths.csv.empty() && fs::path(paths.csv).parent_path() != fs::path(paths.plot_dir))
     check_parent_exists(paths.csv, "--csv");
   if (!paths.save.empty()) check_parent_exists(paths.save, "--save");
+  });
+  std::shared_ptr<LmParallel> parallel;
+  together([&] {
+    if (par.make) parallel = par.make(config.block.router.num_experts);
+  });
   std::unique_ptr<LmTrainer> trainer;
   try {
-    trainer = std::make_unique<LmTrainer>(config, options, corpus.train, corpus.held_out);
+    trainer = std::make_unique<LmTrainer>(config, options, corpus.train, corpus.held_out, parallel);
   } catch (const std::invalid_argument& e) {
+    // (With --expert-parallel every rank checks the same arguments, so every rank is here.)
     throw std::invalid_argument(kPrefix + e.what() + " (--data: " + std::to_string(corpus.bytes) + " bytes, " +
                                 std::to_string(corpus.train.size()) + " for training)");
   }
-  if (!f.resume.empty()) {
-    const Optimizer like = trainer->optimizer();
-    LmCheckpoint ck = load_lm_checkpoint(f.resume, like);
-    trainer->restore(ck.params, ck.selection_biases, ck.optimizer, ck.state.step, ck.state.rng_state);
-  }
+  together([&] {
+    if (!f.resume.empty()) {
+      const Optimizer like = trainer->optimizer();
+      LmCheckpoint ck = load_lm_checkpoint(f.resume, like);
+      trainer->restore(ck.params, ck.selection_biases, ck.optimizer, ck.state.step, ck.state.rng_state);
+    }
+  });
 
   // 2. The run.
-  if (!paths.plot_dir.empty()) fs::create_directories(paths.plot_dir);
   const std::int64_t E = config.block.router.num_experts;
-  MetricsFiles files(paths.csv, paths.load, paths.bias, config.layers(), E, !f.resume.empty());
+  std::unique_ptr<MetricsFiles> files_owned;
+  together([&] {
+    if (!paths.plot_dir.empty() && rank0) fs::create_directories(paths.plot_dir);
+    files_owned = rank0 ? std::make_unique<MetricsFiles>(paths.csv, paths.load, paths.bias, config.layers(), E,
+                                                         !f.resume.empty())
+                        : std::make_unique<MetricsFiles>("", "", "", config.layers(), E, false);
+  });
+  MetricsFiles& files = *files_owned;
   const bool tty = !quiet && isatty(STDOUT_FILENO);
   if (!quiet) {
     std::printf("moekit train%s: %s  L=%lld D=%lld E=%lld K=%lld F=%lld shared=%lld  context %lld  (%d threads)\n",
@@ -480,6 +523,11 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
                 loss_free(f.balance) ? (" u=" + num(f.bias_rate)).c_str()
                 : (f.balance == "aux" || f.balance == "seq_aux") ? (" alpha=" + num(f.aux_coef)).c_str()
                                                                   : "");
+    if (parallel)
+      std::printf("  expert parallel: %d ranks (rank 0 holds %lld of the %lld routed experts per block; "
+                  "--placement %s), %d threads per rank\n",
+                  parallel->size(), static_cast<long long>(trainer->local_experts().size()), static_cast<long long>(E),
+                  f.ep.placement.c_str(), num_threads());
     if (!f.resume.empty()) std::printf("  resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(trainer->steps_done()));
     std::fflush(stdout);
   }
@@ -497,7 +545,7 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
   try {
     while (!trainer->done()) {
       const StepResult r = trainer->step();
-      files.write(r);
+      together([&] { files.write(r); });
       total_s += r.seconds;
       moe_s += r.moe_seconds;
       trained_tokens += static_cast<double>(options.batch_tokens);
@@ -529,10 +577,14 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
         std::fflush(stdout);
       }
       if (!paths.save.empty() && f.save_every > 0 && r.step % f.save_every == 0 && !trainer->done()) {
-        save_checkpoint(paths.save, config_json, *trainer, f, corpus);
+        save_checkpoint(paths.save, config_json, *trainer, f, corpus, together);
         last_saved = r.step;
       }
-      if (g_interrupted || (f.stop_at > 0 && r.step >= f.stop_at)) break;
+      // Every rank stops at the same step (mpirun passes Ctrl-C to every rank, not at once).
+      std::int64_t stop[2] = {g_interrupted ? 1 : 0, f.stop_at > 0 && r.step >= f.stop_at ? 1 : 0};
+      if (parallel) parallel->sum(stop, 2);
+      if (stop[0] > 0) g_interrupted = 1;
+      if (stop[0] > 0 || stop[1] > 0) break;
     }
   } catch (const std::runtime_error& e) {
     std::signal(SIGINT, SIG_DFL);
@@ -552,11 +604,11 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
   for (std::size_t i = vb_history.size() - std::min(tail, vb_history.size()); i < vb_history.size(); ++i)
     sum.maxvio_batch_tail += vb_history[i] / static_cast<double>(std::min(tail, vb_history.size()));
   if (sum.interrupted) {
-    save_checkpoint(interrupted_dir, config_json, *trainer, f, corpus);
+    save_checkpoint(interrupted_dir, config_json, *trainer, f, corpus, together);
     std::printf("interrupted at step %lld: checkpoint saved to '%s' (continue with --resume %s)\n",
                 static_cast<long long>(sum.steps), interrupted_dir.c_str(), interrupted_dir.c_str());
   } else if (!paths.save.empty()) {
-    save_checkpoint(paths.save, config_json, *trainer, f, corpus);
+    save_checkpoint(paths.save, config_json, *trainer, f, corpus, together);
   }
   if (sum.eval.tokens == 0) sum.eval = trainer->evaluate();
   if (!quiet) {
@@ -571,7 +623,7 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
       std::printf("  checkpoint: %s (moekit inspect %s; moekit forward --model %s --layer 0 ...)\n",
                   paths.save.c_str(), paths.save.c_str(), paths.save.c_str());
   }
-  if (!paths.plot_dir.empty()) {
+  if (!paths.plot_dir.empty() && rank0) {
     std::string args = "run --csv " + quote(paths.csv) + " --load " + quote(paths.load) + " --out " +
                        quote(paths.plot_dir) + " --title " + quote(label.empty() ? config.block.model_type : label);
     if (!paths.bias.empty() && config.block.router.has_selection_bias) args += " --bias " + quote(paths.bias);
@@ -712,6 +764,12 @@ void register_train(CLI::App& app) {
                   "Run the aux-loss-free comparison (loss-free sign/proportional, aux losses, none, a collapsed "
                   "start) into this folder");
   cmd->add_option("--seed", f->seed, "Seed of the initialisation and the batches")->capture_default_str();
+  add_expert_parallel_options(*cmd, f->ep,
+                              "data + expert parallel training: each rank trains on its share of every batch's "
+                              "sequences and holds its own routed experts (and their optimizer state); rank 0 "
+                              "prints and writes the files and checkpoints (the same format as one process). "
+                              "At one rank the run is the single-process run bit for bit; at more the losses "
+                              "equal it to fp32 rounding");
   f->threads_option = add_threads_option(*cmd, f->threads);
   cmd->callback([f, cmd] {
     apply_threads_option(f->threads_option, f->threads);
@@ -726,12 +784,43 @@ void register_train(CLI::App& app) {
     const bool plots = !f->plot.empty() || !f->compare.empty();
     const std::string python = plots ? find_plot_python() : std::string();
     if (!f->compare.empty()) {
+      if (f->ep.enabled)
+        throw std::invalid_argument(kPrefix + "--compare cannot be given with --expert-parallel (run the variants "
+                                              "one by one)");
       run_compare(*f, cmd, python);
       return;
     }
     const RunPaths paths = paths_for(*f);
-    const RunSummary r = run_training(*f, cmd, paths, "", python, false);
-    if (r.interrupted) throw CLI::RuntimeError(130);
+    if (!f->ep.enabled) {
+      const RunSummary r = run_training(*f, cmd, paths, "", python, false);
+      if (r.interrupted) throw CLI::RuntimeError(130);
+      return;
+    }
+#ifdef MOEKIT_HAVE_DIST
+    bool interrupted = false;
+    run_mpi_job("", [&](const MpiSession& mpi) {
+      TrainParallel par;
+      par.rank = mpi.rank;
+      par.agreed = agreed;
+      par.make = [&](std::int64_t experts) -> std::shared_ptr<LmParallel> {
+        return std::make_shared<dist::MpiLmParallel>(parse_placement(kPrefix, f->ep.placement, experts, mpi.size),
+                                                     MPI_COMM_WORLD);
+      };
+      try {
+        interrupted = run_training(*f, cmd, paths, "", python, false, par).interrupted;
+      } catch (const dist::RankError&) {
+        throw;
+      } catch (const std::exception& e) {
+        // Every failure reaches every rank together (agreed steps), so every rank is here:
+        // rank 0 prints it once.
+        throw dist::RankError(0, e.what());
+      }
+    });
+    if (interrupted) throw CLI::RuntimeError(130);
+#else
+    throw std::invalid_argument(kPrefix + "--expert-parallel: this moekit was built without MPI "
+                                          "(-DMOEKIT_WITH_MPI=OFF)");
+#endif
   });
 }
 

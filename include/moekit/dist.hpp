@@ -34,6 +34,8 @@
 #include <vector>
 
 #include "moekit/layer.hpp"
+#include "moekit/lm.hpp"
+#include "moekit/lm_train.hpp"
 #include "moekit/train.hpp"
 
 namespace moekit::dist {
@@ -116,6 +118,10 @@ class ExpertParallelLayer {
   /// `keep_pre_activations` false keeps only the rows: backward() recomputes the pre-activations
   /// with the same kernels and gets the same gradients.
   Tensor forward_train(const TensorView& x, DistSavedForward& saved, bool keep_pre_activations = true) const;
+  /// The same with the home part kept in `home` instead of saved.home (a caller that keeps it
+  /// elsewhere, e.g. LmSaved's blocks); pass the same `home` to backward().
+  Tensor forward_train(const TensorView& x, SavedForward& home, DistSavedForward& saved,
+                       bool keep_pre_activations = true) const;
 
   /// Collective: the backward of this rank's tokens for dL/dy = dy (shaped like this rank's x).
   /// Rows of dy travel to the experts' owners (the forward's exchange), the owners run the
@@ -130,6 +136,9 @@ class ExpertParallelLayer {
   /// every rank if any rank's dy, saved state or grads are bad.
   Tensor backward(const DistSavedForward& saved, const TensorView& dy, MoeTensors& grads,
                   const BackwardOptions& options = {}) const;
+  /// The same for a forward_train that kept its home part in `home`.
+  Tensor backward(const DistSavedForward& saved, const SavedForward& home, const TensorView& dy, MoeTensors& grads,
+                  const BackwardOptions& options = {}) const;
 
 
   int rank() const noexcept { return rank_; }
@@ -142,6 +151,9 @@ class ExpertParallelLayer {
 
  private:
   void routed(const TensorView& x, const Routing& routing, const TensorView& y) const;
+  // Copies the own experts' biases from the layer (select_experts copied them): a layer trained
+  // in place changes them between forwards.
+  void refresh_biases() const;
   // Runs `run` (a MoeLayer forward given routed()) with the failure agreement around it.
   Tensor collective_forward(const std::function<Tensor(const MoeLayer::RoutedExperts&)>& run) const;
 
@@ -151,7 +163,7 @@ class ExpertParallelLayer {
   int rank_ = 0, size_ = 1;
   std::vector<std::int64_t> mine_;  ///< experts_of(rank_)
   std::vector<std::vector<std::int64_t>> owned_;  ///< experts_of(r) for every rank
-  ExpertWeights local_;
+  mutable ExpertWeights local_;  // biases refreshed per forward (refresh_biases)
   mutable PhaseTimes times_;
   mutable DistSavedForward* saving_ = nullptr;  ///< set during forward_train
   mutable bool keep_pre_ = true;
@@ -163,9 +175,66 @@ class ExpertParallelLayer {
   mutable double started_ = 0;
 };
 
+/// The MoE blocks of a LanguageModel run expert-parallel (LanguageModel::set_block_runner): one
+/// ExpertParallelLayer per block over the model's own layers. Collective, like every call.
+class ExpertParallelBlocks : public MoeBlockRunner {
+ public:
+  /// `model` holds the experts placement.experts_of(rank) of every block (LanguageModel's
+  /// local_experts constructor) or all of them, and outlives the runner.
+  ExpertParallelBlocks(const LanguageModel& model, const ExpertPlacement& placement, MPI_Comm comm);
+
+  Tensor forward(std::int64_t layer, const TensorView& x, ForwardInfo* info) override;
+  Tensor forward_train(std::int64_t layer, const TensorView& x, SavedForward& saved, bool keep) override;
+  /// `grads`: the block's gradients as the rank holds them — routed matrices [E_local, ...],
+  /// everything else whole; the expert biases' rows of the other ranks' experts are left at 0
+  /// (or unchanged when accumulating), so a sum over the ranks gives the whole gradient.
+  Tensor backward(std::int64_t layer, const SavedForward& saved, const TensorView& dy, MoeTensors& grads,
+                  const BackwardOptions& options) override;
+
+  const ExpertParallelLayer& layer(std::int64_t l) const { return *layers_.at(static_cast<std::size_t>(l)); }
+
+ private:
+  std::vector<std::unique_ptr<ExpertParallelLayer>> layers_;
+  std::vector<DistSavedForward> saved_;  ///< the exchange state of each block's last forward_train
+};
+
+/// LmTrainer's data + expert parallel job over MPI (moekit/lm_train.hpp, LmParallel): the
+/// tokens split over the ranks of `comm`, the routed experts placed by `placement`.
+class MpiLmParallel : public LmParallel {
+ public:
+  /// Collective over `comm` (duplicated). Throws RankError on every rank for a placement of
+  /// another rank count.
+  MpiLmParallel(ExpertPlacement placement, MPI_Comm comm);
+  ~MpiLmParallel() override;
+  MpiLmParallel(const MpiLmParallel&) = delete;
+  MpiLmParallel& operator=(const MpiLmParallel&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::vector<std::int64_t> local_experts() const override { return placement_.experts_of(rank_); }
+  std::shared_ptr<MoeBlockRunner> make_runner(const LanguageModel& model) override;
+  void sum(float* data, std::int64_t n) override;
+  void sum(double* data, std::int64_t n) override;
+  void sum(std::int64_t* data, std::int64_t n) override;
+  void agree(const std::exception_ptr& error) override;
+  Tensor gather_experts(const Tensor& local, std::int64_t num_experts) override;
+  const ExpertPlacement& placement() const noexcept { return placement_; }
+
+ private:
+  ExpertPlacement placement_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+};
+
 /// The experts `ids` of `w` as an ExpertWeights of ids.size() experts (views of the same
 /// memory, biases copied): what one rank runs.
 ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int64_t>& ids);
+
+/// Collective: rank 0 receives the whole [E, ...] f32 tensor of which every rank holds its own
+/// experts' rows [E_local, ...] (experts_of(rank) order) in `local`; the other ranks get an
+/// empty tensor. Throws std::invalid_argument on a rank whose `local` has another expert count
+/// (before any message: call it only when every rank's part is right, e.g. after agree()).
+Tensor gather_experts(MPI_Comm comm, const ExpertPlacement& placement, const Tensor& local);
 
 /// Collective: sums per-expert integer counts over the ranks (exact), e.g. the loads the
 /// aux-loss-free balancer's update reads, so every rank computes the identical bias.

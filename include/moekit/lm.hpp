@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +88,23 @@ struct LmSaved {
   double moe_seconds = 0;         ///< wall time of the forward spent in the MoE blocks
 };
 
+/// How a LanguageModel runs its MoE blocks when they do not run in this process alone: the
+/// expert-parallel runner of moekit/dist.hpp (dist::ExpertParallelBlocks) sends each block's
+/// rows to the ranks that own their experts. Without one, block l is block(l) run here. A runner
+/// sees every block call of the model, in order; its calls are collective where it is.
+class MoeBlockRunner {
+ public:
+  virtual ~MoeBlockRunner() = default;
+  /// The inference forward of block `layer` (as MoeLayer::forward; x may have zero rows).
+  virtual Tensor forward(std::int64_t layer, const TensorView& x, ForwardInfo* info) = 0;
+  /// The training forward (as MoeLayer::forward_train): `saved` receives this process's part.
+  virtual Tensor forward_train(std::int64_t layer, const TensorView& x, SavedForward& saved, bool keep) = 0;
+  /// The backward of the last forward_train of block `layer` (as moekit::backward): `grads` are
+  /// the block's gradients as this process holds them.
+  virtual Tensor backward(std::int64_t layer, const SavedForward& saved, const TensorView& dy, MoeTensors& grads,
+                          const BackwardOptions& options) = 0;
+};
+
 class LanguageModel {
  public:
   /// Computes with `params` in place (an optimizer updating them changes what the model
@@ -93,11 +112,25 @@ class LanguageModel {
   /// (empty tensors elsewhere; an empty vector: zeros are created). Throws std::invalid_argument
   /// for a config validate() refuses or parameters of the wrong shapes (naming the tensor).
   LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases = {});
+  /// A model holding only the routed experts `local_experts` of every block (one rank of an
+  /// expert-parallel run): params.blocks[l].gate/up/down are [E_local, ...]
+  /// (make_trainable_layer's overload). It computes only through a block runner that sends the
+  /// other experts' rows to their owners (set_block_runner).
+  LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases,
+                std::vector<std::int64_t> local_experts);
 
   const LmConfig& config() const noexcept { return config_; }
   const LmParams& params() const noexcept { return params_; }
   const std::vector<Tensor>& selection_biases() const noexcept { return biases_; }
   const MoeLayer& block(std::int64_t l) const { return layers_.at(static_cast<std::size_t>(l)); }
+
+  /// Whether this model holds only some routed experts (the local_experts constructor).
+  bool partial() const noexcept { return partial_; }
+  /// Runs the MoE blocks through `runner` from now on (nullptr: in this process again). A model
+  /// with a runner may hold only some of each block's routed experts (make_trainable_layer's
+  /// `local_experts`); the runner must know which.
+  void set_block_runner(std::shared_ptr<MoeBlockRunner> runner) { runner_ = std::move(runner); }
+  const std::shared_ptr<MoeBlockRunner>& block_runner() const noexcept { return runner_; }
 
   /// A training forward of `batch`: returns the mean cross-entropy (nats per token) and keeps in
   /// `saved` what backward() needs (buffers reused from call to call). Throws
@@ -116,6 +149,8 @@ class LanguageModel {
   double loss_sum(const LmBatch& batch, std::vector<std::vector<std::int64_t>>* counts = nullptr) const;
 
  private:
+  LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases,
+                std::optional<std::vector<std::int64_t>> local_experts);
   double forward_impl(const LmBatch& batch, LmSaved& saved, bool training, bool keep,
                       std::vector<std::vector<std::int64_t>>* counts) const;
 
@@ -123,6 +158,8 @@ class LanguageModel {
   LmParams params_;
   std::vector<Tensor> biases_;
   std::vector<MoeLayer> layers_;
+  std::shared_ptr<MoeBlockRunner> runner_;
+  bool partial_ = false;  ///< holds only some routed experts: runs only through runner_
 };
 
 }  // namespace moekit

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -76,14 +78,50 @@ struct StepResult {
   EvalResult eval;
 };
 
+/// What LmTrainer needs from a data + expert parallel job (docs/distributed.md, "Training"):
+/// every rank trains on its share of each micro-batch's sequences, holds the routed experts
+/// local_experts() of every block (their gradients and optimizer state too) and the rest of the
+/// model whole. The MPI implementation is dist::MpiLmParallel (moekit/dist.hpp).
+class LmParallel {
+ public:
+  virtual ~LmParallel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// The routed experts this rank holds in every block, ascending (possibly none).
+  virtual std::vector<std::int64_t> local_experts() const = 0;
+  /// The runner of `model`'s MoE blocks (called once, when the model is built; collective).
+  virtual std::shared_ptr<MoeBlockRunner> make_runner(const LanguageModel& model) = 0;
+  /// Collective, in place: Σ over the ranks added in rank order (0, 1, ...) — the same bits on
+  /// every rank, and the data unchanged at one rank.
+  virtual void sum(float* data, std::int64_t n) = 0;
+  virtual void sum(double* data, std::int64_t n) = 0;
+  /// Collective, in place, exact.
+  virtual void sum(std::int64_t* data, std::int64_t n) = 0;
+  /// Collective: if `error` is set on any rank, every rank throws that (lowest) rank's error.
+  virtual void agree(const std::exception_ptr& error) = 0;
+  /// Collective: the whole [E, ...] tensor on rank 0 from every rank's [E_local, ...] part
+  /// (local_experts() order); an empty tensor on the other ranks.
+  virtual Tensor gather_experts(const Tensor& local, std::int64_t num_experts) = 0;
+};
+
 class LmTrainer {
  public:
   /// A fresh model from options.seed, or (resume) the given model state. `train_text` must
   /// hold at least one batch (batch_tokens + 1 bytes), `eval_text` at least one sequence.
   /// Throws std::invalid_argument naming what is wrong (options, sizes, a loss-free mode on a
   /// router without a selection bias) before anything is computed.
+  ///
+  /// `parallel` (collective then, every rank passing the same arguments): data + expert parallel
+  /// training. Each micro-batch's sequences are split over the ranks in order (every rank needs
+  /// at least one: B / micro_batches >= ranks), the MoE blocks run expert-parallel, the other
+  /// gradients are summed over the ranks in rank order, the expert counts exactly, so every
+  /// rank applies the same update to what it holds and the balancer's bias is the same bits on
+  /// every rank. At one rank the run is bit-identical to the single-process one; at more, the
+  /// losses equal it to fp32 rounding (docs/distributed.md says why).
   LmTrainer(LmConfig config, LmTrainOptions options, std::vector<std::uint8_t> train_text,
-            std::vector<std::uint8_t> eval_text);
+            std::vector<std::uint8_t> eval_text, std::shared_ptr<LmParallel> parallel = nullptr);
+  LmTrainer(const LmTrainer&) = delete;  // the model's block runner points into it
+  LmTrainer& operator=(const LmTrainer&) = delete;
 
   /// One optimizer step. Throws std::runtime_error naming the step if the loss or the gradient
   /// is not finite: the parameters, optimizer, biases and RNG are then those before the step.
@@ -102,15 +140,27 @@ class LmTrainer {
   std::int64_t steps_done() const noexcept { return step_; }
   std::uint64_t rng_state() const noexcept { return rng_; }
 
+  /// Expert parallel: the routed experts this rank holds (ascending), empty without `parallel`.
+  const std::vector<std::int64_t>& local_experts() const noexcept { return local_; }
+  const std::shared_ptr<LmParallel>& parallel() const noexcept { return parallel_; }
+  /// The whole model's parameters and optimizer (what a checkpoint holds): params() and
+  /// optimizer() in one process; with `parallel` a collective whose result is whole on rank 0
+  /// only (the other ranks get empty LmParams and a stateless Optimizer).
+  LmParams whole_params() const;
+  Optimizer whole_optimizer() const;
+
   /// Replaces the state with a checkpoint's (load_lm_checkpoint): parameters copied into the
   /// model's own tensors, biases, optimizer state, step and RNG. Throws std::invalid_argument
-  /// for shapes that do not match, changing nothing.
+  /// for shapes that do not match, changing nothing. With `parallel`, every rank passes the
+  /// whole checkpoint and keeps its own experts' part.
   void restore(const LmParams& params, const std::vector<Tensor>& biases, const Optimizer& optimizer,
                std::int64_t step, std::uint64_t rng_state);
 
  private:
   LmConfig config_;
   LmTrainOptions options_;
+  std::shared_ptr<LmParallel> parallel_;
+  std::vector<std::int64_t> local_;
   std::vector<std::uint8_t> train_, eval_;
   LmParams params_, grads_;
   std::vector<Tensor> biases_;

@@ -88,6 +88,14 @@ MoeTensors init_parameters(const MoeConfig& config, std::uint64_t seed);
 /// what the layer computes). `selection_bias` is [E] f32 when config.router.has_selection_bias,
 /// else empty. Throws std::invalid_argument as the MoeLayer constructor does.
 MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params, const Tensor& selection_bias = {});
+/// The same for a process that holds only the routed experts `local_experts` (ascending ids in
+/// [0, E), possibly none) — a rank of an expert-parallel run (moekit/dist.hpp): params.gate, up
+/// and down are [E_local, ...] in that order; every other tensor (router, expert biases, shared
+/// experts) is whole. The other experts' matrices point at one zero matrix of the right shape and
+/// are never run here (their owners run them). Throws std::invalid_argument for ids out of order
+/// or range, or expert tensors of another count.
+MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params, const Tensor& selection_bias,
+                              const std::vector<std::int64_t>& local_experts);
 
 /// Throws std::invalid_argument, saying why, if training `config`'s router is pointless: with
 /// K = 1 and weights that are renormalised over the one selected expert (or a softmax over the
@@ -222,6 +230,15 @@ struct AuxLossOptions {
   std::vector<std::int64_t> sequence_starts;
   /// c_z of the router z-loss c_z / T · Σ_t (logsumexp z_t)² (ST-MoE).
   double z_coef = 0;
+  /// Data parallel: these logits are one part of a batch spread over processes. total_tokens
+  /// (> 0): the batch's T, which the switch and z losses are normalised by; total_counts (E
+  /// entries): the batch's expert counts c_i for the switch loss; total_sequences (> 0): the
+  /// batch's number of sequences, which the seq loss averages over (each sequence whole in one
+  /// part). The losses returned are then this part's share (the parts' shares sum to the batch's
+  /// loss) and dlogits this part's rows of the batch's gradient. 0 / empty: this call's own.
+  std::int64_t total_tokens = 0;
+  std::vector<std::int64_t> total_counts;
+  std::int64_t total_sequences = 0;
 };
 
 struct AuxLosses {
@@ -329,6 +346,9 @@ double grad_norm(const std::vector<const MoeTensors*>& grads);
 double clip_grad_norm(const std::vector<MoeTensors*>& grads, double max_norm);
 /// The same over named gradients (summed in list order).
 double grad_norm(const NamedTensors& grads);
+/// grad_norm's sum before the square root: Σ over the tensors in list order of each one's Σ x²
+/// (in double), for a norm whose parts live in several processes.
+double grad_sum_squares(const NamedTensors& grads);
 double clip_grad_norm(const NamedTensors& grads, double max_norm);
 /// The factor clip_grad_norm scales by for a gradient of norm `norm` (1 if norm <= max_norm).
 float clip_factor(double norm, double max_norm);

@@ -18,6 +18,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "dist/mpi_util.hpp"
 #include "experts/expert_rows.hpp"
 #include "train/backward_parts.hpp"
 #include "moekit/dist.hpp"
@@ -37,25 +38,9 @@ std::string message_of(const std::exception_ptr& e) {
   }
 }
 
-int comm_rank(MPI_Comm c) {
-  int r = 0;
-  MPI_Comm_rank(c, &r);
-  return r;
-}
-
-int comm_size(MPI_Comm c) {
-  int n = 0;
-  MPI_Comm_size(c, &n);
-  return n;
-}
-
-// A count of elements as MPI's int, or an error naming what overflowed.
-int mpi_count(std::int64_t n, const char* what) {
-  if (n < 0 || n > INT_MAX)
-    throw std::length_error(MOEKIT_MSG("[moekit::dist] " << what << " of " << n
-                                                         << " elements exceeds one MPI message (INT_MAX)"));
-  return static_cast<int>(n);
-}
+using mpi_util::comm_rank;
+using mpi_util::comm_size;
+using mpi_util::mpi_count;
 
 // Grows a buffer kept between forwards (its pages stay mapped: no zero-filling and first-touch
 // faults per call); never shrinks.
@@ -158,6 +143,38 @@ ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int6
   return out;
 }
 
+Tensor gather_experts(MPI_Comm comm, const ExpertPlacement& placement, const Tensor& local) {
+  // One message per expert (each rank sends its experts in ascending order, rank 0 receives in
+  // expert order, so no send waits on a later receive), straight into place: no staging copy.
+  const auto E = static_cast<std::int64_t>(placement.owner.size());
+  const int rank = comm_rank(comm);
+  if (local.rank() < 1 || local.dtype() != DType::f32 ||
+      local.dim(0) != static_cast<std::int64_t>(placement.experts_of(rank).size()))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::gather_experts] rank " << rank << " holds "
+                                                                                 << shape_str(local.shape())
+                                                                                 << ", not f32 [its experts, ...]"));
+  Shape shape = local.shape();
+  shape[0] = E;
+  const std::int64_t per = shape_numel(shape) / E;
+  const int count = mpi_count(per, "one expert");
+  if (rank != 0) {
+    for (std::int64_t i = 0; i < local.dim(0); ++i)
+      MPI_Send(local.data_as<const float>() + i * per, count, MPI_FLOAT, 0, 0, comm);
+    return Tensor();
+  }
+  Tensor whole(shape, DType::f32);
+  std::int64_t mine = 0;  // rank 0's next local expert
+  for (std::int64_t e = 0; e < E; ++e) {
+    float* to = whole.data_as<float>() + e * per;
+    const int owner = placement.owner[static_cast<std::size_t>(e)];
+    if (owner == 0)
+      std::copy_n(local.data_as<const float>() + mine++ * per, per, to);
+    else
+      MPI_Recv(to, count, MPI_FLOAT, owner, 0, comm, MPI_STATUS_IGNORE);
+  }
+  return whole;
+}
+
 std::vector<std::int64_t> allreduce_counts(MPI_Comm comm, const std::vector<std::int64_t>& counts) {
   std::vector<std::int64_t> out(counts.size(), 0);
   MPI_Allreduce(counts.data(), out.data(), mpi_count(static_cast<std::int64_t>(counts.size()), "counts"), MPI_INT64_T,
@@ -220,8 +237,21 @@ ExpertParallelLayer::~ExpertParallelLayer() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+void ExpertParallelLayer::refresh_biases() const {
+  const ExpertWeights& w = layer_->weights().experts;
+  for (auto [from, to] : {std::pair{&w.gate_bias, &local_.gate_bias}, std::pair{&w.up_bias, &local_.up_bias},
+                          std::pair{&w.down_bias, &local_.down_bias}}) {
+    if (to->numel() == 0) continue;
+    const std::int64_t n = to->dim(1);
+    for (std::size_t i = 0; i < mine_.size(); ++i)
+      std::memcpy(to->data_as<float>() + static_cast<std::int64_t>(i) * n, from->data_as<const float>() + mine_[i] * n,
+                  static_cast<std::size_t>(n) * sizeof(float));
+  }
+}
+
 Tensor ExpertParallelLayer::collective_forward(const std::function<Tensor(const MoeLayer::RoutedExperts&)>& run) const {
   times_ = PhaseTimes{};
+  refresh_biases();
   started_ = MPI_Wtime();
   Tensor y;
   std::exception_ptr err;
@@ -245,6 +275,11 @@ Tensor ExpertParallelLayer::forward(const TensorView& x, ForwardInfo* info) cons
 }
 
 Tensor ExpertParallelLayer::forward_train(const TensorView& x, DistSavedForward& saved, bool keep_pre_activations) const {
+  return forward_train(x, saved.home, saved, keep_pre_activations);
+}
+
+Tensor ExpertParallelLayer::forward_train(const TensorView& x, SavedForward& home, DistSavedForward& saved,
+                                          bool keep_pre_activations) const {
   saved = DistSavedForward{};
   saving_ = &saved;
   keep_pre_ = keep_pre_activations;
@@ -253,7 +288,7 @@ Tensor ExpertParallelLayer::forward_train(const TensorView& x, DistSavedForward&
     ~Reset() { l->saving_ = nullptr; }
   } reset{this};
   Tensor y = collective_forward([&](const MoeLayer::RoutedExperts& r) {
-    return layer_->forward_train_with(x, saved.home, r, keep_pre_activations);
+    return layer_->forward_train_with(x, home, r, keep_pre_activations);
   });
   saved.filled = true;
   return y;
@@ -261,28 +296,19 @@ Tensor ExpertParallelLayer::forward_train(const TensorView& x, DistSavedForward&
 
 namespace {
 
-// Σ over the ranks of `part`, added in rank order 0, 1, … on rank 0 and broadcast: the same bits
-// everywhere, and `part` itself at one rank.
 void sum_in_rank_order(MPI_Comm comm, Tensor& part) {
-  const int P = comm_size(comm), rank = comm_rank(comm);
-  const std::int64_t n = part.numel();
-  if (P == 1 || n == 0) return;
-  const int count = mpi_count(n, "a gradient");
-  std::vector<float> all(rank == 0 ? static_cast<std::size_t>(n) * static_cast<std::size_t>(P) : 0);
-  MPI_Gather(part.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, 0, comm);
-  float* acc = part.data_as<float>();
-  if (rank == 0)
-    for (int r = 1; r < P; ++r) {
-      const float* p = all.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(n);
-      for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + p[i];
-    }
-  MPI_Bcast(acc, count, MPI_FLOAT, 0, comm);
+  mpi_util::sum_in_rank_order(comm, part.data_as<float>(), part.numel());
 }
 
 }  // namespace
 
-Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const TensorView& dy_in, MoeTensors& grads,
+Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const TensorView& dy, MoeTensors& grads,
                                      const BackwardOptions& options) const {
+  return backward(saved, saved.home, dy, grads, options);
+}
+
+Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedForward& home, const TensorView& dy_in,
+                                     MoeTensors& grads, const BackwardOptions& options) const {
   const MoeConfig& cfg = layer_->config();
   const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k;
   std::exception_ptr err;
@@ -297,7 +323,7 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const Tensor
         saved.rows.numel() != R * D || saved.offsets.size() != mine_.size() + 1)
       throw std::invalid_argument("[moekit::dist::backward] saved state does not belong to this layer: fill it with "
                                   "this layer's forward_train");
-    dy = detail::checked_dy("dist::backward", dy_in, saved.home.shape, T, D, E, options, dy_owned);
+    dy = detail::checked_dy("dist::backward", dy_in, home.shape, T, D, E, options, dy_owned);
     detail::check_grads("dist::backward", *layer_, static_cast<std::int64_t>(mine_.size()), g);
     for (auto [from, to] : {std::pair{&g.router, &part.router}, std::pair{&g.router_bias, &part.router_bias},
                             std::pair{&g.shared_gate_proj, &part.shared_gate_proj},
@@ -346,7 +372,7 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const Tensor
                 saved.send_rows.data(), saved.send_displ.data(), MPI_FLOAT, comm_);
   Tensor dx;
   try {
-    dx = detail::backward_tail(*layer_, saved.home, dy, home_dx.data(), home_dg.data(), saved.position.data(), part,
+    dx = detail::backward_tail(*layer_, home, dy, home_dx.data(), home_dg.data(), saved.position.data(), part,
                                false, options);
   } catch (...) {
     err = std::current_exception();
@@ -368,7 +394,7 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const Tensor
   reduce(part.shared_down_proj, g.shared_down_proj);
   reduce(part.shared_gate, g.shared_gate);
   grads = g;
-  dx.reshape(saved.home.shape);
+  dx.reshape(home.shape);
   return dx;
 }
 

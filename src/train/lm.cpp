@@ -196,7 +196,16 @@ LmBatch make_lm_batch(const std::vector<std::uint8_t>& text, const std::vector<s
 }
 
 LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases)
-    : config_(std::move(config)), params_(std::move(params)), biases_(std::move(selection_biases)) {
+    : LanguageModel(std::move(config), std::move(params), std::move(selection_biases), std::nullopt) {}
+
+LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases,
+                             std::vector<std::int64_t> local_experts)
+    : LanguageModel(std::move(config), std::move(params), std::move(selection_biases),
+                    std::optional<std::vector<std::int64_t>>(std::move(local_experts))) {}
+
+LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases,
+                             std::optional<std::vector<std::int64_t>> local)
+    : config_(std::move(config)), params_(std::move(params)), biases_(std::move(selection_biases)), partial_(local.has_value()) {
   config_.validate();
   const std::int64_t V = config_.vocab, D = config_.dim(), N = config_.context, L = config_.layers();
   const std::int64_t E = config_.block.router.num_experts;
@@ -223,7 +232,9 @@ LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tenso
       throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] " << name
                                                                         << ": a selection bias for a router without one"));
     }
-    layers_.push_back(make_trainable_layer(config_.block, params_.blocks[static_cast<std::size_t>(l)], bias));
+    const MoeTensors& block = params_.blocks[static_cast<std::size_t>(l)];
+    layers_.push_back(local ? make_trainable_layer(config_.block, block, bias, *local)
+                            : make_trainable_layer(config_.block, block, bias));
   }
 }
 
@@ -231,7 +242,11 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
                                    std::vector<std::vector<std::int64_t>>* counts) const {
   const std::int64_t T = batch.tokens, D = config_.dim(), N = config_.context, V = config_.vocab;
   const std::int64_t L = config_.layers(), E = config_.block.router.num_experts;
-  if (T < 1 || static_cast<std::int64_t>(batch.window.size()) != T * N ||
+  if (partial_ && !runner_)
+    throw std::invalid_argument("[moekit::LanguageModel] this model holds only some routed experts: it runs through "
+                                "a block runner (set_block_runner)");
+  // Zero tokens only for the inference forward (a rank of a parallel evaluation with no rows).
+  if (T < (training ? 1 : 0) || static_cast<std::int64_t>(batch.window.size()) != T * N ||
       static_cast<std::int64_t>(batch.targets.size()) != T)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] a batch of " << T << " tokens needs " << T * N
                                                                                  << " window entries and " << T
@@ -287,10 +302,12 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
     const auto t0 = std::chrono::steady_clock::now();
     try {
       if (training) {
-        y = layers_[li].forward_train(normed, s.blocks[li], keep);
+        y = runner_ ? runner_->forward_train(l, normed, s.blocks[li], keep)
+                    : layers_[li].forward_train(normed, s.blocks[li], keep);
       } else {
         ForwardInfo info;
-        y = layers_[li].forward(normed, counts ? &info : nullptr);
+        y = runner_ ? runner_->forward(l, normed, counts ? &info : nullptr)
+                    : layers_[li].forward(normed, counts ? &info : nullptr);
         if (counts) {
           const auto c = expert_counts(info.routing.ids, E);
           for (std::int64_t e = 0; e < E; ++e) (*counts)[li][static_cast<std::size_t>(e)] += c[static_cast<std::size_t>(e)];
@@ -378,7 +395,8 @@ double LanguageModel::backward(const LmSaved& s, double loss_scale, LmParams& g,
     opts.accumulate = accumulate;
     if (!router_dlogits.empty() && router_dlogits[li].numel() > 0) opts.extra_dlogits = router_dlogits[li];
     const auto t0 = std::chrono::steady_clock::now();
-    const Tensor dx = moekit::backward(layers_[li], s.blocks[li], dh, g.blocks[li], opts);
+    const Tensor dx = runner_ ? runner_->backward(l, s.blocks[li], dh, g.blocks[li], opts)
+                              : moekit::backward(layers_[li], s.blocks[li], dh, g.blocks[li], opts);
     moe_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rms_norm_backward(dx, s.h[li], s.inv_rms[li], params_.norms[li], dh, true, g.norms[li], accumulate);
   }

@@ -45,6 +45,80 @@ std::vector<std::int64_t> consecutive_starts(std::size_t text_size, std::int64_t
   return starts;
 }
 
+// Rows `ids` of t's first dimension (a copy): one rank's experts of a stacked [E, ...] tensor.
+Tensor take_experts(const Tensor& t, const std::vector<std::int64_t>& ids) {
+  Shape shape = t.shape();
+  shape[0] = static_cast<std::int64_t>(ids.size());
+  Tensor out(shape, DType::f32);
+  const std::size_t row = static_cast<std::size_t>(t.numel() / std::max<std::int64_t>(t.dim(0), 1)) * sizeof(float);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    std::memcpy(static_cast<char*>(out.data()) + i * row,
+                static_cast<const char*>(t.data()) + static_cast<std::size_t>(ids[i]) * row, row);
+  return out;
+}
+
+// The routed experts' matrices of a block (the tensors expert parallelism splits by owner).
+constexpr Tensor MoeTensors::* kRoutedMatrices[] = {&MoeTensors::gate, &MoeTensors::up, &MoeTensors::down};
+
+bool is_routed_matrix(const std::string& name) {
+  for (const char* suffix : {"experts.gate", "experts.up", "experts.down"}) {
+    const std::size_t n = std::strlen(suffix);
+    if (name.size() >= n && name.compare(name.size() - n, n, suffix) == 0 &&
+        (name.size() == n || name[name.size() - n - 1] == '.'))
+      return true;
+  }
+  return false;
+}
+
+// `p` with every block's routed matrices cut to the experts `ids` (nullptr: unchanged).
+LmParams local_part(LmParams p, const std::vector<std::int64_t>* ids) {
+  if (ids)
+    for (MoeTensors& b : p.blocks)
+      for (Tensor MoeTensors::*m : kRoutedMatrices)
+        if ((b.*m).numel() > 0) b.*m = take_experts(b.*m, *ids);
+  return p;
+}
+
+double sum_squares_of(const Tensor& t) { return t.numel() > 0 ? grad_sum_squares({{std::string(), t}}) : 0.0; }
+
+// grad_norm's sum over every gradient in LmParams::named()'s order with each routed matrix's
+// Σ x² summed over its owners first: the same bits on every rank (a rank may hold no experts),
+// and grad_norm's at one rank. Collective.
+double parallel_sum_squares(const LmParams& g, LmParallel& par) {
+  std::vector<double> part;
+  for (const MoeTensors& b : g.blocks)
+    for (Tensor MoeTensors::*m : kRoutedMatrices)
+      if ((b.*m).rank() == 3) part.push_back(sum_squares_of(b.*m));
+  par.sum(part.data(), static_cast<std::int64_t>(part.size()));
+  double sum = 0;
+  std::size_t i = 0;
+  sum += sum_squares_of(g.embed);
+  sum += sum_squares_of(g.context_proj);
+  for (std::size_t l = 0; l < g.blocks.size(); ++l) {
+    if (l < g.norms.size()) sum += sum_squares_of(g.norms[l]);
+    for (const MoeTensorMember& m : kMoeTensorMembers) {
+      const Tensor& t = g.blocks[l].*m.member;
+      const bool routed = std::find(std::begin(kRoutedMatrices), std::end(kRoutedMatrices), m.member) !=
+                          std::end(kRoutedMatrices);
+      if (routed && t.rank() == 3)
+        sum += part[i++];
+      else if (!routed)
+        sum += sum_squares_of(t);
+    }
+  }
+  sum += sum_squares_of(g.final_norm);
+  sum += sum_squares_of(g.head);
+  return sum;
+}
+
+// The sequences of a micro-batch this rank trains on: a contiguous share, the first `B % P`
+// ranks one more.
+std::pair<std::int64_t, std::int64_t> share(std::int64_t count, int rank, int ranks) {
+  const std::int64_t q = count / ranks, r = count % ranks;
+  const std::int64_t begin = rank * q + std::min<std::int64_t>(rank, r);
+  return {begin, begin + q + (rank < r ? 1 : 0)};
+}
+
 LayerLoad layer_load(const std::vector<std::int64_t>& counts, const LoadMetrics& load) {
   LayerLoad out;
   out.load = load;
@@ -104,15 +178,26 @@ void LmTrainOptions::validate() const {
 }
 
 LmTrainer::LmTrainer(LmConfig config, LmTrainOptions options, std::vector<std::uint8_t> train_text,
-                     std::vector<std::uint8_t> eval_text)
+                     std::vector<std::uint8_t> eval_text, std::shared_ptr<LmParallel> parallel)
     : config_(std::move(config)),
       options_(checked(options)),
+      parallel_(std::move(parallel)),
+      local_(parallel_ ? parallel_->local_experts() : std::vector<std::int64_t>{}),
       train_(std::move(train_text)),
       eval_(std::move(eval_text)),
-      params_(init_lm_parameters(config_, options_.seed)),
-      model_(config_, params_),
+      params_(local_part(init_lm_parameters(config_, options_.seed), parallel_ ? &local_ : nullptr)),
+      model_(parallel_ ? LanguageModel(config_, params_, {}, local_) : LanguageModel(config_, params_)),
       optimizer_(make_optimizer(options_)) {
   const std::int64_t S = seq_len_of(options_), T = options_.batch_tokens;
+  if (parallel_) {
+    if ((T / S) / options_.micro_batches < parallel_->size())
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainer] a micro-batch of "
+                                             << (T / S) / options_.micro_batches << " sequences cannot be shared by "
+                                             << parallel_->size()
+                                             << " ranks (each needs at least one: raise batch_tokens or lower "
+                                                "micro_batches or seq_len)"));
+    model_.set_block_runner(parallel_->make_runner(model_));
+  }
   if (static_cast<std::int64_t>(train_.size()) < T + 1)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainer] the training text has " << train_.size()
                                                                                         << " tokens, less than one batch ("
@@ -184,9 +269,30 @@ StepResult LmTrainer::step() {
   const std::int64_t T = options_.batch_tokens, S = seq_len_of(options_), B = T / S;
   const std::int64_t M = options_.micro_batches, L = config_.layers(), E = config_.block.router.num_experts;
   const std::int64_t step_no = step_ + 1;
+  const int rank = parallel_ ? parallel_->rank() : 0, ranks = parallel_ ? parallel_->size() : 1;
   const auto fail = [&](const std::string& what) {
     return std::runtime_error(MOEKIT_MSG("[moekit train] step " << step_no << ": " << what
                                                                 << "; nothing of this step was applied"));
+  };
+  // Runs `fn`; an error of the model (bad input, a non-finite loss) becomes the step's failure
+  // — on every rank at once when parallel (errors inside the expert-parallel blocks are agreed
+  // on there and arrive here on every rank).
+  const auto guarded = [&](const auto& fn) {
+    std::exception_ptr err;
+    try {
+      fn();
+    } catch (const std::invalid_argument&) {
+      err = std::current_exception();
+    } catch (const std::runtime_error&) {
+      if (!parallel_) throw;
+      err = std::current_exception();
+    }
+    try {
+      if (parallel_) parallel_->agree(err);
+      if (err) std::rethrow_exception(err);
+    } catch (const std::exception& e) {
+      throw fail(e.what());
+    }
   };
   std::uint64_t rng = rng_;
   std::vector<std::int64_t> starts(static_cast<std::size_t>(B));
@@ -196,50 +302,88 @@ StepResult LmTrainer::step() {
   StepResult out;
   out.step = step_no;
   out.lr = options_.lr.at(step_);
-  std::vector<std::vector<std::int64_t>> counts(static_cast<std::size_t>(L),
-                                                std::vector<std::int64_t>(static_cast<std::size_t>(E), 0));
+  // counts: this rank's tokens, per layer; summed over the ranks (exactly) before the balancer.
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(L * E), 0);
+  const auto layer_counts = [&](std::int64_t l) {
+    return std::vector<std::int64_t>(counts.begin() + l * E, counts.begin() + (l + 1) * E);
+  };
   const bool aux = options_.balance == BalanceMode::aux || options_.balance == BalanceMode::seq_aux || options_.z_coef > 0;
+  double losses[3] = {0, 0, 0};  // this rank's train-loss, aux-loss and z-loss shares
   for (std::int64_t m = 0; m < M; ++m) {
-    const std::vector<std::int64_t> part(starts.begin() + m * (B / M), starts.begin() + (m + 1) * (B / M));
+    const std::int64_t Bm = B / M;
+    const auto [first, last] = share(Bm, rank, ranks);
+    const std::vector<std::int64_t> part(starts.begin() + m * Bm + first, starts.begin() + m * Bm + last);
     const LmBatch batch = make_lm_batch(train_, part, S, config_.context);
-    double loss = 0;
-    try {
-      loss = model_.forward_train(batch, saved_, options_.keep_pre_activations);
-    } catch (const std::invalid_argument& e) {
-      throw fail(e.what());
-    }
+    double loss_sum = 0;
+    guarded([&] {
+      model_.forward_train(batch, saved_, options_.keep_pre_activations);
+      loss_sum = saved_.loss_sum;
+    });
+    // The micro-batch's loss (mean CE over its Bm·S tokens), as one process computes it.
+    if (parallel_) parallel_->sum(&loss_sum, 1);
+    const double loss = loss_sum / static_cast<double>(Bm * S);
     if (!std::isfinite(loss)) throw fail(MOEKIT_MSG("the training loss is " << loss));
     out.moe_seconds += saved_.moe_seconds;
-    out.train_loss += loss * static_cast<double>(batch.tokens) / static_cast<double>(T);
-    std::vector<Tensor> dlogits;
+    losses[0] += loss * static_cast<double>(Bm * S) / static_cast<double>(T);
+    std::vector<std::int64_t> micro(static_cast<std::size_t>(L * E), 0);
     for (std::int64_t l = 0; l < L; ++l) {
-      const SavedForward& sf = saved_.blocks[static_cast<std::size_t>(l)];
-      const auto c = expert_counts(sf.routing.ids, E);
-      for (std::int64_t e = 0; e < E; ++e) counts[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)] += c[static_cast<std::size_t>(e)];
-      if (aux) {
+      const auto c = expert_counts(saved_.blocks[static_cast<std::size_t>(l)].routing.ids, E);
+      std::copy(c.begin(), c.end(), micro.begin() + l * E);
+    }
+    for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += micro[i];
+    // The switch loss weighs every token by the whole micro-batch's counts.
+    if (parallel_ && options_.balance == BalanceMode::aux) parallel_->sum(micro.data(), L * E);
+    std::vector<Tensor> dlogits;
+    if (aux)
+      for (std::int64_t l = 0; l < L; ++l) {
+        const SavedForward& sf = saved_.blocks[static_cast<std::size_t>(l)];
         AuxLossOptions o;
-        const double share = 1.0 / static_cast<double>(M);
-        if (options_.balance == BalanceMode::aux) o.switch_coef = options_.aux_coef * share;
+        const double share_m = 1.0 / static_cast<double>(M);
+        if (options_.balance == BalanceMode::aux) o.switch_coef = options_.aux_coef * share_m;
         if (options_.balance == BalanceMode::seq_aux) {
-          o.seq_coef = options_.aux_coef * share;
+          o.seq_coef = options_.aux_coef * share_m;
           o.sequence_starts = batch.sequence_starts;
         }
-        o.z_coef = options_.z_coef * share;
+        o.z_coef = options_.z_coef * share_m;
+        if (parallel_) {
+          o.total_tokens = Bm * S;
+          o.total_sequences = Bm;
+          if (options_.balance == BalanceMode::aux) o.total_counts.assign(micro.begin() + l * E, micro.begin() + (l + 1) * E);
+        }
         AuxLosses a = aux_losses(config_.block.router, sf.logits, sf.routing.ids, o);
-        out.aux_loss += a.switch_loss + a.seq_loss;
-        out.z_loss += a.z_loss;
+        losses[1] += a.switch_loss + a.seq_loss;
+        losses[2] += a.z_loss;
         dlogits.push_back(std::move(a.dlogits));
       }
-    }
-    out.moe_seconds += model_.backward(saved_, 1.0 / static_cast<double>(T), grads_, m > 0, dlogits);
+    guarded([&] { out.moe_seconds += model_.backward(saved_, 1.0 / static_cast<double>(T), grads_, m > 0, dlogits); });
   }
+  if (parallel_) {
+    // What every rank holds whole has a partial gradient per rank (the router and shared experts
+    // were summed in the blocks' backward): the sum in rank order makes it the same bits on
+    // every rank. The routed experts' gradients stay with their owners.
+    const auto sum_tensor = [&](Tensor& t) {
+      if (t.numel() > 0) parallel_->sum(t.data_as<float>(), t.numel());
+    };
+    sum_tensor(grads_.embed);
+    sum_tensor(grads_.context_proj);
+    for (Tensor& n : grads_.norms) sum_tensor(n);
+    sum_tensor(grads_.final_norm);
+    sum_tensor(grads_.head);
+    for (MoeTensors& b : grads_.blocks)
+      for (Tensor* t : {&b.gate_bias, &b.up_bias, &b.down_bias}) sum_tensor(*t);
+    parallel_->sum(losses + 1, 2);
+    parallel_->sum(counts.data(), L * E);
+  }
+  out.train_loss = losses[0];
+  out.aux_loss = losses[1];
+  out.z_loss = losses[2];
   const NamedTensors gn = grads_.named();
-  out.grad_norm = grad_norm(gn);
+  out.grad_norm = parallel_ ? std::sqrt(parallel_sum_squares(grads_, *parallel_)) : grad_norm(gn);
   if (!std::isfinite(out.grad_norm)) throw fail(MOEKIT_MSG("the gradient norm is " << out.grad_norm));
   // Clipping folded into the update (the same bits as clip_grad_norm, one pass fewer).
   optimizer_.step(params_.named(), gn, out.lr, options_.clip > 0 ? clip_factor(out.grad_norm, options_.clip) : 1.0f);
   for (std::int64_t l = 0; l < L; ++l) {
-    const auto& c = counts[static_cast<std::size_t>(l)];
+    const std::vector<std::int64_t> c = layer_counts(l);
     if (!balancers_.empty()) {
       LoadBalancer& b = balancers_[static_cast<std::size_t>(l)];
       b.add_counts(c);
@@ -270,11 +414,35 @@ EvalResult LmTrainer::evaluate() const {
   EvalResult r;
   double sum = 0;
   for (std::size_t i = 0; i < starts.size(); i += static_cast<std::size_t>(B)) {
-    const std::vector<std::int64_t> chunk(starts.begin() + static_cast<std::ptrdiff_t>(i),
-                                          starts.begin() + static_cast<std::ptrdiff_t>(std::min(starts.size(), i + static_cast<std::size_t>(B))));
+    std::vector<std::int64_t> chunk(starts.begin() + static_cast<std::ptrdiff_t>(i),
+                                    starts.begin() + static_cast<std::ptrdiff_t>(std::min(starts.size(), i + static_cast<std::size_t>(B))));
+    if (parallel_) {  // this rank's share of the chunk (possibly none: the blocks still run, on no rows)
+      const auto [first, last] = share(static_cast<std::int64_t>(chunk.size()), parallel_->rank(), parallel_->size());
+      chunk = std::vector<std::int64_t>(chunk.begin() + first, chunk.begin() + last);
+    }
     const LmBatch batch = make_lm_batch(eval_, chunk, S, config_.context);
-    sum += model_.loss_sum(batch, &counts);
+    std::exception_ptr err;
+    try {
+      sum += model_.loss_sum(batch, &counts);
+    } catch (const std::invalid_argument&) {
+      if (!parallel_) throw;
+      err = std::current_exception();
+    }
+    if (parallel_) parallel_->agree(err);
     r.tokens += batch.tokens;
+  }
+  if (parallel_) {
+    const std::int64_t L = config_.layers(), E = config_.block.router.num_experts;
+    if (counts.empty())
+      counts.assign(static_cast<std::size_t>(L), std::vector<std::int64_t>(static_cast<std::size_t>(E), 0));
+    std::vector<std::int64_t> all;
+    for (const auto& c : counts) all.insert(all.end(), c.begin(), c.end());
+    all.push_back(r.tokens);
+    parallel_->sum(all.data(), static_cast<std::int64_t>(all.size()));
+    for (std::int64_t l = 0; l < L; ++l)
+      std::copy(all.begin() + l * E, all.begin() + (l + 1) * E, counts[static_cast<std::size_t>(l)].begin());
+    r.tokens = all.back();
+    parallel_->sum(&sum, 1);
   }
   r.loss = sum / static_cast<double>(r.tokens);
   r.ppl = std::exp(r.loss);
@@ -283,8 +451,70 @@ EvalResult LmTrainer::evaluate() const {
   return r;
 }
 
-void LmTrainer::restore(const LmParams& params, const std::vector<Tensor>& biases, const Optimizer& optimizer,
+LmParams LmTrainer::whole_params() const {
+  if (!parallel_) return params_;
+  LmParams out = params_;  // shares the storage of what every rank holds whole
+  const std::int64_t E = config_.block.router.num_experts;
+  for (MoeTensors& b : out.blocks)
+    for (Tensor MoeTensors::*m : kRoutedMatrices)
+      if ((b.*m).rank() == 3) b.*m = parallel_->gather_experts(b.*m, E);
+  return parallel_->rank() == 0 ? out : LmParams{};
+}
+
+Optimizer LmTrainer::whole_optimizer() const {
+  if (!parallel_) return optimizer_;
+  const std::int64_t E = config_.block.router.num_experts;
+  // Every rank gathers the same list: the routed matrices' state by name from the config's
+  // blocks (a rank holding no experts has no state for them: it sends none).
+  NamedTensors state = optimizer_.state();
+  const bool stepped = optimizer_.steps() > 0;
+  NamedTensors whole_state;
+  for (auto& [name, t] : state)
+    if (!is_routed_matrix(name)) whole_state.emplace_back(name, t);
+  if (stepped)
+    for (const char* prefix : optimizer_.kind() == Optimizer::Kind::adamw ? std::vector<const char*>{"m.", "v."}
+                                                                           : std::vector<const char*>{"momentum."})
+      for (std::size_t l = 0; l < params_.blocks.size(); ++l)
+        for (const auto& [member, label] : {std::pair{&MoeTensors::gate, "gate"}, std::pair{&MoeTensors::up, "up"},
+                                            std::pair{&MoeTensors::down, "down"}}) {
+          const Tensor& p = params_.blocks[l].*member;
+          if (p.rank() != 3) continue;
+          const std::string name = prefix + ("layers." + std::to_string(l) + ".experts." + label);
+          Tensor local = p;  // shape [0, ...] when this rank holds no experts (no state then)
+          for (const auto& [n, t] : state)
+            if (n == name) local = t;
+          whole_state.emplace_back(name, parallel_->gather_experts(local, E));
+        }
+  const LmParams whole = whole_params();
+  Optimizer out = make_optimizer(options_);
+  if (parallel_->rank() == 0 && stepped) out.load_state(whole_state, optimizer_.steps(), whole.named());
+  return out;
+}
+
+void LmTrainer::restore(const LmParams& whole, const std::vector<Tensor>& biases, const Optimizer& whole_optimizer,
                         std::int64_t step, std::uint64_t rng_state) {
+  // Expert parallel: this rank's part of the checkpoint's experts and their optimizer state.
+  if (parallel_)
+    for (std::size_t l = 0; l < whole.blocks.size(); ++l)
+      for (Tensor MoeTensors::*m : kRoutedMatrices) {
+        const Tensor& t = whole.blocks[l].*m;
+        if (t.numel() > 0 && (t.rank() != 3 || t.dim(0) != config_.block.router.num_experts || t.dtype() != DType::f32))
+          throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainer::restore] layer "
+                                                 << l << "'s routed experts are " << shape_str(t.shape())
+                                                 << ", not f32 [" << config_.block.router.num_experts << ", ...]"));
+      }
+  const LmParams params = local_part(whole, parallel_ ? &local_ : nullptr);
+  Optimizer optimizer = whole_optimizer;
+  if (parallel_) {
+    NamedTensors state = whole_optimizer.state();
+    for (auto& [name, t] : state)
+      if (is_routed_matrix(name) && t.rank() == 3 && t.dim(0) == config_.block.router.num_experts)
+        t = take_experts(t, local_);
+    // A rank holding no experts holds no state for them (named() lists no empty tensor).
+    state.erase(std::remove_if(state.begin(), state.end(), [](const auto& e) { return e.second.numel() == 0; }),
+                state.end());
+    if (!state.empty()) optimizer.load_state(state, whole_optimizer.steps(), params.named());
+  }
   const NamedTensors mine = params_.named(), given = params.named();
   if (mine.size() != given.size())
     throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainer::restore] " << given.size() << " tensors, the model has "

@@ -231,11 +231,13 @@ void scale_all(const Tensor& t, float s) {
 }
 }  // namespace
 
-double grad_norm(const NamedTensors& grads) {
+double grad_sum_squares(const NamedTensors& grads) {
   double sum = 0;
   for (const auto& [name, t] : grads) sum += sum_squares(t);
-  return std::sqrt(sum);
+  return sum;
 }
+
+double grad_norm(const NamedTensors& grads) { return std::sqrt(grad_sum_squares(grads)); }
 
 double clip_grad_norm(const NamedTensors& grads, double max_norm) {
   if (!(max_norm > 0) || !std::isfinite(max_norm))
