@@ -38,13 +38,17 @@ struct MpiSession {
 /// Ends an MPI job that failed on some rank: rank 0 prints the one message now ("moekit:
 /// error: ..."), every rank waits until it has, then each throws ReportedElsewhere (exit 1,
 /// nothing more printed) — so no rank's exit can make mpirun kill rank 0 before it printed.
-[[noreturn]] inline void end_failed_job(const MpiSession& mpi, const dist::RankError& e, const std::string& prefix) {
+[[noreturn]] inline void end_failed_job(const MpiSession& mpi, const std::string& message) {
   if (mpi.rank == 0) {
-    std::fprintf(stderr, "moekit: error: %s\n", one_line(prefix + e.what()).c_str());
+    std::fprintf(stderr, "moekit: error: %s\n", one_line(message).c_str());
     std::fflush(stderr);
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  throw ReportedElsewhere(e.what());
+  throw ReportedElsewhere(message);
+}
+
+[[noreturn]] inline void end_failed_job(const MpiSession& mpi, const dist::RankError& e, const std::string& prefix) {
+  end_failed_job(mpi, prefix + e.what());
 }
 
 }  // namespace moekit::cli

@@ -771,7 +771,9 @@ void register_train(CLI::App& app) {
                               "At one rank the run is the single-process run bit for bit; at more the losses "
                               "equal it to fp32 rounding");
   f->threads_option = add_threads_option(*cmd, f->threads);
-  cmd->callback([f, cmd] {
+  // The flags' own checks and the plotting Python (with --expert-parallel: on every rank, inside
+  // the job, so that a bad flag is printed once).
+  const auto prepare = [f] {
     apply_threads_option(f->threads_option, f->threads);
     for (const auto& [name, v] : {std::pair{"--layers", f->layers}, std::pair{"--dim", f->dim},
                                   std::pair{"--experts", f->experts}, std::pair{"--top-k", f->top_k},
@@ -781,24 +783,28 @@ void register_train(CLI::App& app) {
     if (f->top_k > f->experts)
       throw std::invalid_argument(kPrefix + "--top-k (" + std::to_string(f->top_k) + ") exceeds --experts (" +
                                   std::to_string(f->experts) + ")");
+    if (!f->compare.empty() && f->ep.enabled)
+      throw std::invalid_argument(kPrefix + "--compare cannot be given with --expert-parallel (run the variants "
+                                            "one by one)");
     const bool plots = !f->plot.empty() || !f->compare.empty();
-    const std::string python = plots ? find_plot_python() : std::string();
-    if (!f->compare.empty()) {
-      if (f->ep.enabled)
-        throw std::invalid_argument(kPrefix + "--compare cannot be given with --expert-parallel (run the variants "
-                                              "one by one)");
-      run_compare(*f, cmd, python);
-      return;
-    }
-    const RunPaths paths = paths_for(*f);
+    return plots ? find_plot_python() : std::string();
+  };
+  cmd->callback([f, cmd, prepare] {
     if (!f->ep.enabled) {
-      const RunSummary r = run_training(*f, cmd, paths, "", python, false);
+      const std::string python = prepare();
+      if (!f->compare.empty()) {
+        run_compare(*f, cmd, python);
+        return;
+      }
+      const RunSummary r = run_training(*f, cmd, paths_for(*f), "", python, false);
       if (r.interrupted) throw CLI::RuntimeError(130);
       return;
     }
 #ifdef MOEKIT_HAVE_DIST
     bool interrupted = false;
     run_mpi_job("", [&](const MpiSession& mpi) {
+      std::string python;
+      agreed([&] { python = prepare(); });
       TrainParallel par;
       par.rank = mpi.rank;
       par.agreed = agreed;
@@ -807,13 +813,13 @@ void register_train(CLI::App& app) {
                                                      MPI_COMM_WORLD);
       };
       try {
-        interrupted = run_training(*f, cmd, paths, "", python, false, par).interrupted;
+        interrupted = run_training(*f, cmd, paths_for(*f), "", python, false, par).interrupted;
       } catch (const dist::RankError&) {
         throw;
       } catch (const std::exception& e) {
-        // Every failure reaches every rank together (agreed steps), so every rank is here:
-        // rank 0 prints it once.
-        throw dist::RankError(0, e.what());
+        // Every failure reaches every rank together (agreed steps; a step's failure names the
+        // rank it began on), so every rank is here: rank 0 prints it once.
+        end_failed_job(mpi, e.what());
       }
     });
     if (interrupted) throw CLI::RuntimeError(130);

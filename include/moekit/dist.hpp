@@ -44,15 +44,18 @@ namespace moekit::dist {
 class RankError : public std::runtime_error {
  public:
   RankError(int rank, const std::string& message)
-      : std::runtime_error("rank " + std::to_string(rank) + ": " + message), rank_(rank) {}
+      : std::runtime_error("rank " + std::to_string(rank) + ": " + message), rank_(rank), message_(message) {}
   int rank() const noexcept { return rank_; }
+  /// The failing rank's message, without the "rank N: " before it.
+  const std::string& message() const noexcept { return message_; }
 
  private:
   int rank_;
+  std::string message_;
 };
 
 /// Collective: throws RankError on every rank if `error` is set on any (the lowest such rank's
-/// message), else returns. The only way the dist layer lets a local failure reach a collective.
+/// message; a RankError there — a failure agreed on before — is passed on as it is), else returns. The only way the dist layer lets a local failure reach a collective.
 void agree(MPI_Comm comm, const std::exception_ptr& error);
 
 /// Which rank owns each routed expert.

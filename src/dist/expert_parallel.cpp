@@ -56,12 +56,23 @@ void agree(MPI_Comm comm, const std::exception_ptr& error) {
   int first = INT_MAX;
   MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
   if (first == INT_MAX) return;
-  std::string msg = rank == first ? message_of(error) : std::string();
-  int len = static_cast<int>(std::min<std::size_t>(msg.size(), 1 << 16));
-  MPI_Bcast(&len, 1, MPI_INT, first, comm);
-  msg.resize(static_cast<std::size_t>(len));
-  MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
-  throw RankError(first, msg);
+  std::string msg;
+  int origin = first;  // the rank the failure began on (another one for an agreed RankError)
+  if (rank == first) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const RankError& e) {
+      origin = e.rank();
+      msg = e.message();
+    } catch (...) {
+      msg = message_of(error);
+    }
+  }
+  int head[2] = {origin, static_cast<int>(std::min<std::size_t>(msg.size(), 1 << 16))};
+  MPI_Bcast(head, 2, MPI_INT, first, comm);
+  msg.resize(static_cast<std::size_t>(head[1]));
+  MPI_Bcast(msg.data(), head[1], MPI_CHAR, first, comm);
+  throw RankError(head[0], msg);
 }
 
 ExpertPlacement ExpertPlacement::contiguous(std::int64_t num_experts, int num_ranks) {
@@ -372,8 +383,12 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
                 saved.send_rows.data(), saved.send_displ.data(), MPI_FLOAT, comm_);
   Tensor dx;
   try {
-    dx = detail::backward_tail(*layer_, home, dy, home_dx.data(), home_dg.data(), saved.position.data(), part,
-                               false, options);
+    // One rank: the router and shared gradients straight into g (accumulating as one process
+    // does, the same bits); more: this rank's partials, summed below.
+    dx = size_ == 1 ? detail::backward_tail(*layer_, home, dy, home_dx.data(), home_dg.data(), saved.position.data(),
+                                            g, options.accumulate, options)
+                    : detail::backward_tail(*layer_, home, dy, home_dx.data(), home_dg.data(), saved.position.data(),
+                                            part, false, options);
   } catch (...) {
     err = std::current_exception();
   }
@@ -381,7 +396,7 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
 
   // The whole batch's router and shared gradients: partial sums added in rank order.
   const auto reduce = [&](Tensor& p, Tensor& into) {
-    if (p.numel() == 0) return;
+    if (p.numel() == 0 || size_ == 1) return;
     sum_in_rank_order(comm_, p);
     float* dst = into.data_as<float>();
     const float* src = p.data_as<const float>();

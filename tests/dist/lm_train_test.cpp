@@ -211,8 +211,8 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
 
 // A checkpoint of the parallel run (gathered to rank 0, given whole to every rank) resumes it:
 // the next steps are the uninterrupted run's bits.
-TEST_P(DistLmTrain, ResumesFromItsGatheredCheckpointBitForBit) {
-  const Case& c = GetParam();
+void resume_case(const Case& c) {
+  SCOPED_TRACE(c.name);
   const int P = size_of(), rank = rank_of();
   const LmConfig config = config_of(c);
   const LmTrainOptions options = options_of(c);
@@ -260,6 +260,15 @@ TEST_P(DistLmTrain, ResumesFromItsGatheredCheckpointBitForBit) {
     const Tensor& b = second->params().named()[i].second;
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << straight->params().named()[i].first;
   }
+}
+
+std::vector<Case> cases();
+
+// Two of the cases (shared experts; micro-batches with every expert on the last rank): the
+// resume path is the same code for every family.
+TEST(DistLmTrain, ResumesFromItsGatheredCheckpointBitForBit) {
+  resume_case(cases()[0]);
+  resume_case(cases()[3]);
 }
 
 std::vector<Case> cases() {
