@@ -47,7 +47,8 @@ struct MpiSession {
   throw ReportedElsewhere(message);
 }
 
-[[noreturn]] inline void end_failed_job(const MpiSession& mpi, const dist::RankError& e, const std::string& prefix) {
+[[noreturn]] inline void end_failed_job(const MpiSession& mpi, const dist::RankError& e,
+                                        const std::string& prefix) {
   end_failed_job(mpi, prefix + e.what());
 }
 

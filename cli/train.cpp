@@ -6,9 +6,9 @@
 //
 // Every check (flags, data, sizes, output paths, the plotting interpreter) runs before the first
 // step; nothing is written before they all pass.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -364,8 +364,9 @@ std::string user_json(TrainFlags& f, const TextCorpus& corpus) {
 }
 
 // Collective with --expert-parallel: the owners' experts gathered to rank 0, which writes.
-void save_checkpoint(const std::string& dir, const std::string& config_json, const LmTrainer& tr, TrainFlags& f,
-                     const TextCorpus& corpus, const std::function<void(const std::function<void()>&)>& together) {
+void save_checkpoint(const std::string& dir, const std::string& config_json, const LmTrainer& tr,
+                     TrainFlags& f, const TextCorpus& corpus,
+                     const std::function<void(const std::function<void()>&)>& together) {
   TrainingState st;
   st.step = tr.steps_done();
   st.rng_state = tr.rng_state();
@@ -374,7 +375,8 @@ void save_checkpoint(const std::string& dir, const std::string& config_json, con
   const Optimizer optimizer = tr.whole_optimizer();
   together([&] {
     if (!tr.parallel() || tr.parallel()->rank() == 0)
-      save_lm_checkpoint(dir, config_json, tr.config(), params, tr.selection_biases(), optimizer, st);
+      save_lm_checkpoint(dir, config_json, tr.config(), params, tr.selection_biases(), optimizer,
+                         st);
   });
 }
 
@@ -386,8 +388,9 @@ std::string load_line(const LayerLoad& l) {
   return s.str();
 }
 
-RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths, const std::string& label,
-                        const std::string& plot_python, bool quiet, const TrainParallel& par = {}) {
+RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths,
+                        const std::string& label, const std::string& plot_python, bool quiet,
+                        const TrainParallel& par = {}) {
   // With --expert-parallel every rank runs all of this; rank 0 alone prints and writes, and
   // whatever may fail on one rank only runs in together(), which ends every rank with it.
   const bool rank0 = par.rank == 0;
@@ -404,74 +407,81 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
   LmTrainOptions options;
   TextCorpus corpus;
   together([&] {
-  if (!f.resume.empty()) {
-    for (const char* flag : kModelFlags)
-      if (app && app->count(flag) > 0)
-        throw std::invalid_argument(kPrefix + std::string(flag) + " cannot be given with --resume: the model comes "
-                                                                  "from the checkpoint's config.json");
-    std::ifstream in(fs::path(f.resume) / "config.json");
-    if (!in) throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': no config.json there");
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const json saved_user = [&] {
-      // The flags of the run that wrote the checkpoint, restored unless given again.
-      const std::string state_path = (fs::path(f.resume) / kTrainingStateFile).string();
-      if (!fs::exists(state_path))
-        throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': no " + kTrainingStateFile + " there");
-      const auto file = SafetensorsFile::open(state_path);
-      const auto it = file->metadata().find("user");
-      if (it == file->metadata().end() || !json::accept(it->second))
-        throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': " + kTrainingStateFile +
-                                    " holds no flags of moekit train");
-      return json::parse(it->second);
-    }();
-    if (!saved_user.contains("flags") || !saved_user.at("flags").is_object())
-      throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': not written by moekit train");
-    for (const Saved& s : saved_flags(f))
-      if ((!app || app->count("--" + s.flag) == 0) && saved_user.at("flags").contains(s.flag)) {
-        try {
-          s.set(saved_user.at("flags").at(s.flag));
-        } catch (const json::exception&) {
-          throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': saved flag --" + s.flag + " is malformed");
+    if (!f.resume.empty()) {
+      for (const char* flag : kModelFlags)
+        if (app && app->count(flag) > 0)
+          throw std::invalid_argument(kPrefix + std::string(flag) +
+                                      " cannot be given with --resume: the model comes "
+                                      "from the checkpoint's config.json");
+      std::ifstream in(fs::path(f.resume) / "config.json");
+      if (!in)
+        throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': no config.json there");
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      const json saved_user = [&] {
+        // The flags of the run that wrote the checkpoint, restored unless given again.
+        const std::string state_path = (fs::path(f.resume) / kTrainingStateFile).string();
+        if (!fs::exists(state_path))
+          throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': no " +
+                                      kTrainingStateFile + " there");
+        const auto file = SafetensorsFile::open(state_path);
+        const auto it = file->metadata().find("user");
+        if (it == file->metadata().end() || !json::accept(it->second))
+          throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': " +
+                                      kTrainingStateFile + " holds no flags of moekit train");
+        return json::parse(it->second);
+      }();
+      if (!saved_user.contains("flags") || !saved_user.at("flags").is_object())
+        throw std::invalid_argument(kPrefix + "--resume '" + f.resume +
+                                    "': not written by moekit train");
+      for (const Saved& s : saved_flags(f))
+        if ((!app || app->count("--" + s.flag) == 0) && saved_user.at("flags").contains(s.flag)) {
+          try {
+            s.set(saved_user.at("flags").at(s.flag));
+          } catch (const json::exception&) {
+            throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': saved flag --" +
+                                        s.flag + " is malformed");
+          }
         }
+      config_json = text;
+      try {
+        config = parse_lm_config(text);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': " + e.what());
       }
-    config_json = text;
-    try {
-      config = parse_lm_config(text);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(kPrefix + "--resume '" + f.resume + "': " + e.what());
     }
-  }
-  options = train_options(f);
-  if (f.resume.empty()) {
-    const std::string bj = block_json(f);
-    config.block = parse_hf_config(bj);
-    config.vocab = 256;
-    config.context = f.context;
-    try {
-      config.validate();
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(kPrefix + e.what());
+    options = train_options(f);
+    if (f.resume.empty()) {
+      const std::string bj = block_json(f);
+      config.block = parse_hf_config(bj);
+      config.vocab = 256;
+      config.context = f.context;
+      try {
+        config.validate();
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(kPrefix + e.what());
+      }
+      config_json = lm_config_json(config, bj);
     }
-    config_json = lm_config_json(config, bj);
-  }
-  if (f.data.empty()) f.data = {kDefaultCorpus};
-  try {
-    corpus = load_text_corpus(f.data);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(kPrefix + "--data: " + e.what() +
-                                (f.data.size() == 1 && f.data[0] == kDefaultCorpus
-                                     ? std::string(" (the default text; pass --data FILE_OR_FOLDER)")
-                                     : std::string()));
-  }
-  if (!paths.plot_dir.empty()) {
-    std::error_code ec;
-    if (fs::exists(paths.plot_dir, ec) && !fs::is_directory(paths.plot_dir, ec))
-      throw std::invalid_argument(kPrefix + "--plot '" + paths.plot_dir + "' is not a folder");
-    check_parent_exists(fs::path(paths.plot_dir).lexically_normal().string(), "--plot");
-  }
-  if (!paths.csv.empty() && fs::path(paths.csv).parent_path() != fs::path(paths.plot_dir))
-    check_parent_exists(paths.csv, "--csv");
-  if (!paths.save.empty()) check_parent_exists(paths.save, "--save");
+    if (f.data.empty()) f.data = {kDefaultCorpus};
+    try {
+      corpus = load_text_corpus(f.data);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(
+          kPrefix + "--data: " + e.what() +
+          (f.data.size() == 1 && f.data[0] == kDefaultCorpus
+               ? std::string(" (the default text; pass --data FILE_OR_FOLDER)")
+               : std::string()));
+    }
+    if (!paths.plot_dir.empty()) {
+      std::error_code ec;
+      if (fs::exists(paths.plot_dir, ec) && !fs::is_directory(paths.plot_dir, ec))
+        throw std::invalid_argument(kPrefix + "--plot '" + paths.plot_dir + "' is not a folder");
+      check_parent_exists(fs::path(paths.plot_dir).lexically_normal().string(), "--plot");
+    }
+    if (!paths.csv.empty() && fs::path(paths.csv).parent_path() != fs::path(paths.plot_dir))
+      check_parent_exists(paths.csv, "--csv");
+    if (!paths.save.empty()) check_parent_exists(paths.save, "--save");
   });
   std::shared_ptr<LmParallel> parallel;
   together([&] {
@@ -489,7 +499,8 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
     if (!f.resume.empty()) {
       const Optimizer like = trainer->optimizer();
       LmCheckpoint ck = load_lm_checkpoint(f.resume, like);
-      trainer->restore(ck.params, ck.selection_biases, ck.optimizer, ck.state.step, ck.state.rng_state);
+      trainer->restore(ck.params, ck.selection_biases, ck.optimizer, ck.state.step,
+                       ck.state.rng_state);
     }
   });
 
@@ -498,8 +509,8 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
   std::unique_ptr<MetricsFiles> files_owned;
   together([&] {
     if (!paths.plot_dir.empty() && rank0) fs::create_directories(paths.plot_dir);
-    files_owned = rank0 ? std::make_unique<MetricsFiles>(paths.csv, paths.load, paths.bias, config.layers(), E,
-                                                         !f.resume.empty())
+    files_owned = rank0 ? std::make_unique<MetricsFiles>(paths.csv, paths.load, paths.bias,
+                                                         config.layers(), E, !f.resume.empty())
                         : std::make_unique<MetricsFiles>("", "", "", config.layers(), E, false);
   });
   MetricsFiles& files = *files_owned;
@@ -524,10 +535,11 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
                 : (f.balance == "aux" || f.balance == "seq_aux") ? (" alpha=" + num(f.aux_coef)).c_str()
                                                                   : "");
     if (parallel)
-      std::printf("  expert parallel: %d ranks (rank 0 holds %lld of the %lld routed experts per block; "
-                  "--placement %s), %d threads per rank\n",
-                  parallel->size(), static_cast<long long>(trainer->local_experts().size()), static_cast<long long>(E),
-                  f.ep.placement.c_str(), num_threads());
+      std::printf(
+          "  expert parallel: %d ranks (rank 0 holds %lld of the %lld routed experts per block; "
+          "--placement %s), %d threads per rank\n",
+          parallel->size(), static_cast<long long>(trainer->local_experts().size()),
+          static_cast<long long>(E), f.ep.placement.c_str(), num_threads());
     if (!f.resume.empty()) std::printf("  resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(trainer->steps_done()));
     std::fflush(stdout);
   }
@@ -764,12 +776,13 @@ void register_train(CLI::App& app) {
                   "Run the aux-loss-free comparison (loss-free sign/proportional, aux losses, none, a collapsed "
                   "start) into this folder");
   cmd->add_option("--seed", f->seed, "Seed of the initialisation and the batches")->capture_default_str();
-  add_expert_parallel_options(*cmd, f->ep,
-                              "data + expert parallel training: each rank trains on its share of every batch's "
-                              "sequences and holds its own routed experts (and their optimizer state); rank 0 "
-                              "prints and writes the files and checkpoints (the same format as one process). "
-                              "At one rank the run is the single-process run bit for bit; at more the losses "
-                              "equal it to fp32 rounding");
+  add_expert_parallel_options(
+      *cmd, f->ep,
+      "data + expert parallel training: each rank trains on its share of every batch's "
+      "sequences and holds its own routed experts (and their optimizer state); rank 0 "
+      "prints and writes the files and checkpoints (the same format as one process). "
+      "At one rank the run is the single-process run bit for bit; at more the losses "
+      "equal it to fp32 rounding");
   f->threads_option = add_threads_option(*cmd, f->threads);
   // The flags' own checks and the plotting Python (with --expert-parallel: on every rank, inside
   // the job, so that a bad flag is printed once).
@@ -784,8 +797,10 @@ void register_train(CLI::App& app) {
       throw std::invalid_argument(kPrefix + "--top-k (" + std::to_string(f->top_k) + ") exceeds --experts (" +
                                   std::to_string(f->experts) + ")");
     if (!f->compare.empty() && f->ep.enabled)
-      throw std::invalid_argument(kPrefix + "--compare cannot be given with --expert-parallel (run the variants "
-                                            "one by one)");
+      throw std::invalid_argument(
+          kPrefix +
+          "--compare cannot be given with --expert-parallel (run the variants "
+          "one by one)");
     const bool plots = !f->plot.empty() || !f->compare.empty();
     return plots ? find_plot_python() : std::string();
   };
@@ -809,8 +824,8 @@ void register_train(CLI::App& app) {
       par.rank = mpi.rank;
       par.agreed = agreed;
       par.make = [&](std::int64_t experts) -> std::shared_ptr<LmParallel> {
-        return std::make_shared<dist::MpiLmParallel>(parse_placement(kPrefix, f->ep.placement, experts, mpi.size),
-                                                     MPI_COMM_WORLD);
+        return std::make_shared<dist::MpiLmParallel>(
+            parse_placement(kPrefix, f->ep.placement, experts, mpi.size), MPI_COMM_WORLD);
       };
       try {
         interrupted = run_training(*f, cmd, paths_for(*f), "", python, false, par).interrupted;
@@ -824,8 +839,9 @@ void register_train(CLI::App& app) {
     });
     if (interrupted) throw CLI::RuntimeError(130);
 #else
-    throw std::invalid_argument(kPrefix + "--expert-parallel: this moekit was built without MPI "
-                                          "(-DMOEKIT_WITH_MPI=OFF)");
+    throw std::invalid_argument(kPrefix +
+                                "--expert-parallel: this moekit was built without MPI "
+                                "(-DMOEKIT_WITH_MPI=OFF)");
 #endif
   });
 }

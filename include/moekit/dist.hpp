@@ -44,7 +44,9 @@ namespace moekit::dist {
 class RankError : public std::runtime_error {
  public:
   RankError(int rank, const std::string& message)
-      : std::runtime_error("rank " + std::to_string(rank) + ": " + message), rank_(rank), message_(message) {}
+      : std::runtime_error("rank " + std::to_string(rank) + ": " + message),
+        rank_(rank),
+        message_(message) {}
   int rank() const noexcept { return rank_; }
   /// The failing rank's message, without the "rank N: " before it.
   const std::string& message() const noexcept { return message_; }
@@ -55,7 +57,8 @@ class RankError : public std::runtime_error {
 };
 
 /// Collective: throws RankError on every rank if `error` is set on any (the lowest such rank's
-/// message; a RankError there — a failure agreed on before — is passed on as it is), else returns. The only way the dist layer lets a local failure reach a collective.
+/// message; a RankError there — a failure agreed on before — is passed on as it is), else returns.
+/// The only way the dist layer lets a local failure reach a collective.
 void agree(MPI_Comm comm, const std::exception_ptr& error);
 
 /// Which rank owns each routed expert.
@@ -140,9 +143,8 @@ class ExpertParallelLayer {
   Tensor backward(const DistSavedForward& saved, const TensorView& dy, MoeTensors& grads,
                   const BackwardOptions& options = {}) const;
   /// The same for a forward_train that kept its home part in `home`.
-  Tensor backward(const DistSavedForward& saved, const SavedForward& home, const TensorView& dy, MoeTensors& grads,
-                  const BackwardOptions& options = {}) const;
-
+  Tensor backward(const DistSavedForward& saved, const SavedForward& home, const TensorView& dy,
+                  MoeTensors& grads, const BackwardOptions& options = {}) const;
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -166,7 +168,7 @@ class ExpertParallelLayer {
   int rank_ = 0, size_ = 1;
   std::vector<std::int64_t> mine_;  ///< experts_of(rank_)
   std::vector<std::vector<std::int64_t>> owned_;  ///< experts_of(r) for every rank
-  mutable ExpertWeights local_;  // biases refreshed per forward (refresh_biases)
+  mutable ExpertWeights local_;                   // biases refreshed per forward (refresh_biases)
   mutable PhaseTimes times_;
   mutable DistSavedForward* saving_ = nullptr;  ///< set during forward_train
   mutable bool keep_pre_ = true;
@@ -187,14 +189,17 @@ class ExpertParallelBlocks : public MoeBlockRunner {
   ExpertParallelBlocks(const LanguageModel& model, const ExpertPlacement& placement, MPI_Comm comm);
 
   Tensor forward(std::int64_t layer, const TensorView& x, ForwardInfo* info) override;
-  Tensor forward_train(std::int64_t layer, const TensorView& x, SavedForward& saved, bool keep) override;
+  Tensor forward_train(std::int64_t layer, const TensorView& x, SavedForward& saved,
+                       bool keep) override;
   /// `grads`: the block's gradients as the rank holds them — routed matrices [E_local, ...],
   /// everything else whole; the expert biases' rows of the other ranks' experts are left at 0
   /// (or unchanged when accumulating), so a sum over the ranks gives the whole gradient.
-  Tensor backward(std::int64_t layer, const SavedForward& saved, const TensorView& dy, MoeTensors& grads,
-                  const BackwardOptions& options) override;
+  Tensor backward(std::int64_t layer, const SavedForward& saved, const TensorView& dy,
+                  MoeTensors& grads, const BackwardOptions& options) override;
 
-  const ExpertParallelLayer& layer(std::int64_t l) const { return *layers_.at(static_cast<std::size_t>(l)); }
+  const ExpertParallelLayer& layer(std::int64_t l) const {
+    return *layers_.at(static_cast<std::size_t>(l));
+  }
 
  private:
   std::vector<std::unique_ptr<ExpertParallelLayer>> layers_;

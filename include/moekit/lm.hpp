@@ -98,11 +98,12 @@ class MoeBlockRunner {
   /// The inference forward of block `layer` (as MoeLayer::forward; x may have zero rows).
   virtual Tensor forward(std::int64_t layer, const TensorView& x, ForwardInfo* info) = 0;
   /// The training forward (as MoeLayer::forward_train): `saved` receives this process's part.
-  virtual Tensor forward_train(std::int64_t layer, const TensorView& x, SavedForward& saved, bool keep) = 0;
+  virtual Tensor forward_train(std::int64_t layer, const TensorView& x, SavedForward& saved,
+                               bool keep) = 0;
   /// The backward of the last forward_train of block `layer` (as moekit::backward): `grads` are
   /// the block's gradients as this process holds them.
-  virtual Tensor backward(std::int64_t layer, const SavedForward& saved, const TensorView& dy, MoeTensors& grads,
-                          const BackwardOptions& options) = 0;
+  virtual Tensor backward(std::int64_t layer, const SavedForward& saved, const TensorView& dy,
+                          MoeTensors& grads, const BackwardOptions& options) = 0;
 };
 
 class LanguageModel {

@@ -94,7 +94,8 @@ MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params,
 /// experts) is whole. The other experts' matrices point at one zero matrix of the right shape and
 /// are never run here (their owners run them). Throws std::invalid_argument for ids out of order
 /// or range, or expert tensors of another count.
-MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params, const Tensor& selection_bias,
+MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params,
+                              const Tensor& selection_bias,
                               const std::vector<std::int64_t>& local_experts);
 
 /// Throws std::invalid_argument, saying why, if training `config`'s router is pointless: with

@@ -20,8 +20,8 @@
 
 #include "dist/mpi_util.hpp"
 #include "experts/expert_rows.hpp"
-#include "train/backward_parts.hpp"
 #include "moekit/dist.hpp"
+#include "train/backward_parts.hpp"
 #include "util/error.hpp"
 
 namespace moekit::dist {
@@ -161,9 +161,9 @@ Tensor gather_experts(MPI_Comm comm, const ExpertPlacement& placement, const Ten
   const int rank = comm_rank(comm);
   if (local.rank() < 1 || local.dtype() != DType::f32 ||
       local.dim(0) != static_cast<std::int64_t>(placement.experts_of(rank).size()))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::gather_experts] rank " << rank << " holds "
-                                                                                 << shape_str(local.shape())
-                                                                                 << ", not f32 [its experts, ...]"));
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::gather_experts] rank "
+                                           << rank << " holds " << shape_str(local.shape())
+                                           << ", not f32 [its experts, ...]"));
   Shape shape = local.shape();
   shape[0] = E;
   const std::int64_t per = shape_numel(shape) / E;
@@ -250,12 +250,14 @@ ExpertParallelLayer::~ExpertParallelLayer() {
 
 void ExpertParallelLayer::refresh_biases() const {
   const ExpertWeights& w = layer_->weights().experts;
-  for (auto [from, to] : {std::pair{&w.gate_bias, &local_.gate_bias}, std::pair{&w.up_bias, &local_.up_bias},
-                          std::pair{&w.down_bias, &local_.down_bias}}) {
+  for (auto [from, to] :
+       {std::pair{&w.gate_bias, &local_.gate_bias}, std::pair{&w.up_bias, &local_.up_bias},
+        std::pair{&w.down_bias, &local_.down_bias}}) {
     if (to->numel() == 0) continue;
     const std::int64_t n = to->dim(1);
     for (std::size_t i = 0; i < mine_.size(); ++i)
-      std::memcpy(to->data_as<float>() + static_cast<std::int64_t>(i) * n, from->data_as<const float>() + mine_[i] * n,
+      std::memcpy(to->data_as<float>() + static_cast<std::int64_t>(i) * n,
+                  from->data_as<const float>() + mine_[i] * n,
                   static_cast<std::size_t>(n) * sizeof(float));
   }
 }
@@ -289,7 +291,8 @@ Tensor ExpertParallelLayer::forward_train(const TensorView& x, DistSavedForward&
   return forward_train(x, saved.home, saved, keep_pre_activations);
 }
 
-Tensor ExpertParallelLayer::forward_train(const TensorView& x, SavedForward& home, DistSavedForward& saved,
+Tensor ExpertParallelLayer::forward_train(const TensorView& x, SavedForward& home,
+                                          DistSavedForward& saved,
                                           bool keep_pre_activations) const {
   saved = DistSavedForward{};
   saving_ = &saved;
@@ -313,13 +316,14 @@ void sum_in_rank_order(MPI_Comm comm, Tensor& part) {
 
 }  // namespace
 
-Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const TensorView& dy, MoeTensors& grads,
-                                     const BackwardOptions& options) const {
+Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const TensorView& dy,
+                                     MoeTensors& grads, const BackwardOptions& options) const {
   return backward(saved, saved.home, dy, grads, options);
 }
 
-Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedForward& home, const TensorView& dy_in,
-                                     MoeTensors& grads, const BackwardOptions& options) const {
+Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedForward& home,
+                                     const TensorView& dy_in, MoeTensors& grads,
+                                     const BackwardOptions& options) const {
   const MoeConfig& cfg = layer_->config();
   const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k;
   std::exception_ptr err;
@@ -385,10 +389,10 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
   try {
     // One rank: the router and shared gradients straight into g (accumulating as one process
     // does, the same bits); more: this rank's partials, summed below.
-    dx = size_ == 1 ? detail::backward_tail(*layer_, home, dy, home_dx.data(), home_dg.data(), saved.position.data(),
-                                            g, options.accumulate, options)
-                    : detail::backward_tail(*layer_, home, dy, home_dx.data(), home_dg.data(), saved.position.data(),
-                                            part, false, options);
+    dx = size_ == 1 ? detail::backward_tail(*layer_, home, dy, home_dx.data(), home_dg.data(),
+                                            saved.position.data(), g, options.accumulate, options)
+                    : detail::backward_tail(*layer_, home, dy, home_dx.data(), home_dg.data(),
+                                            saved.position.data(), part, false, options);
   } catch (...) {
     err = std::current_exception();
   }
@@ -400,7 +404,8 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
     sum_in_rank_order(comm_, p);
     float* dst = into.data_as<float>();
     const float* src = p.data_as<const float>();
-    for (std::int64_t i = 0; i < p.numel(); ++i) dst[i] = options.accumulate ? dst[i] + src[i] : src[i];
+    for (std::int64_t i = 0; i < p.numel(); ++i)
+      dst[i] = options.accumulate ? dst[i] + src[i] : src[i];
   };
   reduce(part.router, g.router);
   reduce(part.router_bias, g.router_bias);

@@ -23,8 +23,8 @@ using mpi_util::comm_rank;
 using mpi_util::comm_size;
 using mpi_util::mpi_count;
 
-ExpertParallelBlocks::ExpertParallelBlocks(const LanguageModel& model, const ExpertPlacement& placement,
-                                           MPI_Comm comm) {
+ExpertParallelBlocks::ExpertParallelBlocks(const LanguageModel& model,
+                                           const ExpertPlacement& placement, MPI_Comm comm) {
   for (std::int64_t l = 0; l < model.config().layers(); ++l) {
     // A non-owning handle: the model outlives the runner (it holds it).
     const std::shared_ptr<const MoeLayer> layer(std::shared_ptr<const MoeLayer>(), &model.block(l));
@@ -37,13 +37,15 @@ Tensor ExpertParallelBlocks::forward(std::int64_t layer, const TensorView& x, Fo
   return layers_.at(static_cast<std::size_t>(layer))->forward(x, info);
 }
 
-Tensor ExpertParallelBlocks::forward_train(std::int64_t layer, const TensorView& x, SavedForward& saved, bool keep) {
+Tensor ExpertParallelBlocks::forward_train(std::int64_t layer, const TensorView& x,
+                                           SavedForward& saved, bool keep) {
   const auto l = static_cast<std::size_t>(layer);
   return layers_.at(l)->forward_train(x, saved, saved_.at(l), keep);
 }
 
-Tensor ExpertParallelBlocks::backward(std::int64_t layer, const SavedForward& saved, const TensorView& dy,
-                                      MoeTensors& grads, const BackwardOptions& options) {
+Tensor ExpertParallelBlocks::backward(std::int64_t layer, const SavedForward& saved,
+                                      const TensorView& dy, MoeTensors& grads,
+                                      const BackwardOptions& options) {
   const auto l = static_cast<std::size_t>(layer);
   const ExpertParallelLayer& epl = *layers_.at(l);
   const std::vector<std::int64_t> mine = epl.placement().experts_of(epl.rank());
@@ -70,20 +72,22 @@ Tensor ExpertParallelBlocks::backward(std::int64_t layer, const SavedForward& sa
   }
   // Everything else the layer wrote in place or (first use) allocated: take those handles.
   for (const MoeTensorMember& m : kMoeTensorMembers)
-    if (m.member != &MoeTensors::gate_bias && m.member != &MoeTensors::up_bias && m.member != &MoeTensors::down_bias)
+    if (m.member != &MoeTensors::gate_bias && m.member != &MoeTensors::up_bias &&
+        m.member != &MoeTensors::down_bias)
       grads.*m.member = g.*m.member;
   return dx;
 }
 
-MpiLmParallel::MpiLmParallel(ExpertPlacement placement, MPI_Comm comm) : placement_(std::move(placement)) {
+MpiLmParallel::MpiLmParallel(ExpertPlacement placement, MPI_Comm comm)
+    : placement_(std::move(placement)) {
   MPI_Comm_dup(comm, &comm_);
   rank_ = comm_rank(comm_);
   size_ = comm_size(comm_);
   std::exception_ptr err;
   if (placement_.num_ranks != size_)
     err = std::make_exception_ptr(std::invalid_argument(
-        MOEKIT_MSG("[moekit::dist::MpiLmParallel] placement is for " << placement_.num_ranks
-                                                                     << " ranks, the communicator has " << size_)));
+        MOEKIT_MSG("[moekit::dist::MpiLmParallel] placement is for "
+                   << placement_.num_ranks << " ranks, the communicator has " << size_)));
   try {
     dist::agree(comm_, err);
   } catch (...) {
@@ -102,9 +106,13 @@ std::shared_ptr<MoeBlockRunner> MpiLmParallel::make_runner(const LanguageModel& 
   return std::make_shared<ExpertParallelBlocks>(model, placement_, comm_);
 }
 
-void MpiLmParallel::sum(float* data, std::int64_t n) { mpi_util::sum_in_rank_order(comm_, data, n); }
+void MpiLmParallel::sum(float* data, std::int64_t n) {
+  mpi_util::sum_in_rank_order(comm_, data, n);
+}
 
-void MpiLmParallel::sum(double* data, std::int64_t n) { mpi_util::sum_in_rank_order(comm_, data, n); }
+void MpiLmParallel::sum(double* data, std::int64_t n) {
+  mpi_util::sum_in_rank_order(comm_, data, n);
+}
 
 void MpiLmParallel::sum(std::int64_t* data, std::int64_t n) {
   if (size_ == 1 || n == 0) return;
@@ -115,9 +123,9 @@ void MpiLmParallel::agree(const std::exception_ptr& error) { dist::agree(comm_, 
 
 Tensor MpiLmParallel::gather_experts(const Tensor& local, std::int64_t num_experts) {
   if (static_cast<std::int64_t>(placement_.owner.size()) != num_experts)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::MpiLmParallel] gather of " << num_experts
-                                                                                   << " experts, the placement has "
-                                                                                   << placement_.owner.size()));
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::dist::MpiLmParallel] gather of "
+                                           << num_experts << " experts, the placement has "
+                                           << placement_.owner.size()));
   return dist::gather_experts(comm_, placement_, local);
 }
 

@@ -27,17 +27,21 @@ inline int comm_size(MPI_Comm c) {
 // A count of elements as MPI's int, or an error naming what overflowed.
 inline int mpi_count(std::int64_t n, const char* what) {
   if (n < 0 || n > INT_MAX)
-    throw std::length_error(MOEKIT_MSG("[moekit::dist] " << what << " of " << n
-                                                         << " elements exceeds one MPI message (INT_MAX)"));
+    throw std::length_error(MOEKIT_MSG(
+        "[moekit::dist] " << what << " of " << n << " elements exceeds one MPI message (INT_MAX)"));
   return static_cast<int>(n);
 }
 
 template <class T>
 MPI_Datatype mpi_type();
 template <>
-inline MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+inline MPI_Datatype mpi_type<float>() {
+  return MPI_FLOAT;
+}
 template <>
-inline MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+inline MPI_Datatype mpi_type<double>() {
+  return MPI_DOUBLE;
+}
 
 // Σ over the ranks of data[0, n), added in rank order 0, 1, … on rank 0 and broadcast: the same
 // bits everywhere, and the data itself at one rank.

@@ -89,13 +89,11 @@ AuxLosses aux_losses(const RouterConfig& cfg, const TensorView& logits, const Te
                                              << T << "), got " << starts[i - 1] << " then " << starts[i]));
   if (o.total_tokens < 0 || (o.total_tokens > 0 && o.total_tokens < T) || o.total_sequences < 0 ||
       (!o.total_counts.empty() && static_cast<std::int64_t>(o.total_counts.size()) != E))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] total_tokens (" << o.total_tokens
-                                                                                 << ") must be 0 or >= T (" << T
-                                                                                 << "), total_sequences ("
-                                                                                 << o.total_sequences
-                                                                                 << ") >= 0, total_counts "
-                                                                                 << o.total_counts.size()
-                                                                                 << " entries (0 or E = " << E << ")"));
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] total_tokens ("
+                                           << o.total_tokens << ") must be 0 or >= T (" << T
+                                           << "), total_sequences (" << o.total_sequences
+                                           << ") >= 0, total_counts " << o.total_counts.size()
+                                           << " entries (0 or E = " << E << ")"));
   std::vector<std::int64_t> counts = expert_counts(ids, E);  // validates the ids
   if (!o.total_counts.empty()) counts = o.total_counts;
   const double T_all = static_cast<double>(o.total_tokens > 0 ? o.total_tokens : T);
@@ -110,7 +108,8 @@ AuxLosses aux_losses(const RouterConfig& cfg, const TensorView& logits, const Te
 
   // Switch / GShard: α E/(K T²) Σ_i P_i c_i, P_i = Σ_t p_i(t).
   if (o.switch_coef > 0) {
-    const double c = o.switch_coef * static_cast<double>(E) / (static_cast<double>(K) * T_all * T_all);
+    const double c =
+        o.switch_coef * static_cast<double>(E) / (static_cast<double>(K) * T_all * T_all);
     for (std::int64_t t = 0; t < T; ++t) {
       norm.eval(z + t * E, E);
       for (std::int64_t e = 0; e < E; ++e) {
@@ -122,8 +121,8 @@ AuxLosses aux_losses(const RouterConfig& cfg, const TensorView& logits, const Te
   }
   // DeepSeek-V3 sequence-wise: per sequence α Σ_i f_i P_i, averaged over the sequences.
   if (o.seq_coef > 0) {
-    const double n_seq = static_cast<double>(o.total_sequences > 0 ? o.total_sequences
-                                                                    : static_cast<std::int64_t>(starts.size()));
+    const double n_seq = static_cast<double>(
+        o.total_sequences > 0 ? o.total_sequences : static_cast<std::int64_t>(starts.size()));
     for (std::size_t si = 0; si < starts.size(); ++si) {
       const std::int64_t a = starts[si], b = si + 1 < starts.size() ? starts[si + 1] : T, Ts = b - a;
       std::vector<double> f(static_cast<std::size_t>(E), 0.0), P(static_cast<std::size_t>(E), 0.0);

@@ -196,7 +196,8 @@ LmBatch make_lm_batch(const std::vector<std::uint8_t>& text, const std::vector<s
 }
 
 LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases)
-    : LanguageModel(std::move(config), std::move(params), std::move(selection_biases), std::nullopt) {}
+    : LanguageModel(std::move(config), std::move(params), std::move(selection_biases),
+                    std::nullopt) {}
 
 LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases,
                              std::vector<std::int64_t> local_experts)
@@ -205,7 +206,10 @@ LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tenso
 
 LanguageModel::LanguageModel(LmConfig config, LmParams params, std::vector<Tensor> selection_biases,
                              std::optional<std::vector<std::int64_t>> local)
-    : config_(std::move(config)), params_(std::move(params)), biases_(std::move(selection_biases)), partial_(local.has_value()) {
+    : config_(std::move(config)),
+      params_(std::move(params)),
+      biases_(std::move(selection_biases)),
+      partial_(local.has_value()) {
   config_.validate();
   const std::int64_t V = config_.vocab, D = config_.dim(), N = config_.context, L = config_.layers();
   const std::int64_t E = config_.block.router.num_experts;
@@ -243,8 +247,9 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
   const std::int64_t T = batch.tokens, D = config_.dim(), N = config_.context, V = config_.vocab;
   const std::int64_t L = config_.layers(), E = config_.block.router.num_experts;
   if (partial_ && !runner_)
-    throw std::invalid_argument("[moekit::LanguageModel] this model holds only some routed experts: it runs through "
-                                "a block runner (set_block_runner)");
+    throw std::invalid_argument(
+        "[moekit::LanguageModel] this model holds only some routed experts: it runs through "
+        "a block runner (set_block_runner)");
   // Zero tokens only for the inference forward (a rank of a parallel evaluation with no rows).
   if (T < (training ? 1 : 0) || static_cast<std::int64_t>(batch.window.size()) != T * N ||
       static_cast<std::int64_t>(batch.targets.size()) != T)

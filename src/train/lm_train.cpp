@@ -50,7 +50,8 @@ Tensor take_experts(const Tensor& t, const std::vector<std::int64_t>& ids) {
   Shape shape = t.shape();
   shape[0] = static_cast<std::int64_t>(ids.size());
   Tensor out(shape, DType::f32);
-  const std::size_t row = static_cast<std::size_t>(t.numel() / std::max<std::int64_t>(t.dim(0), 1)) * sizeof(float);
+  const std::size_t row =
+      static_cast<std::size_t>(t.numel() / std::max<std::int64_t>(t.dim(0), 1)) * sizeof(float);
   for (std::size_t i = 0; i < ids.size(); ++i)
     std::memcpy(static_cast<char*>(out.data()) + i * row,
                 static_cast<const char*>(t.data()) + static_cast<std::size_t>(ids[i]) * row, row);
@@ -58,7 +59,8 @@ Tensor take_experts(const Tensor& t, const std::vector<std::int64_t>& ids) {
 }
 
 // The routed experts' matrices of a block (the tensors expert parallelism splits by owner).
-constexpr Tensor MoeTensors::* kRoutedMatrices[] = {&MoeTensors::gate, &MoeTensors::up, &MoeTensors::down};
+constexpr Tensor MoeTensors::*kRoutedMatrices[] = {&MoeTensors::gate, &MoeTensors::up,
+                                                   &MoeTensors::down};
 
 bool is_routed_matrix(const std::string& name) {
   for (const char* suffix : {"experts.gate", "experts.up", "experts.down"}) {
@@ -79,7 +81,9 @@ LmParams local_part(LmParams p, const std::vector<std::int64_t>* ids) {
   return p;
 }
 
-double sum_squares_of(const Tensor& t) { return t.numel() > 0 ? grad_sum_squares({{std::string(), t}}) : 0.0; }
+double sum_squares_of(const Tensor& t) {
+  return t.numel() > 0 ? grad_sum_squares({{std::string(), t}}) : 0.0;
+}
 
 // grad_norm's sum over every gradient in LmParams::named()'s order with each routed matrix's
 // Σ x² summed over its owners first: the same bits on every rank (a rank may hold no experts),
@@ -98,8 +102,8 @@ double parallel_sum_squares(const LmParams& g, LmParallel& par) {
     if (l < g.norms.size()) sum += sum_squares_of(g.norms[l]);
     for (const MoeTensorMember& m : kMoeTensorMembers) {
       const Tensor& t = g.blocks[l].*m.member;
-      const bool routed = std::find(std::begin(kRoutedMatrices), std::end(kRoutedMatrices), m.member) !=
-                          std::end(kRoutedMatrices);
+      const bool routed = std::find(std::begin(kRoutedMatrices), std::end(kRoutedMatrices),
+                                    m.member) != std::end(kRoutedMatrices);
       if (routed && t.rank() == 3)
         sum += part[i++];
       else if (!routed)
@@ -185,17 +189,20 @@ LmTrainer::LmTrainer(LmConfig config, LmTrainOptions options, std::vector<std::u
       local_(parallel_ ? parallel_->local_experts() : std::vector<std::int64_t>{}),
       train_(std::move(train_text)),
       eval_(std::move(eval_text)),
-      params_(local_part(init_lm_parameters(config_, options_.seed), parallel_ ? &local_ : nullptr)),
-      model_(parallel_ ? LanguageModel(config_, params_, {}, local_) : LanguageModel(config_, params_)),
+      params_(
+          local_part(init_lm_parameters(config_, options_.seed), parallel_ ? &local_ : nullptr)),
+      model_(parallel_ ? LanguageModel(config_, params_, {}, local_)
+                       : LanguageModel(config_, params_)),
       optimizer_(make_optimizer(options_)) {
   const std::int64_t S = seq_len_of(options_), T = options_.batch_tokens;
   if (parallel_) {
     if ((T / S) / options_.micro_batches < parallel_->size())
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainer] a micro-batch of "
-                                             << (T / S) / options_.micro_batches << " sequences cannot be shared by "
-                                             << parallel_->size()
-                                             << " ranks (each needs at least one: raise batch_tokens or lower "
-                                                "micro_batches or seq_len)"));
+      throw std::invalid_argument(
+          MOEKIT_MSG("[moekit::LmTrainer] a micro-batch of "
+                     << (T / S) / options_.micro_batches << " sequences cannot be shared by "
+                     << parallel_->size()
+                     << " ranks (each needs at least one: raise batch_tokens or lower "
+                        "micro_batches or seq_len)"));
     model_.set_block_runner(parallel_->make_runner(model_));
   }
   if (static_cast<std::int64_t>(train_.size()) < T + 1)
@@ -312,7 +319,8 @@ StepResult LmTrainer::step() {
   for (std::int64_t m = 0; m < M; ++m) {
     const std::int64_t Bm = B / M;
     const auto [first, last] = share(Bm, rank, ranks);
-    const std::vector<std::int64_t> part(starts.begin() + m * Bm + first, starts.begin() + m * Bm + last);
+    const std::vector<std::int64_t> part(starts.begin() + m * Bm + first,
+                                         starts.begin() + m * Bm + last);
     const LmBatch batch = make_lm_batch(train_, part, S, config_.context);
     double loss_sum = 0;
     guarded([&] {
@@ -348,14 +356,18 @@ StepResult LmTrainer::step() {
         if (parallel_) {
           o.total_tokens = Bm * S;
           o.total_sequences = Bm;
-          if (options_.balance == BalanceMode::aux) o.total_counts.assign(micro.begin() + l * E, micro.begin() + (l + 1) * E);
+          if (options_.balance == BalanceMode::aux)
+            o.total_counts.assign(micro.begin() + l * E, micro.begin() + (l + 1) * E);
         }
         AuxLosses a = aux_losses(config_.block.router, sf.logits, sf.routing.ids, o);
         losses[1] += a.switch_loss + a.seq_loss;
         losses[2] += a.z_loss;
         dlogits.push_back(std::move(a.dlogits));
       }
-    guarded([&] { out.moe_seconds += model_.backward(saved_, 1.0 / static_cast<double>(T), grads_, m > 0, dlogits); });
+    guarded([&] {
+      out.moe_seconds +=
+          model_.backward(saved_, 1.0 / static_cast<double>(T), grads_, m > 0, dlogits);
+    });
   }
   if (parallel_) {
     // What every rank holds whole has a partial gradient per rank (the router and shared experts
@@ -414,10 +426,14 @@ EvalResult LmTrainer::evaluate() const {
   EvalResult r;
   double sum = 0;
   for (std::size_t i = 0; i < starts.size(); i += static_cast<std::size_t>(B)) {
-    std::vector<std::int64_t> chunk(starts.begin() + static_cast<std::ptrdiff_t>(i),
-                                    starts.begin() + static_cast<std::ptrdiff_t>(std::min(starts.size(), i + static_cast<std::size_t>(B))));
-    if (parallel_) {  // this rank's share of the chunk (possibly none: the blocks still run, on no rows)
-      const auto [first, last] = share(static_cast<std::int64_t>(chunk.size()), parallel_->rank(), parallel_->size());
+    std::vector<std::int64_t> chunk(
+        starts.begin() + static_cast<std::ptrdiff_t>(i),
+        starts.begin() +
+            static_cast<std::ptrdiff_t>(std::min(starts.size(), i + static_cast<std::size_t>(B))));
+    if (parallel_) {  // this rank's share of the chunk (possibly none: the blocks still run, on no
+                      // rows)
+      const auto [first, last] =
+          share(static_cast<std::int64_t>(chunk.size()), parallel_->rank(), parallel_->size());
       chunk = std::vector<std::int64_t>(chunk.begin() + first, chunk.begin() + last);
     }
     const LmBatch batch = make_lm_batch(eval_, chunk, S, config_.context);
@@ -434,13 +450,15 @@ EvalResult LmTrainer::evaluate() const {
   if (parallel_) {
     const std::int64_t L = config_.layers(), E = config_.block.router.num_experts;
     if (counts.empty())
-      counts.assign(static_cast<std::size_t>(L), std::vector<std::int64_t>(static_cast<std::size_t>(E), 0));
+      counts.assign(static_cast<std::size_t>(L),
+                    std::vector<std::int64_t>(static_cast<std::size_t>(E), 0));
     std::vector<std::int64_t> all;
     for (const auto& c : counts) all.insert(all.end(), c.begin(), c.end());
     all.push_back(r.tokens);
     parallel_->sum(all.data(), static_cast<std::int64_t>(all.size()));
     for (std::int64_t l = 0; l < L; ++l)
-      std::copy(all.begin() + l * E, all.begin() + (l + 1) * E, counts[static_cast<std::size_t>(l)].begin());
+      std::copy(all.begin() + l * E, all.begin() + (l + 1) * E,
+                counts[static_cast<std::size_t>(l)].begin());
     r.tokens = all.back();
     parallel_->sum(&sum, 1);
   }
@@ -472,11 +490,13 @@ Optimizer LmTrainer::whole_optimizer() const {
   for (auto& [name, t] : state)
     if (!is_routed_matrix(name)) whole_state.emplace_back(name, t);
   if (stepped)
-    for (const char* prefix : optimizer_.kind() == Optimizer::Kind::adamw ? std::vector<const char*>{"m.", "v."}
-                                                                           : std::vector<const char*>{"momentum."})
+    for (const char* prefix : optimizer_.kind() == Optimizer::Kind::adamw
+                                  ? std::vector<const char*>{"m.", "v."}
+                                  : std::vector<const char*>{"momentum."})
       for (std::size_t l = 0; l < params_.blocks.size(); ++l)
-        for (const auto& [member, label] : {std::pair{&MoeTensors::gate, "gate"}, std::pair{&MoeTensors::up, "up"},
-                                            std::pair{&MoeTensors::down, "down"}}) {
+        for (const auto& [member, label] :
+             {std::pair{&MoeTensors::gate, "gate"}, std::pair{&MoeTensors::up, "up"},
+              std::pair{&MoeTensors::down, "down"}}) {
           const Tensor& p = params_.blocks[l].*member;
           if (p.rank() != 3) continue;
           const std::string name = prefix + ("layers." + std::to_string(l) + ".experts." + label);
@@ -487,21 +507,25 @@ Optimizer LmTrainer::whole_optimizer() const {
         }
   const LmParams whole = whole_params();
   Optimizer out = make_optimizer(options_);
-  if (parallel_->rank() == 0 && stepped) out.load_state(whole_state, optimizer_.steps(), whole.named());
+  if (parallel_->rank() == 0 && stepped)
+    out.load_state(whole_state, optimizer_.steps(), whole.named());
   return out;
 }
 
-void LmTrainer::restore(const LmParams& whole, const std::vector<Tensor>& biases, const Optimizer& whole_optimizer,
-                        std::int64_t step, std::uint64_t rng_state) {
+void LmTrainer::restore(const LmParams& whole, const std::vector<Tensor>& biases,
+                        const Optimizer& whole_optimizer, std::int64_t step,
+                        std::uint64_t rng_state) {
   // Expert parallel: this rank's part of the checkpoint's experts and their optimizer state.
   if (parallel_)
     for (std::size_t l = 0; l < whole.blocks.size(); ++l)
       for (Tensor MoeTensors::*m : kRoutedMatrices) {
         const Tensor& t = whole.blocks[l].*m;
-        if (t.numel() > 0 && (t.rank() != 3 || t.dim(0) != config_.block.router.num_experts || t.dtype() != DType::f32))
+        if (t.numel() > 0 && (t.rank() != 3 || t.dim(0) != config_.block.router.num_experts ||
+                              t.dtype() != DType::f32))
           throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainer::restore] layer "
-                                                 << l << "'s routed experts are " << shape_str(t.shape())
-                                                 << ", not f32 [" << config_.block.router.num_experts << ", ...]"));
+                                                 << l << "'s routed experts are "
+                                                 << shape_str(t.shape()) << ", not f32 ["
+                                                 << config_.block.router.num_experts << ", ...]"));
       }
   const LmParams params = local_part(whole, parallel_ ? &local_ : nullptr);
   Optimizer optimizer = whole_optimizer;
@@ -511,7 +535,8 @@ void LmTrainer::restore(const LmParams& whole, const std::vector<Tensor>& biases
       if (is_routed_matrix(name) && t.rank() == 3 && t.dim(0) == config_.block.router.num_experts)
         t = take_experts(t, local_);
     // A rank holding no experts holds no state for them (named() lists no empty tensor).
-    state.erase(std::remove_if(state.begin(), state.end(), [](const auto& e) { return e.second.numel() == 0; }),
+    state.erase(std::remove_if(state.begin(), state.end(),
+                               [](const auto& e) { return e.second.numel() == 0; }),
                 state.end());
     if (!state.empty()) optimizer.load_state(state, whole_optimizer.steps(), params.named());
   }

@@ -146,8 +146,8 @@ MoeTensors trainable_parameters(const MoeLayer& layer) {
 
 namespace {
 
-MoeLayer trainable_layer(const MoeConfig& config, const MoeTensors& params, const Tensor& selection_bias,
-                         const std::vector<std::int64_t>* local) {
+MoeLayer trainable_layer(const MoeConfig& config, const MoeTensors& params,
+                         const Tensor& selection_bias, const std::vector<std::int64_t>* local) {
   const auto shape_of = [](const Tensor& t, int rank, const char* name) {
     if (t.numel() > 0 && (t.dtype() != DType::f32 || t.rank() != rank))
       throw std::invalid_argument(MOEKIT_MSG("[moekit::make_trainable_layer] params." << name << " must be f32 of rank "
@@ -173,27 +173,29 @@ MoeLayer trainable_layer(const MoeConfig& config, const MoeTensors& params, cons
   const auto routed = [&](const Tensor& t, const char* name) {
     if (!local) return ExpertMatrix::stacked(t);
     if (t.dim(0) != static_cast<std::int64_t>(local->size()))
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::make_trainable_layer] params." << name << " holds " << t.dim(0)
-                                                                                      << " experts for "
-                                                                                      << local->size()
-                                                                                      << " local experts"));
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::make_trainable_layer] params."
+                                             << name << " holds " << t.dim(0) << " experts for "
+                                             << local->size() << " local experts"));
     Tensor zero({t.dim(1), t.dim(2)}, DType::f32);
     keep(w, zero);
     ExpertMatrix m = ExpertMatrix::stacked(zero);
     m.experts.assign(static_cast<std::size_t>(E), zero.data());
     const std::size_t step = static_cast<std::size_t>(t.dim(1) * t.dim(2));
-    for (std::size_t i = 0; i < local->size(); ++i) m.experts[static_cast<std::size_t>((*local)[i])] = t.data_as<const float>() + i * step;
+    for (std::size_t i = 0; i < local->size(); ++i)
+      m.experts[static_cast<std::size_t>((*local)[i])] = t.data_as<const float>() + i * step;
     return m;
   };
   if (local)
     for (std::size_t i = 0; i < local->size(); ++i)
       if ((*local)[i] < 0 || (*local)[i] >= E || (i > 0 && (*local)[i] <= (*local)[i - 1]))
-        throw std::invalid_argument(MOEKIT_MSG("[moekit::make_trainable_layer] local expert ids must ascend within [0, "
-                                               << E << "); entry " << i << " is " << (*local)[i]));
+        throw std::invalid_argument(
+            MOEKIT_MSG("[moekit::make_trainable_layer] local expert ids must ascend within [0, "
+                       << E << "); entry " << i << " is " << (*local)[i]));
   w.router = params.router.view();
   w.router_bias = params.router_bias;
   w.selection_bias = selection_bias;
-  if (local ? params.gate.rank() == 3 : params.gate.numel() > 0) w.experts.gate = routed(params.gate, "gate");
+  if (local ? params.gate.rank() == 3 : params.gate.numel() > 0)
+    w.experts.gate = routed(params.gate, "gate");
   w.experts.up = routed(params.up, "up");
   w.experts.down = routed(params.down, "down");
   w.experts.gate_bias = params.gate_bias;
@@ -212,11 +214,13 @@ MoeLayer trainable_layer(const MoeConfig& config, const MoeTensors& params, cons
 
 }  // namespace
 
-MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params, const Tensor& selection_bias) {
+MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params,
+                              const Tensor& selection_bias) {
   return trainable_layer(config, params, selection_bias, nullptr);
 }
 
-MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params, const Tensor& selection_bias,
+MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params,
+                              const Tensor& selection_bias,
                               const std::vector<std::int64_t>& local_experts) {
   return trainable_layer(config, params, selection_bias, &local_experts);
 }

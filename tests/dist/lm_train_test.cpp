@@ -11,6 +11,8 @@
 // expert, the Switch aux loss over the whole batch, z-loss), GPT-OSS (expert biases, which every
 // rank holds whole; seq-wise aux loss), Mixtral with micro-batches and SGD; placements
 // contiguous, scattered and with ranks that own no expert.
+#include "moekit/lm_train.hpp"
+
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -24,7 +26,6 @@
 #include <vector>
 
 #include "moekit/dist.hpp"
-#include "moekit/lm_train.hpp"
 #include "moekit/moekit.hpp"
 
 namespace moekit {
@@ -44,7 +45,8 @@ int size_of() {
 
 // Whether every rank holds these bytes.
 bool same_bytes_everywhere(const void* data, std::size_t n) {
-  std::vector<std::uint8_t> b(static_cast<const std::uint8_t*>(data), static_cast<const std::uint8_t*>(data) + n);
+  std::vector<std::uint8_t> b(static_cast<const std::uint8_t*>(data),
+                              static_cast<const std::uint8_t*>(data) + n);
   std::vector<std::uint8_t> lo(n), hi(n);
   MPI_Allreduce(b.data(), lo.data(), static_cast<int>(n), MPI_UINT8_T, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(b.data(), hi.data(), static_cast<int>(n), MPI_UINT8_T, MPI_MAX, MPI_COMM_WORLD);
@@ -58,8 +60,10 @@ std::vector<std::uint8_t> text_of(std::int64_t n, std::uint64_t seed) {
   std::uint64_t s = seed;
   for (std::int64_t i = 0; i < n; ++i) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
-    t[static_cast<std::size_t>(i)] = (s >> 60) == 0 ? static_cast<std::uint8_t>((s >> 33) % 128)
-                                                    : static_cast<std::uint8_t>(phrase[static_cast<std::size_t>(i) % phrase.size()]);
+    t[static_cast<std::size_t>(i)] =
+        (s >> 60) == 0
+            ? static_cast<std::uint8_t>((s >> 33) % 128)
+            : static_cast<std::uint8_t>(phrase[static_cast<std::size_t>(i) % phrase.size()]);
   }
   return t;
 }
@@ -105,7 +109,8 @@ LmTrainOptions options_of(const Case& c) {
   o.aux_coef = 1e-2;
   o.z_coef = c.z;
   o.eval_every = 2;
-  o.eval_tokens = 9 * 40;  // 9 held-out sequences: a chunk of 8, then one of 1 that leaves ranks idle
+  o.eval_tokens =
+      9 * 40;  // 9 held-out sequences: a chunk of 8, then one of 1 that leaves ranks idle
   o.seed = 5;
   return o;
 }
@@ -123,7 +128,8 @@ double rel(double a, double b) { return std::fabs(a - b) / std::max(1e-30, std::
 double max_rel_diff(const Tensor& a, const Tensor& b) {
   double err = 0, mx = 0;
   for (std::int64_t i = 0; i < a.numel(); ++i) {
-    err = std::max(err, std::fabs(static_cast<double>(a.data_as<const float>()[i]) - b.data_as<const float>()[i]));
+    err = std::max(err, std::fabs(static_cast<double>(a.data_as<const float>()[i]) -
+                                  b.data_as<const float>()[i]));
     mx = std::max(mx, std::fabs(static_cast<double>(b.data_as<const float>()[i])));
   }
   return err / std::max(mx, 1e-30);
@@ -149,8 +155,10 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
     SCOPED_TRACE("step " + std::to_string(a.step));
     EXPECT_LE(rel(a.train_loss, b.train_loss), tol) << a.train_loss << " vs " << b.train_loss;
     EXPECT_LE(rel(a.grad_norm, b.grad_norm), tol * 10) << a.grad_norm << " vs " << b.grad_norm;
-    EXPECT_LE(std::fabs(a.aux_loss - b.aux_loss), tol * std::max(1e-12, std::fabs(b.aux_loss)) + (P == 1 ? 0 : 1e-12));
-    EXPECT_LE(std::fabs(a.z_loss - b.z_loss), tol * std::max(1e-12, std::fabs(b.z_loss)) + (P == 1 ? 0 : 1e-12));
+    EXPECT_LE(std::fabs(a.aux_loss - b.aux_loss),
+              tol * std::max(1e-12, std::fabs(b.aux_loss)) + (P == 1 ? 0 : 1e-12));
+    EXPECT_LE(std::fabs(a.z_loss - b.z_loss),
+              tol * std::max(1e-12, std::fabs(b.z_loss)) + (P == 1 ? 0 : 1e-12));
     ASSERT_EQ(a.evaluated, b.evaluated);
     if (a.evaluated) {
       EXPECT_EQ(a.eval.tokens, b.eval.tokens);
@@ -164,7 +172,8 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
       EXPECT_EQ(a.layers[l].bias, b.layers[l].bias) << "layer " << l;
     }
     for (const Tensor& bias : tr.selection_biases()) {
-      EXPECT_TRUE(same_bytes_everywhere(bias.data(), bias.nbytes())) << "the ranks hold different biases";
+      EXPECT_TRUE(same_bytes_everywhere(bias.data(), bias.nbytes()))
+          << "the ranks hold different biases";
       moved = moved || (c.balance == BalanceMode::loss_free_sign && bias.numel() > 0 &&
                         bias.data_as<const float>()[0] != 0.0f);
     }
@@ -175,7 +184,8 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
   // What every rank holds whole is the same bits on every rank.
   const LmParams& mine = tr.params();
   for (const auto& [name, t] : mine.named()) {
-    const bool routed = name.find("experts.gate") != std::string::npos || name.find("experts.up") != std::string::npos ||
+    const bool routed = name.find("experts.gate") != std::string::npos ||
+                        name.find("experts.up") != std::string::npos ||
                         name.find("experts.down") != std::string::npos;
     const bool bias = name.find("_bias") != std::string::npos;
     if (!routed || bias) {
@@ -199,7 +209,8 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
       ASSERT_EQ(so[i].first, sr[i].first);
       ASSERT_EQ(so[i].second.shape(), sr[i].second.shape()) << so[i].first;
       if (P == 1) {
-        EXPECT_EQ(std::memcmp(so[i].second.data(), sr[i].second.data(), so[i].second.nbytes()), 0) << so[i].first;
+        EXPECT_EQ(std::memcmp(so[i].second.data(), sr[i].second.data(), so[i].second.nbytes()), 0)
+            << so[i].first;
       } else {
         EXPECT_LE(max_rel_diff(so[i].second, sr[i].second), 1e-2) << so[i].first;
       }
@@ -218,8 +229,9 @@ void resume_case(const Case& c) {
   const LmTrainOptions options = options_of(c);
   const auto train = text_of(6000, 1), held_out = text_of(1200, 2);
   const auto make = [&] {
-    return std::make_unique<LmTrainer>(config, options, train, held_out,
-                                       std::make_shared<dist::MpiLmParallel>(placement_of(c, P), MPI_COMM_WORLD));
+    return std::make_unique<LmTrainer>(
+        config, options, train, held_out,
+        std::make_shared<dist::MpiLmParallel>(placement_of(c, P), MPI_COMM_WORLD));
   };
   auto straight = make(), first = make();
   for (int i = 0; i < 2; ++i) {
@@ -232,7 +244,8 @@ void resume_case(const Case& c) {
   if (rank != 0) {
     whole = init_lm_parameters(config, 99);
   }
-  for (auto& [name, t] : whole.named()) MPI_Bcast(t.data(), static_cast<int>(t.numel()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  for (auto& [name, t] : whole.named())
+    MPI_Bcast(t.data(), static_cast<int>(t.numel()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   NamedTensors state;
   std::int64_t steps = opt.steps();
   MPI_Bcast(&steps, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
@@ -258,7 +271,8 @@ void resume_case(const Case& c) {
   for (std::size_t i = 0; i < straight->params().named().size(); ++i) {
     const Tensor& a = straight->params().named()[i].second;
     const Tensor& b = second->params().named()[i].second;
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << straight->params().named()[i].first;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0)
+        << straight->params().named()[i].first;
   }
 }
 
@@ -275,14 +289,17 @@ std::vector<Case> cases() {
   return {
       {"deepseek_v3_loss_free", "deepseek_v3", BalanceMode::loss_free_sign},
       {"qwen2_moe_switch_aux_z", "qwen2_moe", BalanceMode::aux, 1, 1e-3},
-      {"gpt_oss_biases_seq_aux_scattered", "gpt_oss", BalanceMode::seq_aux, 1, 0.0, Optimizer::Kind::adamw, 8, 1},
-      {"mixtral_micro_batches_none_on_last_rank", "mixtral", BalanceMode::loss_free_proportional, 2, 0.0,
-       Optimizer::Kind::adamw, 6, 2},
+      {"gpt_oss_biases_seq_aux_scattered", "gpt_oss", BalanceMode::seq_aux, 1, 0.0,
+       Optimizer::Kind::adamw, 8, 1},
+      {"mixtral_micro_batches_none_on_last_rank", "mixtral", BalanceMode::loss_free_proportional, 2,
+       0.0, Optimizer::Kind::adamw, 6, 2},
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DistLmTrain, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.name);
+                         });
 
 TEST(DistLmTrainErrors, TooFewSequencesPerRankFailEveryRank) {
   const int P = size_of();
@@ -301,7 +318,8 @@ TEST(DistLmTrainErrors, TooFewSequencesPerRankFailEveryRank) {
 
 TEST(DistLmTrainErrors, APlacementForAnotherRankCountFailsEveryRank) {
   const int P = size_of();
-  EXPECT_THROW(dist::MpiLmParallel(dist::ExpertPlacement::contiguous(8, P + 1), MPI_COMM_WORLD), dist::RankError);
+  EXPECT_THROW(dist::MpiLmParallel(dist::ExpertPlacement::contiguous(8, P + 1), MPI_COMM_WORLD),
+               dist::RankError);
 }
 
 }  // namespace
