@@ -65,4 +65,5 @@ def main():
     print(f"{exact} tensors the same bytes, {summed} summed ones within {worst:.2g} of max |g|")
 
 
-main()
+if __name__ == "__main__":
+    main()

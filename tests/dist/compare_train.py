@@ -16,9 +16,10 @@ Usage: compare_train.py csv WANT.csv GOT.csv MODE [FIRST_STEP]
 Exits 1 naming the first difference.
 """
 import csv
-import json
-import struct
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 CLOSE = {"train_loss", "eval_loss", "eval_ppl", "eval_bpb", "aux_loss", "z_loss", "grad_norm"}
 
@@ -45,38 +46,24 @@ def compare_csv(want_path, got_path, mode, first):
     print(f"ok: {len(want)} steps ({mode})")
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + n])
-    header.pop("__metadata__", None)
-    body = data[8 + n :]
-    out = {}
-    for name, t in header.items():
-        s, e = t["data_offsets"]
-        out[name] = (t["dtype"], t["shape"], body[s:e])
-    return out
-
-
 def compare_ckpt(want_path, got_path, rel):
     import numpy as np
 
-    want, got = read_safetensors(want_path), read_safetensors(got_path)
+    from compare_grads import read  # (the F32 safetensors reader of the backward's comparison)
+
+    want, got = read(want_path), read(got_path)
     if list(want) != list(got):
         sys.exit(f"FAIL: tensors {sorted(set(want) ^ set(got))[:5]} differ")
-    for name, (dt, shape, raw) in want.items():
-        gdt, gshape, graw = got[name]
-        if (dt, shape) != (gdt, gshape):
-            sys.exit(f"FAIL: {name}: {gdt} {gshape}, want {dt} {shape}")
+    for name, a in want.items():
+        b = got[name]
+        if a.shape != b.shape:
+            sys.exit(f"FAIL: {name}: {b.shape}, want {a.shape}")
         if rel == 0:
-            if raw != graw:
+            if a.tobytes() != b.tobytes():
                 sys.exit(f"FAIL: {name}: not the same bytes")
             continue
-        a = np.frombuffer(raw, dtype=np.float32)
-        b = np.frombuffer(graw, dtype=np.float32)
         scale = max(float(np.abs(a).max()) if a.size else 0.0, 1e-30)
-        err = float(np.abs(a - b).max()) if a.size else 0.0
+        err = float(np.abs(a.astype(np.float64) - b).max()) if a.size else 0.0
         if err > rel * scale:
             sys.exit(f"FAIL: {name}: max error {err:.3g} of max {scale:.3g}")
     print(f"ok: {len(want)} tensors ({'same bytes' if rel == 0 else f'within {rel:g}'})")
