@@ -268,11 +268,13 @@ void resume_case(const Case& c) {
     EXPECT_EQ(a.train_loss, b.train_loss) << "step " << a.step;
     EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << a.step;
   }
-  for (std::size_t i = 0; i < straight->params().named().size(); ++i) {
-    const Tensor& a = straight->params().named()[i].second;
-    const Tensor& b = second->params().named()[i].second;
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0)
-        << straight->params().named()[i].first;
+  const NamedTensors want = straight->params().named(), got = second->params().named();
+  ASSERT_EQ(want.size(), got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const Tensor& a = want[i].second;
+    const Tensor& b = got[i].second;
+    ASSERT_EQ(a.nbytes(), b.nbytes()) << want[i].first;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << want[i].first;
   }
 }
 
