@@ -42,6 +42,14 @@ using mpi_util::comm_rank;
 using mpi_util::comm_size;
 using mpi_util::mpi_count;
 
+// Rows `ids` of the f32 matrix `from` into the rows 0, 1, ... of `to` (as many rows as ids).
+void copy_rows(const Tensor& from, const std::vector<std::int64_t>& ids, Tensor& to) {
+  const std::int64_t n = from.dim(1);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    std::memcpy(to.data_as<float>() + static_cast<std::int64_t>(i) * n, from.data_as<const float>() + ids[i] * n,
+                static_cast<std::size_t>(n) * sizeof(float));
+}
+
 // Grows a buffer kept between forwards (its pages stay mapped: no zero-filling and first-touch
 // faults per call); never shrinks.
 void grow(std::vector<float>& v, std::int64_t n) {
@@ -136,11 +144,8 @@ ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int6
   };
   const auto rows_of = [&](const Tensor& b) {
     if (b.numel() == 0) return Tensor();
-    const std::int64_t n = b.dim(1);
-    Tensor t({static_cast<std::int64_t>(ids.size()), n}, DType::f32);
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      std::memcpy(t.data_as<float>() + static_cast<std::int64_t>(i) * n, b.data_as<const float>() + ids[i] * n,
-                  static_cast<std::size_t>(n) * sizeof(float));
+    Tensor t({static_cast<std::int64_t>(ids.size()), b.dim(1)}, DType::f32);
+    copy_rows(b, ids, t);
     return t;
   };
   out.gate = pick(w.gate);
@@ -253,12 +258,7 @@ void ExpertParallelLayer::refresh_biases() const {
   for (auto [from, to] :
        {std::pair{&w.gate_bias, &local_.gate_bias}, std::pair{&w.up_bias, &local_.up_bias},
         std::pair{&w.down_bias, &local_.down_bias}}) {
-    if (to->numel() == 0) continue;
-    const std::int64_t n = to->dim(1);
-    for (std::size_t i = 0; i < mine_.size(); ++i)
-      std::memcpy(to->data_as<float>() + static_cast<std::int64_t>(i) * n,
-                  from->data_as<const float>() + mine_[i] * n,
-                  static_cast<std::size_t>(n) * sizeof(float));
+    if (to->numel() > 0) copy_rows(*from, mine_, *to);
   }
 }
 
@@ -345,7 +345,7 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
                             std::pair{&g.shared_up_proj, &part.shared_up_proj},
                             std::pair{&g.shared_down_proj, &part.shared_down_proj},
                             std::pair{&g.shared_gate, &part.shared_gate}})
-      if (from->numel() > 0) *to = Tensor(from->shape(), DType::f32);
+      if (from->numel() > 0 && size_ > 1) *to = Tensor(from->shape(), DType::f32);  // (one rank: into g)
   } catch (...) {
     err = std::current_exception();
   }
