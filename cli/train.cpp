@@ -372,7 +372,7 @@ void save_checkpoint(const std::string& dir, const std::string& config_json, con
   st.rng_state = tr.rng_state();
   st.user_json = user_json(f, corpus);
   const LmParams params = tr.whole_params();
-  const Optimizer optimizer = tr.whole_optimizer();
+  const Optimizer optimizer = tr.whole_optimizer(params);
   together([&] {
     if (!tr.parallel() || tr.parallel()->rank() == 0)
       save_lm_checkpoint(dir, config_json, tr.config(), params, tr.selection_biases(), optimizer,

@@ -145,9 +145,10 @@ class LmTrainer {
   const std::shared_ptr<LmParallel>& parallel() const noexcept { return parallel_; }
   /// The whole model's parameters and optimizer (what a checkpoint holds): params() and
   /// optimizer() in one process; with `parallel` a collective whose result is whole on rank 0
-  /// only (the other ranks get empty LmParams and a stateless Optimizer).
+  /// only (the other ranks get empty LmParams and a stateless Optimizer). whole_optimizer takes
+  /// whole_params()'s result (its shapes, on rank 0), so the experts are gathered once.
   LmParams whole_params() const;
-  Optimizer whole_optimizer() const;
+  Optimizer whole_optimizer(const LmParams& whole_params) const;
 
   /// Replaces the state with a checkpoint's (load_lm_checkpoint): parameters copied into the
   /// model's own tensors, biases, optimizer state, step and RNG. Throws std::invalid_argument

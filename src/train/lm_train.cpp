@@ -479,7 +479,7 @@ LmParams LmTrainer::whole_params() const {
   return parallel_->rank() == 0 ? out : LmParams{};
 }
 
-Optimizer LmTrainer::whole_optimizer() const {
+Optimizer LmTrainer::whole_optimizer(const LmParams& whole) const {
   if (!parallel_) return optimizer_;
   const std::int64_t E = config_.block.router.num_experts;
   // Every rank gathers the same list: the routed matrices' state by name from the config's
@@ -505,7 +505,6 @@ Optimizer LmTrainer::whole_optimizer() const {
             if (n == name) local = t;
           whole_state.emplace_back(name, parallel_->gather_experts(local, E));
         }
-  const LmParams whole = whole_params();
   Optimizer out = make_optimizer(options_);
   if (parallel_->rank() == 0 && stepped)
     out.load_state(whole_state, optimizer_.steps(), whole.named());

@@ -194,7 +194,7 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
   }
   // The experts gathered to rank 0 and the optimizer state equal one process's.
   const LmParams whole = tr.whole_params();
-  const Optimizer opt = tr.whole_optimizer();
+  const Optimizer opt = tr.whole_optimizer(whole);
   if (rank == 0) {
     const NamedTensors w = whole.named(), r = ref.params().named();
     ASSERT_EQ(w.size(), r.size());
@@ -239,7 +239,7 @@ void resume_case(const Case& c) {
     first->step();
   }
   LmParams whole = first->whole_params();
-  Optimizer opt = first->whole_optimizer();
+  Optimizer opt = first->whole_optimizer(whole);
   // Rank 0's whole state to every rank (as every rank reads the checkpoint's files).
   if (rank != 0) {
     whole = init_lm_parameters(config, 99);
