@@ -27,22 +27,14 @@
 #include "moekit/threading.hpp"
 #include "moekit/train.hpp"
 #include "util/random.hpp"
+#include "world.hpp"
 
 namespace moekit {
 namespace {
 
 using testing::randn;
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::world_rank;
+using testing::world_size;
 
 enum class Family { deepseek, llama4, gpt_oss, qwen };
 const char* name(Family f) {
@@ -332,13 +324,7 @@ bool same_bits(const Tensor& a, const float* b, std::int64_t n) {
 }
 
 // Every rank holds the same bits of `t` (compared as integers: min == max over the ranks).
-bool same_on_every_rank(const Tensor& t) {
-  std::vector<std::uint32_t> bits(static_cast<std::size_t>(t.numel())), lo(bits.size()), hi(bits.size());
-  std::memcpy(bits.data(), t.data(), t.nbytes());
-  MPI_Allreduce(bits.data(), lo.data(), static_cast<int>(bits.size()), MPI_UINT32_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(bits.data(), hi.data(), static_cast<int>(bits.size()), MPI_UINT32_T, MPI_MAX, MPI_COMM_WORLD);
-  return lo == hi;
-}
+bool same_on_every_rank(const Tensor& t) { return testing::same_bytes_on_every_rank(t.data(), t.nbytes()); }
 
 double max_abs(const Tensor& t) {
   double m = 0;

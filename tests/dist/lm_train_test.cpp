@@ -27,31 +27,14 @@
 
 #include "moekit/dist.hpp"
 #include "moekit/moekit.hpp"
+#include "world.hpp"
 
 namespace moekit {
 namespace {
 
-int rank_of() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int size_of() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-// Whether every rank holds these bytes.
-bool same_bytes_everywhere(const void* data, std::size_t n) {
-  std::vector<std::uint8_t> b(static_cast<const std::uint8_t*>(data),
-                              static_cast<const std::uint8_t*>(data) + n);
-  std::vector<std::uint8_t> lo(n), hi(n);
-  MPI_Allreduce(b.data(), lo.data(), static_cast<int>(n), MPI_UINT8_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(b.data(), hi.data(), static_cast<int>(n), MPI_UINT8_T, MPI_MAX, MPI_COMM_WORLD);
-  return lo == hi;
-}
+using testing::same_bytes_on_every_rank;
+using testing::world_rank;
+using testing::world_size;
 
 std::vector<std::uint8_t> text_of(std::int64_t n, std::uint64_t seed) {
   // Text with some structure (a repeating phrase with noise), so that routing is not uniform.
@@ -139,7 +122,7 @@ class DistLmTrain : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
   const Case& c = GetParam();
-  const int P = size_of(), rank = rank_of();
+  const int P = world_size(), rank = world_rank();
   const LmConfig config = config_of(c);
   const LmTrainOptions options = options_of(c);
   const auto train = text_of(6000, 1), held_out = text_of(1200, 2);
@@ -172,7 +155,7 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
       EXPECT_EQ(a.layers[l].bias, b.layers[l].bias) << "layer " << l;
     }
     for (const Tensor& bias : tr.selection_biases()) {
-      EXPECT_TRUE(same_bytes_everywhere(bias.data(), bias.nbytes()))
+      EXPECT_TRUE(same_bytes_on_every_rank(bias.data(), bias.nbytes()))
           << "the ranks hold different biases";
       moved = moved || (c.balance == BalanceMode::loss_free_sign && bias.numel() > 0 &&
                         bias.data_as<const float>()[0] != 0.0f);
@@ -189,7 +172,7 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
                         name.find("experts.down") != std::string::npos;
     const bool bias = name.find("_bias") != std::string::npos;
     if (!routed || bias) {
-      EXPECT_TRUE(same_bytes_everywhere(t.data(), t.nbytes())) << name << " differs over the ranks";
+      EXPECT_TRUE(same_bytes_on_every_rank(t.data(), t.nbytes())) << name << " differs over the ranks";
     }
   }
   // The experts gathered to rank 0 and the optimizer state equal one process's.
@@ -224,7 +207,7 @@ TEST_P(DistLmTrain, MatchesOneProcessStepByStep) {
 // the next steps are the uninterrupted run's bits.
 void resume_case(const Case& c) {
   SCOPED_TRACE(c.name);
-  const int P = size_of(), rank = rank_of();
+  const int P = world_size(), rank = world_rank();
   const LmConfig config = config_of(c);
   const LmTrainOptions options = options_of(c);
   const auto train = text_of(6000, 1), held_out = text_of(1200, 2);
@@ -304,7 +287,7 @@ INSTANTIATE_TEST_SUITE_P(Families, DistLmTrain, ::testing::ValuesIn(cases()),
                          });
 
 TEST(DistLmTrainErrors, TooFewSequencesPerRankFailEveryRank) {
-  const int P = size_of();
+  const int P = world_size();
   if (P < 2) GTEST_SKIP() << "one rank always has a sequence";
   Case c{"x", "deepseek_v3", BalanceMode::loss_free_sign};
   LmTrainOptions o = options_of(c);
@@ -319,7 +302,7 @@ TEST(DistLmTrainErrors, TooFewSequencesPerRankFailEveryRank) {
 }
 
 TEST(DistLmTrainErrors, APlacementForAnotherRankCountFailsEveryRank) {
-  const int P = size_of();
+  const int P = world_size();
   EXPECT_THROW(dist::MpiLmParallel(dist::ExpertPlacement::contiguous(8, P + 1), MPI_COMM_WORLD),
                dist::RankError);
 }
