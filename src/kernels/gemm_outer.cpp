@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "kernels/gemm.hpp"
@@ -25,19 +26,25 @@ HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// gemm_nn: a(i, k) = A row (m + i) at k (times its scale); B row k = B + k * ldb.
-template <int MR, bool kScaled, typename TB, bool kPrefetch = false>
+// gemm_nn: a(i, k) = A row (m + i) at k (times its scale); B row k = B + k * ldb. kFirst: the
+// first strip of rows over a column block, which brings the block's rows in (prefetching) and
+// stores each B vector it loads, widened to f32, into the block's contiguous copy (row k at
+// pack + k * ldp) for the other strips.
+template <int MR, bool kScaled, typename TB, bool kFirst = false, bool kCopy = false>
 struct NnOps {
   ARows<MR> a;
   const TB* b;
   int64_t ldb;
+  float* pack = nullptr;
+  int64_t ldp = 0;
   struct Step {
     int64_t k;
   };
   Step step(int64_t k) const {
-    if constexpr (kPrefetch) {
-      // The first strip over a column block brings its rows in: row k + 16's lines (the widest
-      // tile's 4 vectors; a prefetch past the last row reads nothing and never faults).
+    if constexpr (kFirst) {
+      // Row k + 16's lines (the widest tile's 4 vectors; a prefetch past the last row reads
+      // nothing and never faults): the hardware prefetchers do not follow a few lines per row
+      // at such strides.
       const char* p = reinterpret_cast<const char*>(b + (k + 16) * ldb);
       const int64_t bytes = 4 * static_cast<int64_t>(hn::Lanes(DF()) * sizeof(TB));
       for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + l, 0, 3);
@@ -47,7 +54,10 @@ struct NnOps {
   float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
   template <bool kTail>
   hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t cols) const {
-    return LoadRow<kTail>(df, b + st.k * ldb, j, cols);
+    const auto v = LoadRow<kTail>(df, b + st.k * ldb, j, cols);
+    if constexpr (kFirst && kCopy)
+      hn::StoreU(v, df, pack + st.k * ldp + j * static_cast<int64_t>(hn::Lanes(df)));
+    return v;
   }
 };
 
@@ -104,45 +114,98 @@ HWY_INLINE void OuterGemm(const MakeOps& make, const Output& C, int64_t M, int64
 }
 
 // gemm_nn reads B (the weights) in place, down its columns: a tile's B rows are a whole row
-// stride apart (8 KB for D = 2048 f32). The first strip of A's rows over a column block brings
-// the block's rows in, prefetching row k + 16's lines at step k (the hardware prefetchers do
-// not follow a few lines per row at such strides); the other strips find them in L2. This
-// replaced a per-call f32 copy of each column block into a contiguous panel, whose copying
-// cost as much as the products at an expert's few rows (docs/performance.md: Xeon, one thread,
-// dx at the reference shapes, cold weights +3-32 %, cached +35-100 %).
-template <bool kScaled, typename TB, bool kPrefetch>
+// stride apart (8 KB for D = 2048 f32), so a column block's rows fall into few cache sets and
+// do not stay in L1 or even L2 (768 rows at 8 KB strides meet in 64 of L2's sets). The first
+// strip of A's rows over a column block reads the rows in place, prefetching ahead, and stores
+// every vector it loads into a contiguous f32 copy of the block; the other strips read that
+// copy (L2-resident, sequential: 192 KB at K = 768, 512 KB at K = 2048). The copy costs the first
+// strip four stores per step and no pass of its own: a separate copying pass before the
+// products cost as much as they did at an expert's few rows (docs/performance.md). Values and
+// chains are the same from either source (widening is exact), so the bits are too.
+template <bool kScaled, typename TB, bool kFirst, bool kCopy>
 struct NnMaker {
   const RowSource* A;
-  const TB* B;
+  const TB* B;  // the block's first column (kFirst: in place; else: the copy)
   int64_t ldb;
+  int64_t n0;  // the block's first column
+  float* pack;
+  int64_t ldp;
   template <int MR>
-  NnOps<MR, kScaled, TB, kPrefetch> make(int64_t m, int64_t n) const {
-    NnOps<MR, kScaled, TB, kPrefetch> ops;
+  NnOps<MR, kScaled, TB, kFirst, kCopy> make(int64_t m, int64_t n) const {
+    NnOps<MR, kScaled, TB, kFirst, kCopy> ops;
     ops.a = ARows<MR>::Of(*A, m);
-    ops.b = B + n;
+    ops.b = B + (n - n0);
     ops.ldb = ldb;
+    if constexpr (kFirst && kCopy) {
+      ops.pack = pack + (n - n0);
+      ops.ldp = ldp;
+    }
     return ops;
   }
 };
 
-// Column blocks of kNv vectors; every row tile of A passes over a block while it is in L2.
-template <bool kScaled, typename TB>
-void NnBlocks(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K) {
+// The column block's copy (K rows of a block's vectors), per thread, grown and never shrunk.
+std::vector<float>& nn_block_copy() {
+  thread_local std::vector<float> copy;
+  return copy;
+}
+
+// Column blocks of NV vectors, strips of MR rows. kCopy: the first strip reads the block in
+// place and copies it, the others read the copy; else every strip reads in place (the first
+// prefetching), the block staying in L2.
+template <int MR, int NV, bool kCopy, bool kScaled, typename TB>
+void NnBlocks(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N,
+              int64_t K) {
   const DF df;
-  const int64_t width = kNv * static_cast<int64_t>(hn::Lanes(df));
-  const NnMaker<kScaled, TB, true> first{&A, B, ldb};
-  const NnMaker<kScaled, TB, false> rest{&A, B, ldb};
+  const int64_t width = NV * static_cast<int64_t>(hn::Lanes(df));
+  float* copy = nullptr;
+  if constexpr (kCopy) {
+    std::vector<float>& buf = nn_block_copy();
+    if (buf.size() < static_cast<size_t>(K * width)) buf.resize(static_cast<size_t>(K * width));
+    copy = buf.data();
+  }
   for (int64_t n0 = 0; n0 < N; n0 += width) {
     const int64_t n1 = std::min(N, n0 + width);
-    for (int64_t m = 0; m < M; m += kMr) {
-      const int rows = static_cast<int>(std::min<int64_t>(kMr, M - m));
+    const NnMaker<kScaled, TB, true, kCopy> first{&A, B + n0, ldb, n0, copy, width};
+    for (int64_t m = 0; m < M; m += MR) {
+      const int rows = static_cast<int>(std::min<int64_t>(MR, M - m));
       if (m == 0) {
-        OuterRows<kNv, kMr>(rows, first, K, C, m, n0, n1);
+        OuterRows<NV, MR>(rows, first, K, C, m, n0, n1);
+      } else if constexpr (kCopy) {
+        OuterRows<NV, MR>(rows,
+                          NnMaker<kScaled, float, false, false>{&A, copy, width, n0, nullptr, 0}, K,
+                          C, m, n0, n1);
       } else {
-        OuterRows<kNv, kMr>(rows, rest, K, C, m, n0, n1);
+        OuterRows<NV, MR>(rows, NnMaker<kScaled, TB, false, false>{&A, B + n0, ldb, n0, nullptr, 0},
+                          K, C, m, n0, n1);
       }
     }
   }
+}
+
+// Whether a column block's K rows, `stride` bytes apart, crowd into too few L2 sets to stay
+// there while the strips pass: the rows start at kL2Period / gcd(stride, kL2Period) distinct
+// set offsets (kL2Period = sets × line: 128 KB on a 2 MB 16-way L2, and on a 1 MB 8-way one),
+// and more than kRowsPerOffset rows at one offset fill its sets' ways. 8 KB strides (D = 2048
+// f32) at K = 768 put 48 rows on each of 16 offsets; 3 KB (F = 768 f32) at K = 2048 16 on 128;
+// 5.5 KB (F = 1408) at K = 2048 8 on 256, which stays.
+constexpr int64_t kL2Period = 128 * 1024;
+constexpr int64_t kRowsPerOffset = 8;
+inline bool crowds_l2(int64_t stride, int64_t K) {
+  const int64_t offsets = kL2Period / std::gcd(stride, kL2Period);
+  return K > kRowsPerOffset * offsets;
+}
+
+// Where the rows crowd the cache, the block is copied, on taller and narrower tiles (12 × 2
+// vectors on AVX-512: 2 loads of the copy per 24 FMAs, measured faster than 6 × 4 there); else
+// it stays in L2 in place, where copying measured slower (docs/performance.md).
+template <bool kScaled, typename TB>
+void NnDispatch(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N,
+                int64_t K) {
+  constexpr int kCopyMr = HWY_MAX_BYTES >= 64 ? 12 : kMr, kCopyNv = HWY_MAX_BYTES >= 64 ? 2 : kNv;
+  if (M > kCopyMr && crowds_l2(ldb * static_cast<int64_t>(sizeof(TB)), K))
+    return NnBlocks<kCopyMr, kCopyNv, true, kScaled>(A, B, ldb, C, M, N, K);
+  NnBlocks<kMr, kNv, false, kScaled>(A, B, ldb, C, M, N, K);
 }
 
 template <bool kScaledA, bool kScaledB>
@@ -158,9 +221,9 @@ struct TnMaker {
 template <typename TB>
 void NnTyped(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K) {
   if (A.scale) {
-    NnBlocks<true>(A, B, ldb, C, M, N, K);
+    NnDispatch<true>(A, B, ldb, C, M, N, K);
   } else {
-    NnBlocks<false>(A, B, ldb, C, M, N, K);
+    NnDispatch<false>(A, B, ldb, C, M, N, K);
   }
 }
 

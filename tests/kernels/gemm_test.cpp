@@ -67,8 +67,10 @@ bool is_nt(Layout l) { return l == Layout::nt || l == Layout::nt_panels; }
 
 // One random case of `layout`: fast kernel vs reference, every element within the bound (or
 // bitwise, for the outer-product kernels on fused targets); columns past N untouched.
-void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::int64_t K, bool gather, bool scaled,
-                bool row_scale, bool accumulate, std::int64_t target, std::mt19937& rng) {
+// b_ld: B's row length in elements (0: b's length plus a few, a stride that aliases nothing).
+void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::int64_t K,
+                bool gather, bool scaled, bool row_scale, bool accumulate, std::int64_t target,
+                std::mt19937& rng, std::int64_t b_ld = 0) {
   const std::int64_t pad = 3, ldc = N + 2;
   // A: nt/nn [M, K] rows (gathered from 2M+1 source rows); tn: K rows of M.
   const std::int64_t a_rows = layout == Layout::tn ? K : M, a_len = layout == Layout::tn ? M : K;
@@ -79,7 +81,7 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
   // B: nt [N, K] weights; nn [K, N] weights; tn K f32 rows of N (gathered and scaled like A).
   const std::int64_t b_rows = is_nt(layout) ? N : K, b_len = is_nt(layout) ? K : N;
   const std::int64_t b_src = layout == Layout::tn && gather ? 2 * b_rows + 1 : b_rows;
-  Tensor b32 = randn({b_src, b_len + pad + 2}, rng);
+  Tensor b32 = randn({b_src, b_ld > 0 ? b_ld : b_len + pad + 2}, rng);
   Tensor b = layout == Layout::tn ? b32 : to_dtype(b32, dt);
   Tensor bw = to_dtype(b, DType::f32);
   const Gathered gb = make_gather(b_rows, b_src, rng);
@@ -183,6 +185,33 @@ TEST(Gemm, NnOnPanelsMatchesReferenceOnEveryTarget) {
 }
 TEST(Gemm, NnMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::nn, t); });
+}
+// gemm_nn copies each column block when B's rows, a stride apart, crowd into a few L2 sets and
+// more than one strip of rows passes over them (gemm_outer.cpp's crowds_l2): 4 KB, 8 KB and 3 KB
+// strides at K past the threshold (and one below it), in every weight dtype, rows over several
+// strips, column tails.
+TEST(Gemm, NnWithCrowdingStrideMatchesReferenceOnEveryTarget) {
+  struct StrideK {
+    std::int64_t bytes, K;
+  };
+  for_each_target([](std::int64_t t) {
+    std::mt19937 rng(5);
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16})
+      for (const StrideK sk :
+           {StrideK{8192, 140}, StrideK{4096, 300}, StrideK{3072, 1100}, StrideK{8192, 33}})
+        for (const std::int64_t M : {13, 30})
+          for (const std::int64_t N : {17, 100})
+            for (int variant = 0; variant < 4; ++variant) {
+              if (sk.K > 1000 && (dt != DType::f32 || M != 30))
+                continue;  // the slow reference, once
+              const bool gather = variant == 1 || variant == 3,
+                         scaled = variant == 1 || variant == 2;
+              const bool row_scale = variant >= 2, acc = variant == 0 || variant == 3;
+              check_case(Layout::nn, dt, M, N, sk.K, gather, scaled, row_scale, acc, t, rng,
+                         sk.bytes / static_cast<std::int64_t>(dtype_size(dt)));
+              if (::testing::Test::HasFatalFailure()) return;
+            }
+  });
 }
 TEST(Gemm, TnMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::tn, t); });
