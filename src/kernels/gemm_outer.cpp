@@ -115,13 +115,13 @@ HWY_INLINE void OuterGemm(const MakeOps& make, const Output& C, int64_t M, int64
 
 // gemm_nn reads B (the weights) in place, down its columns: a tile's B rows are a whole row
 // stride apart (8 KB for D = 2048 f32), so a column block's rows fall into few cache sets and
-// do not stay in L1 or even L2 (768 rows at 8 KB strides meet in 64 of L2's sets). The first
-// strip of A's rows over a column block reads the rows in place, prefetching ahead, and stores
-// every vector it loads into a contiguous f32 copy of the block; the other strips read that
-// copy (L2-resident, sequential: 192 KB at K = 768, 512 KB at K = 2048). The copy costs the first
-// strip four stores per step and no pass of its own: a separate copying pass before the
-// products cost as much as they did at an expert's few rows (docs/performance.md). Values and
-// chains are the same from either source (widening is exact), so the bits are too.
+// may not stay in L2 (crowds_l2 below). There the first strip of A's rows over a column block
+// reads the rows in place, prefetching ahead, and stores every vector it loads into a
+// contiguous f32 copy of the block; the other strips read that copy (L2-resident, sequential:
+// 96 KB at K = 768 on AVX-512's 32-column blocks). The copy costs the first strip one store per
+// vector loaded and no pass of its own: a separate copying pass before the products cost as
+// much as they did at an expert's few rows (docs/performance.md). Values and chains are the same
+// from either source (widening is exact), so the bits are too.
 template <bool kScaled, typename TB, bool kFirst, bool kCopy>
 struct NnMaker {
   const RowSource* A;
