@@ -30,9 +30,11 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "experts/expert_rows.hpp"
 #include "format.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/moekit.hpp"
+#include "util/schedule.hpp"
 #ifdef MOEKIT_HAVE_DIST
 #include "expert_parallel.hpp"
 #endif
@@ -483,6 +485,11 @@ struct Row {
   std::string limit;  // "gemm_peak" or "dram_read"
   double limit_value = 0, limit_pct = 0;
   double saved_bytes_per_token = 0;  // train: what the training forward keeps for the backward
+  // --simulate-threads (forward): the last call's routed-expert tasks, the model's time for them
+  // at this row's threads, and the schedule's efficiency at each simulated thread count.
+  std::int64_t sim_tasks = 0;
+  double sim_model_ms = 0;
+  std::vector<std::pair<int, double>> sim_efficiency;
 };
 
 struct Limits {
@@ -513,10 +520,11 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, const std::string& layout,
-                           const std::vector<std::int64_t>& tokens,
+std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format,
+                           const std::string& layout, const std::vector<std::int64_t>& tokens,
                            const std::vector<std::int64_t>& threads, int reps, std::uint64_t seed,
-                           const Limits& limits, bool progress, bool train) {
+                           const Limits& limits, bool progress, bool train,
+                           const std::vector<std::int64_t>& simulate) {
   const double needed = layer_weight_bytes(s, format);
   const double avail = available_memory();
   if (avail >= 0 && needed + 256e6 > avail)
@@ -551,6 +559,7 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
       std::size_t next = 0;
       std::vector<double> secs;
       double touched = 0.0, saved_bytes = 0.0;
+      std::vector<std::int64_t> last_counts;  // the last timed call's rows per expert
       if (!train) {
         Tensor y = layer->forward(inputs[next++ % kBatches]);  // warm-up
         for (int r = 0; r < reps; ++r) {
@@ -559,7 +568,8 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
           y = layer->forward(inputs[next++ % kBatches], &info);
           secs.push_back(seconds_since(t0));
           std::int64_t active = 0;
-          for (const std::int64_t c : expert_counts(info.routing.ids, s.E)) active += c > 0;
+          last_counts = expert_counts(info.routing.ids, s.E);
+          for (const std::int64_t c : last_counts) active += c > 0;
           touched += per_expert * static_cast<double>(active + s.shared);
         }
       } else {
@@ -607,6 +617,35 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
         row.limit = "dram_read";
         row.limit_value = limits.dram_gbs;
         row.limit_pct = row.limit_value > 0 ? 100.0 * row.weight_gbs / row.limit_value : 0.0;
+      }
+      if (!simulate.empty() && !last_counts.empty()) {
+        // A task's time on one thread: its expert's weight bytes at one thread's share of the
+        // DRAM read limit, then its FLOPs at one thread's share of the GEMM peak (streaming and
+        // compute not overlapped). Shared experts, router and combine are not modelled.
+        const double bw = limits.dram_gbs * 1e9 / std::max(1, limits.dram_threads);
+        const double peak = (format.bf16_act ? Limits::at(limits.bf16_peak, row.threads)
+                                             : limits.peak_for(row.threads)) *
+                            1e9 / static_cast<double>(nt);
+        std::vector<std::int64_t> offsets(1, 0);
+        for (const std::int64_t c : last_counts) offsets.push_back(offsets.back() + c);
+        std::vector<double> costs;
+        for (const ExpertTask& t : expert_tasks(offsets))
+          costs.push_back(per_expert / bw + 6.0 * static_cast<double>(s.D * s.F * t.count) / peak);
+        row.sim_tasks = static_cast<std::int64_t>(costs.size());
+        // Fewer tasks than threads: run_sorted_rows splits each GEMM over the pool instead,
+        // modelled as an even split.
+        const auto makespan = [&](std::int64_t p) {
+          double sum = 0;
+          for (const double c : costs) sum += c;
+          return row.sim_tasks < p ? sum / static_cast<double>(p)
+                                   : detail::list_schedule_makespan(costs, static_cast<int>(p));
+        };
+        row.sim_model_ms = makespan(nt) * 1e3;
+        double sum = 0;
+        for (const double c : costs) sum += c;
+        for (const std::int64_t p : simulate)
+          row.sim_efficiency.emplace_back(static_cast<int>(p),
+                                          sum / (static_cast<double>(p) * makespan(p)));
       }
       rows.push_back(row);
     }
@@ -687,6 +726,38 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
       "peak "
       "at the row's threads (bf16-act: the bf16 GEMM peak), T < 128 weight GB/s against DRAM read. train: one step = forward_train + "
       "backward, 3x the forward's FLOPs.\n");
+  bool simulated = false;
+  for (const Row& r : rows) simulated = simulated || !r.sim_efficiency.empty();
+  if (simulated) {
+    std::printf(
+        "\n| shape | dtype | layout | T | threads | tasks | model ms (routed experts) | measured "
+        "ms |");
+    for (const auto& [p, e] : rows.front().sim_efficiency)
+      std::printf(" efficiency at %d threads |", p);
+    std::printf("\n|---|---|---|---|---|---|---|---|");
+    for (std::size_t i = 0; i < rows.front().sim_efficiency.size(); ++i) std::printf("---|");
+    std::printf("\n");
+    for (const Row& r : rows) {
+      std::printf("| %s | %s | %s | %lld | %d | %lld | %s | %s |", r.shape.c_str(), r.dtype.c_str(),
+                  r.layout.c_str(), static_cast<long long>(r.tokens), r.threads,
+                  static_cast<long long>(r.sim_tasks), sig3(r.sim_model_ms).c_str(),
+                  sig3(r.median_ms).c_str());
+      for (const auto& [p, e] : r.sim_efficiency) std::printf(" %.0f %% |", 100.0 * e);
+      std::printf("\n");
+    }
+    std::printf(
+        "\nSimulated schedule (--simulate-threads): the last timed call's routed rows cut into the "
+        "layer's "
+        "tasks (expert, <= %lld rows), each costing its expert's weight bytes at one thread's "
+        "share of the DRAM "
+        "limit plus its FLOPs at one thread's share of the GEMM peak, run in order by workers that "
+        "take the next "
+        "task when free (fewer tasks than threads: each GEMM split evenly). Efficiency = total "
+        "task time / "
+        "(threads x finish time): the load balance only; the shared DRAM of a bigger machine is "
+        "not modelled.\n",
+        static_cast<long long>(kTaskRows));
+  }
   for (const Row& r : rows)
     if (r.mode == "train")
       std::printf("- train %s T = %lld: the training forward keeps %s per token for the backward\n", r.shape.c_str(),
@@ -762,13 +833,17 @@ void print_json(const Header& h, const Limits& l, const std::vector<const BenchS
                             {"weight_gbs", r.weight_gbs},
                             {"limit", r.limit},
                             {"limit_value", r.limit_value},
-                            {"limit_pct", r.limit_pct}});
+                            {"limit_pct", r.limit_pct},
+                            {"simulated_tasks", r.sim_tasks},
+                            {"simulated_model_ms", r.sim_model_ms},
+                            {"simulated_efficiency", r.sim_efficiency}});
   std::printf("%s\n", j.dump(2).c_str());
 }
 
 struct Options {
-  std::string shape = "all", dtype = "f32,bf16", layout = "panels", tokens = "1,32,512", threads, reps = "5",
-              seed = "0", output = "md", dram_mib = "1024", mode = "forward";
+  std::string shape = "all", dtype = "f32,bf16", layout = "panels", tokens = "1,32,512", threads,
+              reps = "5", seed = "0", output = "md", dram_mib = "1024", mode = "forward",
+              simulate_threads;
   bool expert_parallel = false;
 };
 
@@ -979,6 +1054,10 @@ void run_bench_expert_parallel(const MpiSession& mpi, const Options& o) {
 #endif
 
 void run_bench(const Options& o) {
+  if (o.expert_parallel && !o.simulate_threads.empty())
+    throw std::invalid_argument(
+        "--simulate-threads models one process's task schedule; it does not go with "
+        "--expert-parallel");
   if (o.expert_parallel) {
 #ifdef MOEKIT_HAVE_DIST
     return run_mpi_job("[moekit bench] ", [&](const MpiSession& mpi) { run_bench_expert_parallel(mpi, o); });
@@ -998,6 +1077,13 @@ void run_bench(const Options& o) {
   if (o.mode != "forward" && o.mode != "train")
     throw std::invalid_argument("--mode '" + o.mode + "' is not a mode (expected forward or train)");
   const bool train = o.mode == "train";
+  const std::vector<std::int64_t> simulate =
+      o.simulate_threads.empty()
+          ? std::vector<std::int64_t>{}
+          : parse_int_list(o.simulate_threads, "--simulate-threads", 1, 1 << 16);
+  if (!simulate.empty() && train)
+    throw std::invalid_argument(
+        "--simulate-threads models the forward's tasks; it does not go with --mode train");
   if (train)
     for (const WeightFormat& d : dtypes)
       if (d.quantized())
@@ -1052,7 +1138,8 @@ void run_bench(const Options& o) {
         // The bf16 compute mode packs AMX tiles on the amx path ("panels" then means them) and
         // reads rows on its other paths.
         if (d.bf16_act && lay != "rows" && kernels::bf16_path() != kernels::Bf16Path::amx) continue;
-        for (Row& r : run_shape(*s, d, lay, tokens, threads, reps, seed, limits, progress, train))
+        for (Row& r :
+             run_shape(*s, d, lay, tokens, threads, reps, seed, limits, progress, train, simulate))
           rows.push_back(std::move(r));
       }
 
@@ -1091,6 +1178,11 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--threads", opt->threads,
                   "Thread counts, comma list (default 1 and the hardware thread count)");
   cmd->add_option("--reps", opt->reps, "Timed calls per row after one warm-up (default 5)");
+  cmd->add_option(
+      "--simulate-threads", opt->simulate_threads,
+      "Thread counts, comma list: forward rows also report how evenly the layer's task schedule "
+      "would fill that many threads, replayed on a cost model calibrated by this run's limits "
+      "(docs/performance.md)");
   cmd->add_option("--seed", opt->seed, "Random seed of weights and inputs (default 0)");
   cmd->add_option("-o,--output", opt->output, "Output format: md, csv or json (default md)");
   cmd->add_flag("--expert-parallel", opt->expert_parallel,

@@ -20,6 +20,16 @@ void expert_pre_activations(const ExpertWeights& w, std::int64_t e, const kernel
 void expert_down(const ExpertWeights& w, std::int64_t e, const float* h, std::int64_t r, float* out,
                  const float* out_scale, bool split, bool accumulate);
 
+/// One task of the grouped experts: `count` (1..kTaskRows) rows of `expert` from sorted row
+/// `begin`. run_sorted_rows cuts each expert's rows into such tasks, in expert order, and runs
+/// them on the pool's dynamic schedule (moekit bench --simulate-threads replays the same cut).
+struct ExpertTask {
+  std::int64_t expert, begin, count;
+};
+constexpr std::int64_t kTaskRows = 64;
+/// The tasks of rows grouped by expert: rows [offsets[e], offsets[e + 1]) are expert e's.
+std::vector<ExpertTask> expert_tasks(const std::vector<std::int64_t>& offsets);
+
 /// The routed rows of one batch, grouped by expert: rows [offsets[e], offsets[e + 1]) go to
 /// expert e of `w`; row i reads row src[i] of x ([*, D] f32, in place) with slot weight
 /// weight[i] (on the input, or in the down projection's epilogue); out [rows, D] receives the

@@ -1,11 +1,11 @@
 // Grouped expert execution over a DispatchPlan.
 //
-// Work is cut into tasks of (expert, up to kRowChunk of its rows). A task runs the gate/up GEMMs
-// over all of its rows at once, reading them from x in place, the activation, the down GEMM
-// whose epilogue scales each row by its slot weight, and writes it to its sorted position of a
-// [T*K, D] buffer. Every output
-// element is a fixed-order dot product, so neither the chunking nor the thread that ran it can
-// change a bit. The combine then sums each token's K rows in slot order.
+// Work is cut into tasks of (expert, up to kTaskRows (expert_rows.hpp) of its rows). A task runs
+// the gate/up GEMMs over all of its rows at once, reading them from x in place, the activation, the
+// down GEMM whose epilogue scales each row by its slot weight, and writes it to its sorted position
+// of a [T*K, D] buffer. Every output element is a fixed-order dot product, so neither the chunking
+// nor the thread that ran it can change a bit. The combine then sums each token's K rows in slot
+// order.
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -24,8 +24,6 @@
 namespace moekit {
 
 namespace {
-
-constexpr std::int64_t kRowChunk = 64;
 
 bool has(const Tensor& t) { return t.numel() > 0; }
 
@@ -169,25 +167,25 @@ void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int
 
 }  // namespace
 
+std::vector<ExpertTask> expert_tasks(const std::vector<std::int64_t>& offsets) {
+  std::vector<ExpertTask> tasks;
+  for (std::size_t e = 0; e + 1 < offsets.size(); ++e)
+    for (std::int64_t r = offsets[e]; r < offsets[e + 1]; r += kTaskRows)
+      tasks.push_back({static_cast<std::int64_t>(e), r, std::min(kTaskRows, offsets[e + 1] - r)});
+  return tasks;
+}
+
 void run_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
                      const float* weight, bool weight_on_input, const std::vector<std::int64_t>& offsets, float* out,
                      float* keep_gate, float* keep_up) {
   const std::int64_t D = w.hidden_size(), F = w.width();
-  const std::int64_t E = static_cast<std::int64_t>(offsets.size()) - 1;
-  // (expert, first row, row count) tasks, in expert order.
-  struct Task {
-    std::int64_t expert, begin, count;
-  };
-  std::vector<Task> tasks;
-  for (std::int64_t e = 0; e < E; ++e)
-    for (std::int64_t r = offsets[e]; r < offsets[e + 1]; r += kRowChunk)
-      tasks.push_back({e, r, std::min(kRowChunk, offsets[e + 1] - r)});
+  const std::vector<ExpertTask> tasks = expert_tasks(offsets);
   // Fewer tasks than threads (decode with K = 1 or 2): run the tasks one after another with each
   // GEMM split over the pool instead of leaving threads idle.
   const std::int64_t n_tasks = static_cast<std::int64_t>(tasks.size());
   const bool split = n_tasks < num_threads();
   const auto run_task = [&](std::int64_t ti) {
-    const Task& task = tasks[static_cast<std::size_t>(ti)];
+    const ExpertTask& task = tasks[static_cast<std::size_t>(ti)];
     const float* wt = weight + task.begin;
     const kernels::RowSource rows{x, D, src + task.begin, weight_on_input ? wt : nullptr};
     expert_rows(w, body, task.expert, rows, task.count, out + task.begin * D, weight_on_input ? nullptr : wt,

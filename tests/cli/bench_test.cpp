@@ -155,13 +155,59 @@ TEST(BenchCli, MarkdownIsAHeaderTheLimitsAndATable) {
   EXPECT_EQ(rows, 3);
 }
 
+// --simulate-threads: every forward row carries the replayed schedule: its tasks, the model's
+// time, and an efficiency per simulated thread count (1 thread: all of it; more: at most 1).
+TEST(BenchCli, SimulatedThreadsReportTheSchedulesEfficiency) {
+  const BenchRun r = run_bench(tiny({"--dtype", "f32", "--tokens", "1,64", "--threads", "1",
+                                     "--simulate-threads", "1,3,16", "-o", "json"}));
+  ASSERT_TRUE(r.exited);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_GT(row["simulated_tasks"].get<std::int64_t>(), 0) << row;
+    EXPECT_GT(row["simulated_model_ms"].get<double>(), 0.0) << row;
+    const auto& eff = row["simulated_efficiency"];
+    ASSERT_EQ(eff.size(), 3u) << row;
+    EXPECT_EQ(eff[0][0].get<int>(), 1);
+    EXPECT_NEAR(eff[0][1].get<double>(), 1.0, 1e-12) << row;
+    for (const auto& e : eff) {
+      EXPECT_GT(e[1].get<double>(), 0.0) << row;
+      EXPECT_LE(e[1].get<double>(), 1.0 + 1e-12) << row;
+    }
+  }
+  // T = 64 on the tiny shape (E = 8, K = 2): 128 rows over 8 experts, so more tasks than one
+  // row's worth, and 16 threads cannot all be busy.
+  EXPECT_GE(j["results"][1]["simulated_tasks"].get<std::int64_t>(), 8);
+  const BenchRun md =
+      run_bench(tiny({"--tokens", "1", "--threads", "1", "--simulate-threads", "4"}));
+  ASSERT_EQ(md.exit_code, 0) << md.err;
+  EXPECT_NE(md.out.find("| efficiency at 4 threads |"), std::string::npos) << md.out;
+}
+
 TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
   const std::vector<std::vector<std::string>> bad = {
-      {"--shape", "llama"}, {"--shape", ""},       {"--dtype", "i8"},   {"--dtype", "f32,f32"},
-      {"--layout", "tiles"}, {"--layout", "rows,rows"}, {"--layout", ""},
-      {"--tokens", "1,,2"}, {"--tokens", "0"},     {"--tokens", "abc"}, {"--tokens", "3x"},
-      {"--threads", "0"},   {"--threads", "1,-2"}, {"--reps", "0"},     {"--reps", "many"},
-      {"--seed", "-1"},     {"-o", "xml"},
+      {"--shape", "llama"},
+      {"--shape", ""},
+      {"--dtype", "i8"},
+      {"--dtype", "f32,f32"},
+      {"--layout", "tiles"},
+      {"--layout", "rows,rows"},
+      {"--layout", ""},
+      {"--tokens", "1,,2"},
+      {"--tokens", "0"},
+      {"--tokens", "abc"},
+      {"--tokens", "3x"},
+      {"--threads", "0"},
+      {"--threads", "1,-2"},
+      {"--reps", "0"},
+      {"--reps", "many"},
+      {"--seed", "-1"},
+      {"-o", "xml"},
+      {"--simulate-threads", "0"},
+      {"--simulate-threads", "2,x"},
+      {"--simulate-threads", "4", "--mode", "train"},
+      {"--simulate-threads", "4", "--expert-parallel"},
   };
   for (const auto& args : bad) {
     std::vector<std::string> full = {"--dram-mib", "16"};
