@@ -618,31 +618,30 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format,
         row.limit_value = limits.dram_gbs;
         row.limit_pct = row.limit_value > 0 ? 100.0 * row.weight_gbs / row.limit_value : 0.0;
       }
-      if (!simulate.empty() && !last_counts.empty()) {
+      const double bw = limits.dram_gbs * 1e9 / std::max(1, limits.dram_threads);
+      const double peak = (format.bf16_act ? Limits::at(limits.bf16_peak, row.threads)
+                                           : limits.peak_for(row.threads)) *
+                          1e9 / static_cast<double>(nt);
+      if (!simulate.empty() && !last_counts.empty() && bw > 0 && peak > 0) {
         // A task's time on one thread: its expert's weight bytes at one thread's share of the
         // DRAM read limit, then its FLOPs at one thread's share of the GEMM peak (streaming and
         // compute not overlapped). Shared experts, router and combine are not modelled.
-        const double bw = limits.dram_gbs * 1e9 / std::max(1, limits.dram_threads);
-        const double peak = (format.bf16_act ? Limits::at(limits.bf16_peak, row.threads)
-                                             : limits.peak_for(row.threads)) *
-                            1e9 / static_cast<double>(nt);
         std::vector<std::int64_t> offsets(1, 0);
         for (const std::int64_t c : last_counts) offsets.push_back(offsets.back() + c);
         std::vector<double> costs;
-        for (const ExpertTask& t : expert_tasks(offsets))
+        double sum = 0;
+        for (const ExpertTask& t : expert_tasks(offsets)) {
           costs.push_back(per_expert / bw + 6.0 * static_cast<double>(s.D * s.F * t.count) / peak);
+          sum += costs.back();
+        }
         row.sim_tasks = static_cast<std::int64_t>(costs.size());
         // Fewer tasks than threads: run_sorted_rows splits each GEMM over the pool instead,
         // modelled as an even split.
         const auto makespan = [&](std::int64_t p) {
-          double sum = 0;
-          for (const double c : costs) sum += c;
           return row.sim_tasks < p ? sum / static_cast<double>(p)
                                    : detail::list_schedule_makespan(costs, static_cast<int>(p));
         };
         row.sim_model_ms = makespan(nt) * 1e3;
-        double sum = 0;
-        for (const double c : costs) sum += c;
         for (const std::int64_t p : simulate)
           row.sim_efficiency.emplace_back(static_cast<int>(p),
                                           sum / (static_cast<double>(p) * makespan(p)));
@@ -746,16 +745,13 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
       std::printf("\n");
     }
     std::printf(
-        "\nSimulated schedule (--simulate-threads): the last timed call's routed rows cut into the "
-        "layer's "
-        "tasks (expert, <= %lld rows), each costing its expert's weight bytes at one thread's "
-        "share of the DRAM "
-        "limit plus its FLOPs at one thread's share of the GEMM peak, run in order by workers that "
-        "take the next "
-        "task when free (fewer tasks than threads: each GEMM split evenly). Efficiency = total "
-        "task time / "
-        "(threads x finish time): the load balance only; the shared DRAM of a bigger machine is "
-        "not modelled.\n",
+        "\nSimulated schedule (--simulate-threads): the last timed call's routed rows cut into\n"
+        "the layer's tasks (expert, <= %lld rows), each costing its expert's weight bytes at one\n"
+        "thread's share of the DRAM limit plus its FLOPs at one thread's share of the GEMM peak,\n"
+        "run in order by workers that take the next task when free (fewer tasks than threads:\n"
+        "each GEMM split evenly). Efficiency = total task time / (threads x finish time): the "
+        "load\n"
+        "balance only; the shared DRAM of a bigger machine is not modelled.\n",
         static_cast<long long>(kTaskRows));
   }
   for (const Row& r : rows)
