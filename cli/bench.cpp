@@ -559,7 +559,7 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format,
       std::size_t next = 0;
       std::vector<double> secs;
       double touched = 0.0, saved_bytes = 0.0;
-      std::vector<std::int64_t> last_counts;  // the last timed call's rows per expert
+      Tensor last_ids;  // the last timed call's routing
       if (!train) {
         Tensor y = layer->forward(inputs[next++ % kBatches]);  // warm-up
         for (int r = 0; r < reps; ++r) {
@@ -568,8 +568,8 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format,
           y = layer->forward(inputs[next++ % kBatches], &info);
           secs.push_back(seconds_since(t0));
           std::int64_t active = 0;
-          last_counts = expert_counts(info.routing.ids, s.E);
-          for (const std::int64_t c : last_counts) active += c > 0;
+          for (const std::int64_t c : expert_counts(info.routing.ids, s.E)) active += c > 0;
+          last_ids = info.routing.ids;
           touched += per_expert * static_cast<double>(active + s.shared);
         }
       } else {
@@ -609,9 +609,12 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format,
       row.gflops = (train ? 3.0 : 1.0) * 2.0 * 3.0 * static_cast<double>(T) * static_cast<double>(s.K + s.shared) *
                    static_cast<double>(s.D) * static_cast<double>(s.F) / med * 1e-9;
       row.weight_gbs = touched / reps / med * 1e-9;
+      // The GEMM peak this row's kernels are held against (GFLOP/s at the row's threads).
+      const double gemm_peak = format.bf16_act ? Limits::at(limits.bf16_peak, row.threads)
+                                               : limits.peak_for(row.threads);
       if (T >= 128) {
         row.limit = format.bf16_act ? "bf16_peak" : "gemm_peak";
-        row.limit_value = format.bf16_act ? Limits::at(limits.bf16_peak, row.threads) : limits.peak_for(row.threads);
+        row.limit_value = gemm_peak;
         row.limit_pct = row.limit_value > 0 ? 100.0 * row.gflops / row.limit_value : 0.0;
       } else {
         row.limit = "dram_read";
@@ -619,27 +622,24 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format,
         row.limit_pct = row.limit_value > 0 ? 100.0 * row.weight_gbs / row.limit_value : 0.0;
       }
       const double bw = limits.dram_gbs * 1e9 / std::max(1, limits.dram_threads);
-      const double peak = (format.bf16_act ? Limits::at(limits.bf16_peak, row.threads)
-                                           : limits.peak_for(row.threads)) *
-                          1e9 / static_cast<double>(nt);
-      if (!simulate.empty() && !last_counts.empty() && bw > 0 && peak > 0) {
+      const double peak = gemm_peak * 1e9 / static_cast<double>(nt);
+      if (!simulate.empty() && last_ids.numel() > 0 && bw > 0 && peak > 0) {
         // A task's time on one thread: its expert's weight bytes at one thread's share of the
         // DRAM read limit, then its FLOPs at one thread's share of the GEMM peak (streaming and
         // compute not overlapped). Shared experts, router and combine are not modelled.
-        std::vector<std::int64_t> offsets(1, 0);
-        for (const std::int64_t c : last_counts) offsets.push_back(offsets.back() + c);
         std::vector<double> costs;
         double sum = 0;
-        for (const ExpertTask& t : expert_tasks(offsets)) {
+        for (const ExpertTask& t : expert_tasks(plan_dispatch(last_ids, s.E).offsets)) {
           costs.push_back(per_expert / bw + 6.0 * static_cast<double>(s.D * s.F * t.count) / peak);
           sum += costs.back();
         }
         row.sim_tasks = static_cast<std::int64_t>(costs.size());
-        // Fewer tasks than threads: run_sorted_rows splits each GEMM over the pool instead,
-        // modelled as an even split.
+        // Where run_sorted_rows splits each GEMM over the pool instead of running tasks side by
+        // side (split_gemms), modelled as an even split.
         const auto makespan = [&](std::int64_t p) {
-          return row.sim_tasks < p ? sum / static_cast<double>(p)
-                                   : detail::list_schedule_makespan(costs, static_cast<int>(p));
+          return split_gemms(row.sim_tasks, p)
+                     ? sum / static_cast<double>(p)
+                     : detail::list_schedule_makespan(costs, static_cast<int>(p));
         };
         row.sim_model_ms = makespan(nt) * 1e3;
         for (const std::int64_t p : simulate)

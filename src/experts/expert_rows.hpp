@@ -29,6 +29,10 @@ struct ExpertTask {
 constexpr std::int64_t kTaskRows = 64;
 /// The tasks of rows grouped by expert: rows [offsets[e], offsets[e + 1]) are expert e's.
 std::vector<ExpertTask> expert_tasks(const std::vector<std::int64_t>& offsets);
+/// Whether run_sorted_rows runs its `tasks` one after another, each GEMM split over the pool's
+/// `threads` (fewer tasks than threads: decode with few experts), rather than the tasks side by
+/// side, one per thread.
+inline bool split_gemms(std::int64_t tasks, std::int64_t threads) { return tasks < threads; }
 
 /// The routed rows of one batch, grouped by expert: rows [offsets[e], offsets[e + 1]) go to
 /// expert e of `w`; row i reads row src[i] of x ([*, D] f32, in place) with slot weight

@@ -183,7 +183,7 @@ void run_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float
   // Fewer tasks than threads (decode with K = 1 or 2): run the tasks one after another with each
   // GEMM split over the pool instead of leaving threads idle.
   const std::int64_t n_tasks = static_cast<std::int64_t>(tasks.size());
-  const bool split = n_tasks < num_threads();
+  const bool split = split_gemms(n_tasks, num_threads());
   const auto run_task = [&](std::int64_t ti) {
     const ExpertTask& task = tasks[static_cast<std::size_t>(ti)];
     const float* wt = weight + task.begin;
