@@ -3,17 +3,19 @@
 // gemm_nn: C[M, N] (+)= A[M, K] · B[K, N]   (dx = dh · W, W stored [out, in] and read along in)
 // gemm_tn: C[M, N] (+)= Σ_k A(k)[m] · B(k)[n] (dW = dhᵀ · x over the rows routed to one expert)
 //
-// The tiles are outer-inl.h's: every C element is one sequential FMA chain over k from +0, an
-// order that depends on nothing but K and that the scalar reference twin reproduces with std::fma.
+// gemm_tn's tiles are outer-inl.h's, gemm_nn's its own (NnChunkTile, B streamed in chunks of
+// rows): either way every C element is one sequential FMA chain over k from +0, an order that
+// depends on nothing but K and that the scalar reference twin reproduces with std::fma.
 // Column tails go through a zero-padded copy of B's row and a buffered store, with the same
 // arithmetic per lane, so a column gives the same bits whichever tile or thread computed it.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/gemm.hpp"
+#include "kernels/prefetch.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/gemm_outer.cpp"
@@ -25,41 +27,6 @@
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-
-// gemm_nn: a(i, k) = A row (m + i) at k (times its scale); B row k = B + k * ldb. kFirst: the
-// first strip of rows over a column block, which brings the block's rows in (prefetching) and
-// stores each B vector it loads, widened to f32, into the block's contiguous copy (row k at
-// pack + k * ldp) for the other strips.
-template <int MR, bool kScaled, typename TB, bool kFirst = false, bool kCopy = false>
-struct NnOps {
-  ARows<MR> a;
-  const TB* b;
-  int64_t ldb;
-  float* pack = nullptr;
-  int64_t ldp = 0;
-  struct Step {
-    int64_t k;
-  };
-  Step step(int64_t k) const {
-    if constexpr (kFirst) {
-      // Row k + 16's lines (the widest tile's 4 vectors; a prefetch past the last row reads
-      // nothing and never faults): the hardware prefetchers do not follow a few lines per row
-      // at such strides.
-      const char* p = reinterpret_cast<const char*>(b + (k + 16) * ldb);
-      const int64_t bytes = 4 * static_cast<int64_t>(hn::Lanes(DF()) * sizeof(TB));
-      for (int64_t l = 0; l < bytes; l += 64) __builtin_prefetch(p + l, 0, 3);
-    }
-    return {k};
-  }
-  float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
-  template <bool kTail>
-  hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t cols) const {
-    const auto v = LoadRow<kTail>(df, b + st.k * ldb, j, cols);
-    if constexpr (kFirst && kCopy)
-      hn::StoreU(v, df, pack + st.k * ldp + j * static_cast<int64_t>(hn::Lanes(df)));
-    return v;
-  }
-};
 
 // gemm_tn: a(i, k) = A(k)[m + i] · sA(k); b(k, ·) = B(k) · sB(k) (rows gathered by RowSource).
 // Each side's scale is its own template flag: an unscaled side pays no multiply (the backward's
@@ -113,99 +80,137 @@ HWY_INLINE void OuterGemm(const MakeOps& make, const Output& C, int64_t M, int64
   }
 }
 
-// gemm_nn reads B (the weights) in place, down its columns: a tile's B rows are a whole row
-// stride apart (8 KB for D = 2048 f32), so a column block's rows fall into few cache sets and
-// may not stay in L2 (crowds_l2 below). There the first strip of A's rows over a column block
-// reads the rows in place, prefetching ahead, and stores every vector it loads into a
-// contiguous f32 copy of the block; the other strips read that copy (L2-resident, sequential:
-// 96 KB at K = 768 on AVX-512's 32-column blocks). The copy costs the first strip one store per
-// vector loaded and no pass of its own: a separate copying pass before the products cost as
-// much as they did at an expert's few rows (docs/performance.md). Values and chains are the same
-// from either source (widening is exact), so the bits are too.
-template <bool kScaled, typename TB, bool kFirst, bool kCopy>
-struct NnMaker {
-  const RowSource* A;
-  const TB* B;  // the block's first column (kFirst: in place; else: the copy)
-  int64_t ldb;
-  int64_t n0;  // the block's first column
-  float* pack;
-  int64_t ldp;
-  template <int MR>
-  NnOps<MR, kScaled, TB, kFirst, kCopy> make(int64_t m, int64_t n) const {
-    NnOps<MR, kScaled, TB, kFirst, kCopy> ops;
-    ops.a = ARows<MR>::Of(*A, m);
-    ops.b = B + (n - n0);
-    ops.ldb = ldb;
-    if constexpr (kFirst && kCopy) {
-      ops.pack = pack + (n - n0);
-      ops.ldp = ldp;
-    }
-    return ops;
-  }
-};
+// gemm_nn streams B (the weights) once, in chunks of whole rows: B's rows k0 .. k0 + kc (kc ≤
+// kNnChunk) are contiguous in memory (when the call covers all columns) and sit in L2 while every
+// tile of C passes over them, and the next chunk is prefetched into L2 a few lines per step while
+// this one computes (NextRows). A tile's accumulators go on from the previous chunk's partial sums
+// (an f32 scratch row per row of C, stored exactly), so every C element is still one FMA chain
+// over k = 0 .. K-1 from +0, with the epilogue (row scale, accumulate) after the last chunk: the
+// bits of one tile over all of K. A's rows of a strip are packed per chunk as the products see
+// them (times their scale), k-major, so the tile's broadcasts read one contiguous line.
+// Reading a column block down all of K instead (the kernel before this one) met the weights'
+// row stride: 8 KB rows put a block's rows on few L2 sets and the first strip read them from DRAM
+// at a stride no prefetcher follows (docs/performance.md).
+constexpr int64_t kNnChunk = 64;                 // rows of B per chunk
+constexpr int64_t kNnPartialBytes = 384 * 1024;  // the partial sums of a block of C's rows
 
-// The column block's copy (K rows of a block's vectors), per thread, grown and never shrunk.
-std::vector<float>& nn_block_copy() {
-  thread_local std::vector<float> copy;
-  return copy;
+struct NnScratch {
+  std::vector<float> partial, apack;
+};
+NnScratch& nn_scratch() {
+  thread_local NnScratch s;
+  return s;
 }
 
-// Column blocks of NV vectors, strips of MR rows. kCopy: the first strip reads the block in
-// place and copies it, the others read the copy; else every strip reads in place (the first
-// prefetching), the block staying in L2.
-template <int MR, int NV, bool kCopy, bool kScaled, typename TB>
-void NnBlocks(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N,
-              int64_t K) {
+// One tile of R rows × NV vectors (kTail: one vector's first `cols` columns) over one chunk.
+// ap: the strip's packed A, ap[k * R + i]; b: B's chunk row 0 at the tile's first column;
+// part: the tile's partial sums (row i at part + i * ldpart).
+template <int R, int NV, bool kTail, typename TB>
+HWY_INLINE void NnChunkTile(const float* HWY_RESTRICT ap, const TB* b, int64_t ldb, int64_t kc,
+                            float* part, int64_t ldpart, bool first, bool last, const Output& C,
+                            int64_t m, int64_t n, int64_t cols, NextRows& next) {
   const DF df;
-  const int64_t width = NV * static_cast<int64_t>(hn::Lanes(df));
-  float* copy = nullptr;
-  if constexpr (kCopy) {
-    std::vector<float>& buf = nn_block_copy();
-    if (buf.size() < static_cast<size_t>(K * width)) buf.resize(static_cast<size_t>(K * width));
-    copy = buf.data();
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j)
+      acc[i][j] = first ? hn::Zero(df) : hn::LoadU(df, part + i * ldpart + j * L);
+  for (int64_t k = 0; k < kc; ++k) {
+    next.step();
+    hn::Vec<DF> bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = LoadRow<kTail>(df, b + k * ldb, j, cols);
+    for (int i = 0; i < R; ++i) {
+      const auto a = hn::Set(df, ap[k * R + i]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = hn::MulAdd(a, bv[j], acc[i][j]);
+    }
   }
-  for (int64_t n0 = 0; n0 < N; n0 += width) {
-    const int64_t n1 = std::min(N, n0 + width);
-    const NnMaker<kScaled, TB, true, kCopy> first{&A, B + n0, ldb, n0, copy, width};
-    for (int64_t m = 0; m < M; m += MR) {
-      const int rows = static_cast<int>(std::min<int64_t>(MR, M - m));
-      if (m == 0) {
-        OuterRows<NV, MR>(rows, first, K, C, m, n0, n1);
-      } else if constexpr (kCopy) {
-        OuterRows<NV, MR>(rows,
-                          NnMaker<kScaled, float, false, false>{&A, copy, width, n0, nullptr, 0}, K,
-                          C, m, n0, n1);
+  if (!last) {
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NV; ++j) hn::StoreU(acc[i][j], df, part + i * ldpart + j * L);
+    return;
+  }
+  for (int i = 0; i < R; ++i) {
+    float* c = C.data + (m + i) * C.ld + n;
+    for (int j = 0; j < NV; ++j) {
+      auto v = acc[i][j];
+      if (C.row_scale) v = hn::Mul(v, hn::Set(df, C.row_scale[m + i]));
+      if constexpr (kTail) {
+        HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+        hn::Store(v, df, buf);
+        for (int64_t x = 0; x < cols; ++x) c[x] = C.accumulate ? c[x] + buf[x] : buf[x];
       } else {
-        OuterRows<NV, MR>(rows, NnMaker<kScaled, TB, false, false>{&A, B + n0, ldb, n0, nullptr, 0},
-                          K, C, m, n0, n1);
+        if (C.accumulate) v = hn::Add(hn::LoadU(df, c + j * L), v);
+        hn::StoreU(v, df, c + j * L);
       }
     }
   }
 }
 
-// Whether a column block's K rows, `stride` bytes apart, crowd into too few L2 sets to stay
-// there while the strips pass: the rows start at kL2Period / gcd(stride, kL2Period) distinct
-// set offsets (kL2Period = sets × line: 128 KB on a 2 MB 16-way L2, and on a 1 MB 8-way one),
-// and more than kRowsPerOffset rows at one offset fill its sets' ways. 8 KB strides (D = 2048
-// f32) at K = 768 put 48 rows on each of 16 offsets; 3 KB (F = 768 f32) at K = 2048 16 on 128;
-// 5.5 KB (F = 1408) at K = 2048 8 on 256, which stays.
-constexpr int64_t kL2Period = 128 * 1024;
-constexpr int64_t kRowsPerOffset = 8;
-inline bool crowds_l2(int64_t stride, int64_t K) {
-  const int64_t offsets = kL2Period / std::gcd(stride, kL2Period);
-  return K > kRowsPerOffset * offsets;
+// Calls f(std::integral_constant<int, R>) for the run-time row count R in 1 .. MR.
+template <int MR, int R = 1, class F>
+HWY_INLINE void WithRows(int rows, const F& f) {
+  if constexpr (R <= MR) {
+    if (rows == R) return f(std::integral_constant<int, R>());
+    WithRows<MR, R + 1>(rows, f);
+  }
 }
 
-// Where the rows crowd the cache, the block is copied, on taller and narrower tiles (12 × 2
-// vectors on AVX-512: 2 loads of the copy per 24 FMAs, measured faster than 6 × 4 there); else
-// it stays in L2 in place, where copying measured slower (docs/performance.md).
-template <bool kScaled, typename TB>
-void NnDispatch(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N,
-                int64_t K) {
-  constexpr int kCopyMr = HWY_MAX_BYTES >= 64 ? 12 : kMr, kCopyNv = HWY_MAX_BYTES >= 64 ? 2 : kNv;
-  if (M > kCopyMr && crowds_l2(ldb * static_cast<int64_t>(sizeof(TB)), K))
-    return NnBlocks<kCopyMr, kCopyNv, true, kScaled>(A, B, ldb, C, M, N, K);
-  NnBlocks<kMr, kNv, false, kScaled>(A, B, ldb, C, M, N, K);
+template <int MR, int NV, bool kScaled, typename TB>
+void NnStream(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N,
+              int64_t K) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t ldpart = (N + L - 1) / L * L;
+  // Rows of C per block: as many whole strips as the partial sums' budget holds (one at least).
+  const int64_t fit = kNnPartialBytes / (ldpart * static_cast<int64_t>(sizeof(float))) / MR * MR;
+  const int64_t mc = std::max<int64_t>(MR, std::min((M + MR - 1) / MR * MR, fit));
+  NnScratch& s = nn_scratch();
+  if (K > kNnChunk && s.partial.size() < static_cast<size_t>(mc * ldpart))
+    s.partial.resize(static_cast<size_t>(mc * ldpart));
+  if (s.apack.size() < static_cast<size_t>(mc * kNnChunk))
+    s.apack.resize(static_cast<size_t>(mc * kNnChunk));
+  const int64_t width = NV * L;
+  const int64_t tiles = N / width + (N % width) / L + (N % L != 0 ? 1 : 0);
+  for (int64_t m0 = 0; m0 < M; m0 += mc) {
+    const int64_t rows = std::min(mc, M - m0), strips = (rows + MR - 1) / MR;
+    // K = 0: one empty chunk, the epilogue alone.
+    for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kNnChunk) {
+      const int64_t kc = std::min(kNnChunk, K - k0);
+      const bool first = k0 == 0, last = k0 + kc == K;
+      for (int64_t st = 0; st < strips; ++st) {
+        const int r = static_cast<int>(std::min<int64_t>(MR, rows - st * MR));
+        float* dst = s.apack.data() + st * MR * kNnChunk;
+        for (int i = 0; i < r; ++i) {
+          const int64_t m = m0 + st * MR + i;
+          const float* p = A.row(m) + k0;
+          const float f = A.factor(m);
+          for (int64_t k = 0; k < kc; ++k) dst[k * r + i] = kScaled ? p[k] * f : p[k];
+        }
+      }
+      const int64_t knext = std::min(kNnChunk, K - k0 - kc);
+      NextRows next =
+          NextRows::over(B + (k0 + kc) * ldb, knext, N * static_cast<int64_t>(sizeof(TB)),
+                         ldb * static_cast<int64_t>(sizeof(TB)), tiles * strips * kc);
+      const TB* bk = B + k0 * ldb;
+      const auto tile = [&](auto nv, auto tail, int64_t n, int64_t cols) {
+        for (int64_t st = 0; st < strips; ++st) {
+          const int64_t m = m0 + st * MR;
+          WithRows<MR>(static_cast<int>(std::min<int64_t>(MR, rows - st * MR)), [&](auto r) {
+            NnChunkTile<decltype(r)::value, decltype(nv)::value, decltype(tail)::value>(
+                s.apack.data() + st * MR * kNnChunk, bk + n, ldb, kc,
+                s.partial.data() + (m - m0) * ldpart + n, ldpart, first, last, C, m, n, cols, next);
+          });
+        }
+      };
+      using NV_ = std::integral_constant<int, NV>;
+      using One = std::integral_constant<int, 1>;
+      using No = std::false_type;
+      int64_t n = 0;
+      for (; n + width <= N; n += width) tile(NV_(), No(), n, 0);
+      for (; n + L <= N; n += L) tile(One(), No(), n, 0);
+      if (n < N) tile(One(), std::true_type(), n, N - n);
+    }
+  }
 }
 
 template <bool kScaledA, bool kScaledB>
@@ -218,12 +223,16 @@ struct TnMaker {
   }
 };
 
+// Tiles: 12 × 2 vectors on AVX-512 (24 accumulators, 2 B vectors, 1 broadcast of 32 registers),
+// 4 × 3 on 16-register targets.
+constexpr int kNnMr = HWY_MAX_BYTES >= 64 ? 12 : kMr, kNnNv = HWY_MAX_BYTES >= 64 ? 2 : kNv;
+
 template <typename TB>
 void NnTyped(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K) {
   if (A.scale) {
-    NnDispatch<true>(A, B, ldb, C, M, N, K);
+    NnStream<kNnMr, kNnNv, true>(A, B, ldb, C, M, N, K);
   } else {
-    NnDispatch<false>(A, B, ldb, C, M, N, K);
+    NnStream<kNnMr, kNnNv, false>(A, B, ldb, C, M, N, K);
   }
 }
 
