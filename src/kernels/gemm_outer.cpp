@@ -223,9 +223,10 @@ struct TnMaker {
   }
 };
 
-// Tiles: 12 × 2 vectors on AVX-512 (24 accumulators, 2 B vectors, 1 broadcast of 32 registers),
-// 4 × 3 on 16-register targets.
-constexpr int kNnMr = HWY_MAX_BYTES >= 64 ? 12 : kMr, kNnNv = HWY_MAX_BYTES >= 64 ? 2 : kNv;
+// Tiles: 8 × 3 vectors on AVX-512 (24 accumulators, 3 B vectors, 1 broadcast of 32 registers;
+// measured level with 6 × 4 and ahead of 12 × 2, docs/performance.md), 4 × 3 on 16-register
+// targets.
+constexpr int kNnMr = HWY_MAX_BYTES >= 64 ? 8 : kMr, kNnNv = HWY_MAX_BYTES >= 64 ? 3 : kNv;
 
 template <typename TB>
 void NnTyped(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N, int64_t K) {

@@ -33,7 +33,9 @@ struct NextRows {
     return p;
   }
 
-  void step() {
+  // Always inlined: it runs inside the kernels' k loops, where a call would spill every
+  // accumulator register around it (the SIMD registers are caller-saved).
+  [[gnu::always_inline]] inline void step() {
     for (int s = 0; s < per_step && rows > 0; ++s) {
       __builtin_prefetch(row + off, 0, 2);  // read, into L2 (prefetcht1 on x86)
       off += 64;

@@ -190,7 +190,7 @@ TEST(Gemm, NnMatchesReferenceOnEveryTarget) {
 // over blocks of C's rows sized by the partial sums' budget (gemm_outer.cpp's NnStream): K across
 // several chunks and chunk tails, weight rows 8 KB, 4 KB and 3 KB apart (the strides of the
 // reference shapes' weights), every weight dtype, rows over several strips and column tails; and
-// rows past one block (N = 2100: 36 rows a block on AVX-512, 44 on the others).
+// rows past one block (N = 2100: 40 rows a block on AVX-512, 44 on the others).
 TEST(Gemm, NnOverChunksAndRowBlocksMatchesReferenceOnEveryTarget) {
   struct Case {
     std::int64_t stride_bytes, K, M, N;
