@@ -7,6 +7,7 @@
 // docs/performance.md. The rows past N in the last panel are zeros, so loads never need a mask;
 // only the stores of a column tail are partial.
 #include <algorithm>
+#include <vector>
 
 #include "kernels/gemm.hpp"
 
@@ -29,7 +30,7 @@ constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 
 
 template <int MR, bool kScaled, typename TB, bool kPrefetch>
 struct PanelOps {
-  ARows<MR> a;
+  const float* ap;        // the strip's rows of A packed k-major: ap[k * MR + i]
   const TB* b[kPanelNv];  // vector j's first weight at k = 0
   // This tile's share of the next column block: one cache line per k step into L2 (the tiles of
   // a block together cover it once), clamped to its last line.
@@ -42,7 +43,7 @@ struct PanelOps {
     if constexpr (kPrefetch) __builtin_prefetch(pf + std::min(k * 64, pf_last), 0, 2);
     return {k};
   }
-  float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
+  float a_at(const Step& st, int i) const { return ap[st.k * MR + i]; }
   template <bool kTail>
   hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t) const {
     return WidenLoad(df, b[j] + st.k * kPanelRows);  // whole vector: panels are zero-padded
@@ -51,7 +52,7 @@ struct PanelOps {
 
 template <bool kScaled, typename TB, bool kPrefetch>
 struct PanelMaker {
-  const RowSource* A;
+  const float* pack;  // A's rows packed, strip by strip (PackStrips)
   const TB* B;
   int64_t N, K;
   // The next block's bytes (next_bytes 0: this block's first line, already resident) and the
@@ -65,7 +66,7 @@ struct PanelMaker {
     const int64_t first = std::min(tile * K * 64, std::max<int64_t>(0, next_bytes - 64));
     ops.pf = next + first;
     ops.pf_last = std::max<int64_t>(0, next_bytes - 64 - first);
-    ops.a = ARows<MR>::Of(*A, m);
+    ops.ap = pack + m * K;  // m: a strip's first row, so strips of kPanelMr rows precede it
     const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t last = (N + kPanelRows - 1) / kPanelRows * kPanelRows - L;
     for (int j = 0; j < kPanelNv; ++j) {
@@ -82,20 +83,57 @@ struct PanelMaker {
 // every row tile passes over them. With more than one strip of rows the next block is fetched
 // into L2 meanwhile, one line per k step of each tile (docs/performance.md: Xeon, T = 512 f32
 // -5 %, bf16 weights -11 %; with one strip — decode, small batches — it measured slower).
+// Rows m0 .. m0 + rows of A, times their scales, packed strip by strip: strip s (kPanelMr rows, r
+// in the last) at pack + s · kPanelMr · K, k-major (element k of its row i at k · r + i), so a
+// tile's broadcasts read one contiguous run per k step instead of r rows of A.
+template <bool kScaled>
+void PackStrips(const RowSource& A, int64_t m0, int64_t rows, int64_t K, float* pack) {
+  for (int64_t s0 = 0; s0 < rows; s0 += kPanelMr) {
+    const int64_t r = std::min<int64_t>(kPanelMr, rows - s0);
+    float* dst = pack + s0 * K;
+    for (int64_t i = 0; i < r; ++i) {
+      const float* p = A.row(m0 + s0 + i);
+      const float f = A.factor(m0 + s0 + i);
+      for (int64_t k = 0; k < K; ++k) dst[k * r + i] = kScaled ? p[k] * f : p[k];
+    }
+  }
+}
+
+// Column blocks of 64 (four panels, 64·K weights: 512 KB at K = 2048 f32) stay in L2 while
+// every row tile passes over them. With more than one strip of rows the next block is fetched
+// into L2 meanwhile, one line per k step of each tile (docs/performance.md: Xeon, T = 512 f32
+// -5 %, bf16 weights -11 %; with one strip — decode, small batches — it measured slower).
+// A's rows are packed per block of at most kPackBytes (the weights stream once per block).
+constexpr int64_t kPackBytes = 1 << 20;
 template <bool kScaled, typename TB, bool kPrefetch>
 void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
-  PanelMaker<kScaled, TB, kPrefetch> make{&A, B, N, K};
+  thread_local std::vector<float> pack;
+  const int64_t fit = kPackBytes / std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(float))) /
+                      kPanelMr * kPanelMr;
+  const int64_t mb = std::max<int64_t>(kPanelMr, std::min(M, fit));
+  if (pack.size() < static_cast<size_t>((mb + kPanelMr) * K))
+    pack.resize(static_cast<size_t>((mb + kPanelMr) * K));
+  PanelMaker<kScaled, TB, kPrefetch> make{pack.data(), B, N, K};
   constexpr int64_t kBlock = 4 * kPanelRows;
   const int64_t panel_bytes = kPanelRows * K * static_cast<int64_t>(sizeof(TB));
-  for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
-    const int64_t n1 = std::min(N, n0 + kBlock);
-    const int64_t next_panels = n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
-    make.next = reinterpret_cast<const char*>(B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
-    make.next_bytes = next_panels * panel_bytes;
-    make.n0 = n0;
-    make.tiles_per_strip = (n1 - n0 + 31) / 32;
-    for (int64_t m = 0; m < M; m += kPanelMr)
-      OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), make, K, C, m, n0, n1);
+  for (int64_t m0 = 0; m0 < M; m0 += mb) {
+    const int64_t rows = std::min(mb, M - m0);
+    PackStrips<kScaled>(A, m0, rows, K, pack.data());
+    const Output c = {C.data + m0 * C.ld, C.ld, C.row_scale ? C.row_scale + m0 : nullptr,
+                      C.accumulate};
+    for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+      const int64_t n1 = std::min(N, n0 + kBlock);
+      const int64_t next_panels =
+          n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
+      make.next = reinterpret_cast<const char*>(
+          B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
+      make.next_bytes = next_panels * panel_bytes;
+      make.n0 = n0;
+      make.tiles_per_strip = (n1 - n0 + 31) / 32;
+      for (int64_t m = 0; m < rows; m += kPanelMr)
+        OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, rows - m)), make,
+                                      K, c, m, n0, n1);
+    }
   }
 }
 
