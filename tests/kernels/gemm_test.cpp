@@ -67,10 +67,12 @@ bool is_nt(Layout l) { return l == Layout::nt || l == Layout::nt_panels; }
 
 // One random case of `layout`: fast kernel vs reference, every element within the bound (or
 // bitwise, for the outer-product kernels on fused targets); columns past N untouched.
-// b_ld: B's row length in elements (0: b's length plus a few, a stride that aliases nothing).
+// b_ld: B's row length in elements (0: b's length plus a few, a stride that aliases nothing);
+// threads: the fast kernel's (caller: one kernel call over all of M and N).
 void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::int64_t K,
                 bool gather, bool scaled, bool row_scale, bool accumulate, std::int64_t target,
-                std::mt19937& rng, std::int64_t b_ld = 0) {
+                std::mt19937& rng, std::int64_t b_ld = 0,
+                kernels::Threads threads = kernels::Threads::pool) {
   const std::int64_t pad = 3, ldc = N + 2;
   // A: nt/nn [M, K] rows (gathered from 2M+1 source rows); tn: K rows of M.
   const std::int64_t a_rows = layout == Layout::tn ? K : M, a_len = layout == Layout::tn ? M : K;
@@ -102,23 +104,23 @@ void check_case(Layout layout, DType dt, std::int64_t M, std::int64_t N, std::in
   const Output C_ref{c_ref.data_as<float>(), ldc, row_scale ? rs.data() : nullptr, accumulate};
   switch (layout) {
     case Layout::nt:
-      kernels::gemm_nt(A, Bw, C, M, N, K);
+      kernels::gemm_nt(A, Bw, C, M, N, K, threads);
       kernels::ref::gemm_nt(A, Bw, C_ref, M, N, K);
       break;
     case Layout::nt_panels:
-      kernels::gemm_nt(A, Bp, C, M, N, K);
+      kernels::gemm_nt(A, Bp, C, M, N, K, threads);
       kernels::ref::gemm_nt_fma(A, Bw, C_ref, M, N, K);
       break;
     case Layout::nn:
-      kernels::gemm_nn(A, Bw, C, M, N, K);
+      kernels::gemm_nn(A, Bw, C, M, N, K, threads);
       kernels::ref::gemm_nn(A, Bw, C_ref, M, N, K);
       break;
     case Layout::nn_panels:
-      kernels::gemm_nn(A, Bpn, C, M, N, K);
+      kernels::gemm_nn(A, Bpn, C, M, N, K, threads);
       kernels::ref::gemm_nn(A, Bw, C_ref, M, N, K);
       break;
     case Layout::tn:
-      kernels::gemm_tn(A, Bt, C, M, N, K);
+      kernels::gemm_tn(A, Bt, C, M, N, K, threads);
       kernels::ref::gemm_tn(A, Bt, C_ref, M, N, K);
       break;
   }
@@ -180,6 +182,22 @@ TEST(Gemm, NtMatchesReferenceOnEveryTarget) {
 TEST(Gemm, NtOnPanelsMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::nt_panels, t); });
 }
+// The panels kernel packs A's rows in blocks of at most 1 MB (gemm_panel.cpp): K = 2100 puts
+// 120 rows in a block on every target, so 130 rows on the calling thread take two; gathered and
+// scaled rows, row scale and accumulate, a column tail, every weight dtype.
+TEST(Gemm, NtOnPanelsOverRowBlocksMatchesReferenceOnEveryTarget) {
+  for_each_target([](std::int64_t t) {
+    std::mt19937 rng(9);
+    for (const DType dt : {DType::f32, DType::bf16, DType::f16})
+      for (const int variant : {1, 3}) {
+        const bool gather = variant == 1 || variant == 3, scaled = variant == 1 || variant == 2;
+        const bool row_scale = variant >= 2, acc = variant == 0 || variant == 3;
+        check_case(Layout::nt_panels, dt, 130, 40, 2100, gather, scaled, row_scale, acc, t, rng, 0,
+                   kernels::Threads::caller);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  });
+}
 TEST(Gemm, NnOnPanelsMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::nn_panels, t); });
 }
@@ -190,7 +208,8 @@ TEST(Gemm, NnMatchesReferenceOnEveryTarget) {
 // over blocks of C's rows sized by the partial sums' budget (gemm_outer.cpp's NnStream): K across
 // several chunks and chunk tails, weight rows 8 KB, 4 KB and 3 KB apart (the strides of the
 // reference shapes' weights), every weight dtype, rows over several strips and column tails; and
-// rows past one block (N = 2100: 40 rows a block on AVX-512, 44 on the others).
+// rows past one block (N = 2100 on the calling thread: 40 rows a block on AVX-512, 44 on the
+// others).
 TEST(Gemm, NnOverChunksAndRowBlocksMatchesReferenceOnEveryTarget) {
   struct Case {
     std::int64_t stride_bytes, K, M, N;
@@ -207,7 +226,8 @@ TEST(Gemm, NnOverChunksAndRowBlocksMatchesReferenceOnEveryTarget) {
           const bool gather = variant == 1 || variant == 3, scaled = variant == 1 || variant == 2;
           const bool row_scale = variant >= 2, acc = variant == 0 || variant == 3;
           check_case(Layout::nn, dt, c.M, c.N, c.K, gather, scaled, row_scale, acc, t, rng,
-                     c.stride_bytes / static_cast<std::int64_t>(dtype_size(dt)));
+                     c.stride_bytes / static_cast<std::int64_t>(dtype_size(dt)),
+                     kernels::Threads::caller);
           if (::testing::Test::HasFatalFailure()) return;
         }
   });
