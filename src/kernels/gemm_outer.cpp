@@ -177,16 +177,9 @@ void NnStream(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int
     for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kNnChunk) {
       const int64_t kc = std::min(kNnChunk, K - k0);
       const bool first = k0 == 0, last = k0 + kc == K;
-      for (int64_t st = 0; st < strips; ++st) {
-        const int r = static_cast<int>(std::min<int64_t>(MR, rows - st * MR));
-        float* dst = s.apack.data() + st * MR * kNnChunk;
-        for (int i = 0; i < r; ++i) {
-          const int64_t m = m0 + st * MR + i;
-          const float* p = A.row(m) + k0;
-          const float f = A.factor(m);
-          for (int64_t k = 0; k < kc; ++k) dst[k * r + i] = kScaled ? p[k] * f : p[k];
-        }
-      }
+      for (int64_t st = 0; st < strips; ++st)
+        PackStrip<kScaled>(A, m0 + st * MR, std::min<int64_t>(MR, rows - st * MR), k0, kc,
+                           s.apack.data() + st * MR * kNnChunk);
       const int64_t knext = std::min(kNnChunk, K - k0 - kc);
       NextRows next =
           NextRows::over(B + (k0 + kc) * ldb, knext, N * static_cast<int64_t>(sizeof(TB)),

@@ -28,7 +28,7 @@ constexpr int kPanelVectorsPerTile = HWY_LANES(float) >= 16 ? 2 : static_cast<in
 constexpr int kPanelNv = kPanelVectorsPerTile > 4 ? 4 : kPanelVectorsPerTile;
 constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 6 : 3);
 
-template <int MR, bool kScaled, typename TB, bool kPrefetch>
+template <int MR, typename TB, bool kPrefetch>
 struct PanelOps {
   const float* ap;        // the strip's rows of A packed k-major: ap[k * MR + i]
   const TB* b[kPanelNv];  // vector j's first weight at k = 0
@@ -50,9 +50,9 @@ struct PanelOps {
   }
 };
 
-template <bool kScaled, typename TB, bool kPrefetch>
+template <typename TB, bool kPrefetch>
 struct PanelMaker {
-  const float* pack;  // A's rows packed, strip by strip (PackStrips)
+  const float* pack;  // A's rows packed, strip by strip (PanelGemm)
   const TB* B;
   int64_t N, K;
   // The next block's bytes (next_bytes 0: this block's first line, already resident) and the
@@ -60,8 +60,8 @@ struct PanelMaker {
   const char* next = nullptr;
   int64_t next_bytes = 0, n0 = 0, tiles_per_strip = 1;
   template <int MR>
-  PanelOps<MR, kScaled, TB, kPrefetch> make(int64_t m, int64_t n) const {
-    PanelOps<MR, kScaled, TB, kPrefetch> ops;
+  PanelOps<MR, TB, kPrefetch> make(int64_t m, int64_t n) const {
+    PanelOps<MR, TB, kPrefetch> ops;
     const int64_t tile = (m / kPanelMr) * tiles_per_strip + (n - n0) / 32;
     const int64_t first = std::min(tile * K * 64, std::max<int64_t>(0, next_bytes - 64));
     ops.pf = next + first;
@@ -83,26 +83,6 @@ struct PanelMaker {
 // every row tile passes over them. With more than one strip of rows the next block is fetched
 // into L2 meanwhile, one line per k step of each tile (docs/performance.md: Xeon, T = 512 f32
 // -5 %, bf16 weights -11 %; with one strip — decode, small batches — it measured slower).
-// Rows m0 .. m0 + rows of A, times their scales, packed strip by strip: strip s (kPanelMr rows, r
-// in the last) at pack + s · kPanelMr · K, k-major (element k of its row i at k · r + i), so a
-// tile's broadcasts read one contiguous run per k step instead of r rows of A.
-template <bool kScaled>
-void PackStrips(const RowSource& A, int64_t m0, int64_t rows, int64_t K, float* pack) {
-  for (int64_t s0 = 0; s0 < rows; s0 += kPanelMr) {
-    const int64_t r = std::min<int64_t>(kPanelMr, rows - s0);
-    float* dst = pack + s0 * K;
-    for (int64_t i = 0; i < r; ++i) {
-      const float* p = A.row(m0 + s0 + i);
-      const float f = A.factor(m0 + s0 + i);
-      for (int64_t k = 0; k < K; ++k) dst[k * r + i] = kScaled ? p[k] * f : p[k];
-    }
-  }
-}
-
-// Column blocks of 64 (four panels, 64·K weights: 512 KB at K = 2048 f32) stay in L2 while
-// every row tile passes over them. With more than one strip of rows the next block is fetched
-// into L2 meanwhile, one line per k step of each tile (docs/performance.md: Xeon, T = 512 f32
-// -5 %, bf16 weights -11 %; with one strip — decode, small batches — it measured slower).
 // A's rows are packed per block of at most kPackBytes (the weights stream once per block).
 constexpr int64_t kPackBytes = 1 << 20;
 template <bool kScaled, typename TB, bool kPrefetch>
@@ -111,14 +91,16 @@ void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int6
   const int64_t fit = kPackBytes / std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(float))) /
                       kPanelMr * kPanelMr;
   const int64_t mb = std::max<int64_t>(kPanelMr, std::min(M, fit));
-  if (pack.size() < static_cast<size_t>((mb + kPanelMr) * K))
-    pack.resize(static_cast<size_t>((mb + kPanelMr) * K));
-  PanelMaker<kScaled, TB, kPrefetch> make{pack.data(), B, N, K};
+  if (pack.size() < static_cast<size_t>(mb * K)) pack.resize(static_cast<size_t>(mb * K));
+  PanelMaker<TB, kPrefetch> make{pack.data(), B, N, K};
   constexpr int64_t kBlock = 4 * kPanelRows;
   const int64_t panel_bytes = kPanelRows * K * static_cast<int64_t>(sizeof(TB));
   for (int64_t m0 = 0; m0 < M; m0 += mb) {
     const int64_t rows = std::min(mb, M - m0);
-    PackStrips<kScaled>(A, m0, rows, K, pack.data());
+    // Strip s (kPanelMr rows; fewer in the last) at pack + s · kPanelMr · K (PackStrip).
+    for (int64_t s0 = 0; s0 < rows; s0 += kPanelMr)
+      PackStrip<kScaled>(A, m0 + s0, std::min<int64_t>(kPanelMr, rows - s0), 0, K,
+                         pack.data() + s0 * K);
     const Output c = {C.data + m0 * C.ld, C.ld, C.row_scale ? C.row_scale + m0 : nullptr,
                       C.accumulate};
     for (int64_t n0 = 0; n0 < N; n0 += kBlock) {

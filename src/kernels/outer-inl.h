@@ -53,12 +53,20 @@ struct ARows {
     }
     return r;
   }
-  // Element k of row i as the products see it: times the row's factor when scaled.
-  template <bool kScaled>
-  float at(int i, int64_t k) const {
-    return kScaled ? p[i][k] * s[i] : p[i][k];
-  }
 };
+
+// Rows m .. m + r - 1 of A at k0 .. k0 + kc - 1, as the products see them (times their scale
+// when kScaled), packed k-major: dst[k * r + i]. The outer-product kernels broadcast a tile's
+// r elements of one k from one contiguous run instead of r rows of A.
+template <bool kScaled>
+HWY_INLINE void PackStrip(const RowSource& A, int64_t m, int64_t r, int64_t k0, int64_t kc,
+                          float* dst) {
+  for (int64_t i = 0; i < r; ++i) {
+    const float* p = A.row(m + i) + k0;
+    const float f = A.factor(m + i);
+    for (int64_t k = 0; k < kc; ++k) dst[k * r + i] = kScaled ? p[k] * f : p[k];
+  }
+}
 
 // A vector of A's row i at p as the dot products see it (gemm_nt.cpp, gemm_affine.cpp). The row
 // scale is a template flag: an unscaled product must not pay a multiply per load.
