@@ -129,21 +129,7 @@ HWY_INLINE void NnChunkTile(const float* HWY_RESTRICT ap, const TB* b, int64_t l
       for (int j = 0; j < NV; ++j) hn::StoreU(acc[i][j], df, part + i * ldpart + j * L);
     return;
   }
-  for (int i = 0; i < R; ++i) {
-    float* c = C.data + (m + i) * C.ld + n;
-    for (int j = 0; j < NV; ++j) {
-      auto v = acc[i][j];
-      if (C.row_scale) v = hn::Mul(v, hn::Set(df, C.row_scale[m + i]));
-      if constexpr (kTail) {
-        HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
-        hn::Store(v, df, buf);
-        for (int64_t x = 0; x < cols; ++x) c[x] = C.accumulate ? c[x] + buf[x] : buf[x];
-      } else {
-        if (C.accumulate) v = hn::Add(hn::LoadU(df, c + j * L), v);
-        hn::StoreU(v, df, c + j * L);
-      }
-    }
-  }
+  StoreOuterTile<R, NV, kTail>(df, acc, C, m, n, cols);
 }
 
 // Calls f(std::integral_constant<int, R>) for the run-time row count R in 1 .. MR.

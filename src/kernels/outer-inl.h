@@ -107,23 +107,13 @@ HWY_INLINE hn::Vec<DF> LoadRow(DF df, const TB* p, int j, int64_t cols) {
   }
 }
 
-// One tile: MR rows × NV full vectors, or (kTail) MR rows × `cols` < lanes columns.
-template <int MR, int NV, bool kTail, class Ops>
-HWY_INLINE void OuterTile(const Ops& ops, int64_t K, const Output& C, int64_t m, int64_t n, int64_t cols) {
-  const DF df;
+// The epilogue of an outer-product tile: each accumulator × the row's factor, stored or added
+// (kTail: the first `cols` columns of one vector). One copy, so every outer-product kernel rounds
+// its results alike.
+template <int MR, int NV, bool kTail>
+HWY_INLINE void StoreOuterTile(DF df, const hn::Vec<DF> (&acc)[MR][NV], const Output& C, int64_t m,
+                               int64_t n, int64_t cols) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-  hn::Vec<DF> acc[MR][NV];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NV; ++j) acc[i][j] = hn::Zero(df);
-  for (int64_t k = 0; k < K; ++k) {
-    const auto st = ops.step(k);
-    hn::Vec<DF> b[NV];
-    for (int j = 0; j < NV; ++j) b[j] = ops.template b_at<kTail>(df, st, j, cols);
-    for (int i = 0; i < MR; ++i) {
-      const auto a = hn::Set(df, ops.a_at(st, i));
-      for (int j = 0; j < NV; ++j) acc[i][j] = hn::MulAdd(a, b[j], acc[i][j]);
-    }
-  }
   for (int i = 0; i < MR; ++i) {
     float* c = C.data + (m + i) * C.ld + n;
     for (int j = 0; j < NV; ++j) {
@@ -139,6 +129,26 @@ HWY_INLINE void OuterTile(const Ops& ops, int64_t K, const Output& C, int64_t m,
       }
     }
   }
+}
+
+// One tile: MR rows × NV full vectors, or (kTail) MR rows × `cols` < lanes columns.
+template <int MR, int NV, bool kTail, class Ops>
+HWY_INLINE void OuterTile(const Ops& ops, int64_t K, const Output& C, int64_t m, int64_t n,
+                          int64_t cols) {
+  const DF df;
+  hn::Vec<DF> acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = hn::Zero(df);
+  for (int64_t k = 0; k < K; ++k) {
+    const auto st = ops.step(k);
+    hn::Vec<DF> b[NV];
+    for (int j = 0; j < NV; ++j) b[j] = ops.template b_at<kTail>(df, st, j, cols);
+    for (int i = 0; i < MR; ++i) {
+      const auto a = hn::Set(df, ops.a_at(st, i));
+      for (int j = 0; j < NV; ++j) acc[i][j] = hn::MulAdd(a, b[j], acc[i][j]);
+    }
+  }
+  StoreOuterTile<MR, NV, kTail>(df, acc, C, m, n, cols);
 }
 
 // All columns [n0, n1) of MR rows starting at m: NV-vector tiles, then single vectors, then the
