@@ -7,7 +7,6 @@
 // docs/performance.md. The rows past N in the last panel are zeros, so loads never need a mask;
 // only the stores of a column tail are partial.
 #include <algorithm>
-#include <vector>
 
 #include "kernels/gemm.hpp"
 
@@ -28,9 +27,9 @@ constexpr int kPanelVectorsPerTile = HWY_LANES(float) >= 16 ? 2 : static_cast<in
 constexpr int kPanelNv = kPanelVectorsPerTile > 4 ? 4 : kPanelVectorsPerTile;
 constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 6 : 3);
 
-template <int MR, typename TB, bool kPrefetch>
+template <int MR, bool kScaled, typename TB, bool kPrefetch>
 struct PanelOps {
-  const float* ap;        // the strip's rows of A packed k-major: ap[k * MR + i]
+  ARows<MR> a;
   const TB* b[kPanelNv];  // vector j's first weight at k = 0
   // This tile's share of the next column block: one cache line per k step into L2 (the tiles of
   // a block together cover it once), clamped to its last line.
@@ -43,16 +42,16 @@ struct PanelOps {
     if constexpr (kPrefetch) __builtin_prefetch(pf + std::min(k * 64, pf_last), 0, 2);
     return {k};
   }
-  float a_at(const Step& st, int i) const { return ap[st.k * MR + i]; }
+  float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
   template <bool kTail>
   hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t) const {
     return WidenLoad(df, b[j] + st.k * kPanelRows);  // whole vector: panels are zero-padded
   }
 };
 
-template <typename TB, bool kPrefetch>
+template <bool kScaled, typename TB, bool kPrefetch>
 struct PanelMaker {
-  const float* pack;  // A's rows packed, strip by strip (PanelGemm)
+  const RowSource* A;
   const TB* B;
   int64_t N, K;
   // The next block's bytes (next_bytes 0: this block's first line, already resident) and the
@@ -60,13 +59,13 @@ struct PanelMaker {
   const char* next = nullptr;
   int64_t next_bytes = 0, n0 = 0, tiles_per_strip = 1;
   template <int MR>
-  PanelOps<MR, TB, kPrefetch> make(int64_t m, int64_t n) const {
-    PanelOps<MR, TB, kPrefetch> ops;
+  PanelOps<MR, kScaled, TB, kPrefetch> make(int64_t m, int64_t n) const {
+    PanelOps<MR, kScaled, TB, kPrefetch> ops;
     const int64_t tile = (m / kPanelMr) * tiles_per_strip + (n - n0) / 32;
     const int64_t first = std::min(tile * K * 64, std::max<int64_t>(0, next_bytes - 64));
     ops.pf = next + first;
     ops.pf_last = std::max<int64_t>(0, next_bytes - 64 - first);
-    ops.ap = pack + m * K;  // m: a strip's first row, so strips of kPanelMr rows precede it
+    ops.a = ARows<MR>::Of(*A, m);
     const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t last = (N + kPanelRows - 1) / kPanelRows * kPanelRows - L;
     for (int j = 0; j < kPanelNv; ++j) {
@@ -83,39 +82,23 @@ struct PanelMaker {
 // every row tile passes over them. With more than one strip of rows the next block is fetched
 // into L2 meanwhile, one line per k step of each tile (docs/performance.md: Xeon, T = 512 f32
 // -5 %, bf16 weights -11 %; with one strip — decode, small batches — it measured slower).
-// A's rows are packed per block of at most kPackBytes (the weights stream once per block).
-constexpr int64_t kPackBytes = 1 << 20;
 template <bool kScaled, typename TB, bool kPrefetch>
 void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
-  thread_local std::vector<float> pack;
-  const int64_t fit = kPackBytes / std::max<int64_t>(1, K * static_cast<int64_t>(sizeof(float))) /
-                      kPanelMr * kPanelMr;
-  const int64_t mb = std::max<int64_t>(kPanelMr, std::min(M, fit));
-  if (pack.size() < static_cast<size_t>(mb * K)) pack.resize(static_cast<size_t>(mb * K));
-  PanelMaker<TB, kPrefetch> make{pack.data(), B, N, K};
+  PanelMaker<kScaled, TB, kPrefetch> make{&A, B, N, K};
   constexpr int64_t kBlock = 4 * kPanelRows;
   const int64_t panel_bytes = kPanelRows * K * static_cast<int64_t>(sizeof(TB));
-  for (int64_t m0 = 0; m0 < M; m0 += mb) {
-    const int64_t rows = std::min(mb, M - m0);
-    // Strip s (kPanelMr rows; fewer in the last) at pack + s · kPanelMr · K (PackStrip).
-    for (int64_t s0 = 0; s0 < rows; s0 += kPanelMr)
-      PackStrip<kScaled>(A, m0 + s0, std::min<int64_t>(kPanelMr, rows - s0), 0, K,
-                         pack.data() + s0 * K);
-    const Output c = {C.data + m0 * C.ld, C.ld, C.row_scale ? C.row_scale + m0 : nullptr,
-                      C.accumulate};
-    for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
-      const int64_t n1 = std::min(N, n0 + kBlock);
-      const int64_t next_panels =
-          n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
-      make.next = reinterpret_cast<const char*>(
-          B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
-      make.next_bytes = next_panels * panel_bytes;
-      make.n0 = n0;
-      make.tiles_per_strip = (n1 - n0 + 31) / 32;
-      for (int64_t m = 0; m < rows; m += kPanelMr)
-        OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, rows - m)), make,
-                                      K, c, m, n0, n1);
-    }
+  for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+    const int64_t n1 = std::min(N, n0 + kBlock);
+    const int64_t next_panels =
+        n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
+    make.next = reinterpret_cast<const char*>(
+        B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
+    make.next_bytes = next_panels * panel_bytes;
+    make.n0 = n0;
+    make.tiles_per_strip = (n1 - n0 + 31) / 32;
+    for (int64_t m = 0; m < M; m += kPanelMr)
+      OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), make, K,
+                                    C, m, n0, n1);
   }
 }
 
