@@ -146,7 +146,7 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
     if (int8)
       return detail::gemm_nt_affine_int8_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0,
                                                 n1 - n0, K);
-    const auto kernel = B.quantized()                      ? detail::gemm_nt_affine_kernel
+    const auto kernel = B.quantized()                     ? detail::gemm_nt_affine_kernel
                         : B.layout == WeightLayout::panels ? detail::gemm_nt_panel_kernel
                                                            : detail::gemm_nt_kernel;
     with_staggered_rows(A.from(m0), m1 - m0, K, [&](const RowSource& a, std::int64_t r0, std::int64_t r1) {

@@ -89,16 +89,13 @@ void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int6
   const int64_t panel_bytes = kPanelRows * K * static_cast<int64_t>(sizeof(TB));
   for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
     const int64_t n1 = std::min(N, n0 + kBlock);
-    const int64_t next_panels =
-        n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
-    make.next = reinterpret_cast<const char*>(
-        B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
+    const int64_t next_panels = n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
+    make.next = reinterpret_cast<const char*>(B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
     make.next_bytes = next_panels * panel_bytes;
     make.n0 = n0;
     make.tiles_per_strip = (n1 - n0 + 31) / 32;
     for (int64_t m = 0; m < M; m += kPanelMr)
-      OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), make, K,
-                                    C, m, n0, n1);
+      OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), make, K, C, m, n0, n1);
   }
 }
 

@@ -61,8 +61,8 @@ struct ARows {
 };
 
 // Rows m .. m + r - 1 of A at k0 .. k0 + kc - 1, as the products see them (times their scale
-// when kScaled), packed k-major: dst[k * r + i]. The outer-product kernels broadcast a tile's
-// r elements of one k from one contiguous run instead of r rows of A.
+// when kScaled), packed k-major: dst[k * r + i], so a tile broadcasts its r elements of one k
+// from one contiguous run instead of r rows of A (gemm_nn's chunk tiles).
 template <bool kScaled>
 HWY_INLINE void PackStrip(const RowSource& A, int64_t m, int64_t r, int64_t k0, int64_t kc,
                           float* dst) {
