@@ -333,10 +333,12 @@ BENCHMARK_CAPTURE(BM_GemmNt, bf16, DType::bf16)->Args({64, 768, 2048})->Unit(ben
 BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 32, 64}, {768}, {2048}, {0, 1, 2}, {0}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 32, 64}, {768}, {2048}, {2}, {1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmNtColdB)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
-// Qwen3 at T = 512: 32 rows per expert; DeepSeek-style: 48 rows of F = 1408.
+// Qwen3 at T = 512: 32 rows per expert; DeepSeek-style: 48 rows of F = 1408; cached also 256 rows
+// (a shared expert or a large batch, `moekit bench`'s GEMM-peak shape).
 #define MOEKIT_LAYOUT(name, op)                                                                             \
   BENCHMARK_CAPTURE(BM_GemmLayout, name##_cached, op, false)                                                  \
-      ->Args({32, 768, 2048})->Args({48, 1408, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();           \
+      ->Args({32, 768, 2048})->Args({48, 1408, 2048})->Args({256, 768, 2048})                                  \
+      ->Unit(benchmark::kMillisecond)->UseRealTime();                                                          \
   BENCHMARK_CAPTURE(BM_GemmLayout, name##_cold, op, true)                                                     \
       ->Args({32, 768, 2048})->Args({48, 1408, 2048})->Unit(benchmark::kMillisecond)->UseRealTime();
 MOEKIT_LAYOUT(fwd_up, Op::fwd_up)
