@@ -132,15 +132,6 @@ HWY_INLINE void NnChunkTile(const float* HWY_RESTRICT ap, const TB* b, int64_t l
   StoreOuterTile<R, NV, kTail>(df, acc, C, m, n, cols);
 }
 
-// Calls f(std::integral_constant<int, R>) for the run-time row count R in 1 .. MR.
-template <int MR, int R = 1, class F>
-HWY_INLINE void WithRows(int rows, const F& f) {
-  if constexpr (R <= MR) {
-    if (rows == R) return f(std::integral_constant<int, R>());
-    WithRows<MR, R + 1>(rows, f);
-  }
-}
-
 template <int MR, int NV, bool kScaled, typename TB>
 void NnStream(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int64_t M, int64_t N,
               int64_t K) {
@@ -151,12 +142,12 @@ void NnStream(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int
   const int64_t fit = kNnPartialBytes / (ldpart * static_cast<int64_t>(sizeof(float))) / MR * MR;
   const int64_t mc = std::max<int64_t>(MR, std::min((M + MR - 1) / MR * MR, fit));
   NnScratch& s = nn_scratch();
-  if (K > kNnChunk && s.partial.size() < static_cast<size_t>(mc * ldpart))
+  if (s.partial.size() < static_cast<size_t>(mc * ldpart))
     s.partial.resize(static_cast<size_t>(mc * ldpart));
   if (s.apack.size() < static_cast<size_t>(mc * kNnChunk))
     s.apack.resize(static_cast<size_t>(mc * kNnChunk));
-  const int64_t width = NV * L;
-  const int64_t tiles = N / width + (N % width) / L + (N % L != 0 ? 1 : 0);
+  int64_t tiles = 0;  // column tiles per strip, for the prefetch's pace
+  ForColumnTiles<NV>(0, N, [&](auto, auto, int64_t, int64_t) { ++tiles; });
   for (int64_t m0 = 0; m0 < M; m0 += mc) {
     const int64_t rows = std::min(mc, M - m0), strips = (rows + MR - 1) / MR;
     // K = 0: one empty chunk, the epilogue alone.
@@ -181,13 +172,7 @@ void NnStream(const RowSource& A, const TB* B, int64_t ldb, const Output& C, int
           });
         }
       };
-      using NV_ = std::integral_constant<int, NV>;
-      using One = std::integral_constant<int, 1>;
-      using No = std::false_type;
-      int64_t n = 0;
-      for (; n + width <= N; n += width) tile(NV_(), No(), n, 0);
-      for (; n + L <= N; n += L) tile(One(), No(), n, 0);
-      if (n < N) tile(One(), std::true_type(), n, N - n);
+      ForColumnTiles<NV>(0, N, tile);
     }
   }
 }

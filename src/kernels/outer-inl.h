@@ -15,6 +15,7 @@
 #endif
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/gemm.hpp"
 #include <hwy/highway.h>
@@ -156,26 +157,41 @@ HWY_INLINE void OuterTile(const Ops& ops, int64_t K, const Output& C, int64_t m,
   StoreOuterTile<MR, NV, kTail>(df, acc, C, m, n, cols);
 }
 
-// All columns [n0, n1) of MR rows starting at m: NV-vector tiles, then single vectors, then the
-// column tail.
-template <int NV, int MR, class MakeOps>
-HWY_INLINE void OuterStrip(const MakeOps& make, int64_t K, const Output& C, int64_t m, int64_t n0, int64_t n1) {
-  const DF df;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+// Calls f(nv, tail, n, cols) for the column tiles of [n0, n1): NV-vector tiles, then single
+// vectors, then the column tail (nv: std::integral_constant<int, NV or 1>; tail:
+// std::bool_constant; cols: the tail's columns, else 0). The outer-product kernels walk columns in
+// this one order.
+template <int NV, class F>
+HWY_INLINE void ForColumnTiles(int64_t n0, int64_t n1, const F& f) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
+  using Wide = std::integral_constant<int, NV>;
+  using One = std::integral_constant<int, 1>;
   int64_t n = n0;
-  for (; n + NV * L <= n1; n += NV * L) OuterTile<MR, NV, false>(make.template make<MR>(m, n), K, C, m, n, 0);
-  for (; n + L <= n1; n += L) OuterTile<MR, 1, false>(make.template make<MR>(m, n), K, C, m, n, 0);
-  if (n < n1) OuterTile<MR, 1, true>(make.template make<MR>(m, n), K, C, m, n, n1 - n);
+  for (; n + NV * L <= n1; n += NV * L) f(Wide(), std::false_type(), n, int64_t{0});
+  for (; n + L <= n1; n += L) f(One(), std::false_type(), n, int64_t{0});
+  if (n < n1) f(One(), std::true_type(), n, n1 - n);
 }
 
-// `rows` (1..MRmax) rows from m: picks the tile height at run time, the shapes at compile time.
-template <int NV, int MRmax, int R = 1, class MakeOps>
+// Calls f(std::integral_constant<int, R>) for the run-time row count R in 1 .. MR: the tile
+// height picked at run time, the shapes at compile time.
+template <int MR, int R = 1, class F>
+HWY_INLINE void WithRows(int rows, const F& f) {
+  if constexpr (R <= MR) {
+    if (rows == R) return f(std::integral_constant<int, R>());
+    WithRows<MR, R + 1>(rows, f);
+  }
+}
+
+// `rows` (1..MRmax) rows from m over the columns [n0, n1).
+template <int NV, int MRmax, class MakeOps>
 HWY_INLINE void OuterRows(int rows, const MakeOps& make, int64_t K, const Output& C, int64_t m, int64_t n0,
                           int64_t n1) {
-  if constexpr (R <= MRmax) {
-    if (rows == R) return OuterStrip<NV, R>(make, K, C, m, n0, n1);
-    OuterRows<NV, MRmax, R + 1>(rows, make, K, C, m, n0, n1);
-  }
+  WithRows<MRmax>(rows, [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    ForColumnTiles<NV>(n0, n1, [&](auto nv, auto tail, int64_t n, int64_t cols) {
+      OuterTile<R, decltype(nv)::value, decltype(tail)::value>(make.template make<R>(m, n), K, C, m, n, cols);
+    });
+  });
 }
 
 }  // namespace moekit::kernels::HWY_NAMESPACE
