@@ -31,15 +31,16 @@ template <int MR, bool kScaled, typename TB, bool kPrefetch>
 struct PanelOps {
   ARows<MR> a;
   const TB* b[kPanelNv];  // vector j's first weight at k = 0
-  // This tile's share of the next column block: one cache line per k step into L2 (the tiles of
-  // a block together cover it once), clamped to its last line.
+  // The next column block, fetched into L2 at an even pace over the whole block's work: step k
+  // of this tile prefetches line (fp0 + k · inc) >> 32 of it (PanelMaker::make).
   const char* pf = nullptr;
-  int64_t pf_last = 0;
+  uint64_t fp0 = 0, inc = 0;
   struct Step {
     int64_t k;
   };
   Step step(int64_t k) const {
-    if constexpr (kPrefetch) __builtin_prefetch(pf + std::min(k * 64, pf_last), 0, 2);
+    if constexpr (kPrefetch)
+      __builtin_prefetch(pf + ((fp0 + static_cast<uint64_t>(k) * inc) >> 32) * 64, 0, 2);
     return {k};
   }
   float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
@@ -54,17 +55,21 @@ struct PanelMaker {
   const RowSource* A;
   const TB* B;
   int64_t N, K;
-  // The next block's bytes (next_bytes 0: this block's first line, already resident) and the
-  // current block's first column, for the tiles' shares of it.
+  // The next block's first line and its lines (0: none, `next` is then this block's first line,
+  // already resident), the current block's first column, its tiles per strip and the block's
+  // work in row-steps (rows × tiles per strip × K), over which the next block is spread.
   const char* next = nullptr;
-  int64_t next_bytes = 0, n0 = 0, tiles_per_strip = 1;
+  int64_t next_lines = 0, n0 = 0, tiles_per_strip = 1, work = 1;
   template <int MR>
   PanelOps<MR, kScaled, TB, kPrefetch> make(int64_t m, int64_t n) const {
     PanelOps<MR, kScaled, TB, kPrefetch> ops;
-    const int64_t tile = (m / kPanelMr) * tiles_per_strip + (n - n0) / 32;
-    const int64_t first = std::min(tile * K * 64, std::max<int64_t>(0, next_bytes - 64));
-    ops.pf = next + first;
-    ops.pf_last = std::max<int64_t>(0, next_bytes - 64 - first);
+    // Lines per row-step in 32.32 fixed point; this tile's row-steps start after the strips
+    // above it (m rows) and the tiles left of it in its strip. The last step's line is < lines.
+    const uint64_t ratio = (static_cast<uint64_t>(next_lines) << 32) / static_cast<uint64_t>(work);
+    const int64_t start = (m * tiles_per_strip + (n - n0) / 32 * MR) * K;
+    ops.pf = next;
+    ops.fp0 = static_cast<uint64_t>(start) * ratio;
+    ops.inc = static_cast<uint64_t>(MR) * ratio;
     ops.a = ARows<MR>::Of(*A, m);
     const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t last = (N + kPanelRows - 1) / kPanelRows * kPanelRows - L;
@@ -80,8 +85,11 @@ struct PanelMaker {
 
 // Column blocks of 64 (four panels, 64·K weights: 512 KB at K = 2048 f32) stay in L2 while
 // every row tile passes over them. With more than one strip of rows the next block is fetched
-// into L2 meanwhile, one line per k step of each tile (docs/performance.md: Xeon, T = 512 f32
-// -5 %, bf16 weights -11 %; with one strip — decode, small batches — it measured slower).
+// into L2 meanwhile, at an even pace over all the block's tiles, weighted by their rows
+// (docs/performance.md: Xeon, T = 512 f32 -5 %, bf16 weights -11 %; paced evenly instead of one
+// line per k step of the first tiles, -7 % more; with one strip — decode, small batches — it
+// measured slower). A software prefetch holds one of the core's few L1 miss buffers until its line
+// arrives from DRAM, so bursts of them stall the loads of the tiles; an even pace does not.
 template <bool kScaled, typename TB, bool kPrefetch>
 void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
   PanelMaker<kScaled, TB, kPrefetch> make{&A, B, N, K};
@@ -91,9 +99,10 @@ void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int6
     const int64_t n1 = std::min(N, n0 + kBlock);
     const int64_t next_panels = n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
     make.next = reinterpret_cast<const char*>(B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
-    make.next_bytes = next_panels * panel_bytes;
+    make.next_lines = next_panels * panel_bytes / 64;
     make.n0 = n0;
     make.tiles_per_strip = (n1 - n0 + 31) / 32;
+    make.work = std::max<int64_t>(1, M * make.tiles_per_strip * K);
     for (int64_t m = 0; m < M; m += kPanelMr)
       OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), make, K, C, m, n0, n1);
   }
