@@ -9,6 +9,7 @@
 
 #include "kernels/amx.hpp"
 #include "kernels/gemm.hpp"
+#include "moekit/threading.hpp"
 #include "util/thread_pool.hpp"
 
 namespace moekit::kernels {
@@ -20,12 +21,22 @@ namespace {
 constexpr std::int64_t kColumnBlock = 64;
 
 // Splits C[M, N] over the pool along its larger side; `run(m0, m1, n0, n1)` computes a block.
+// `one_share`: columns go in one contiguous share per thread instead of a few — for a kernel that
+// prepares all of A's rows on every call (the panels kernel packs them), so each thread does it once.
 template <typename Run>
-void split_c(std::int64_t M, std::int64_t N, std::int64_t row_grain, Threads threads, const Run& run) {
+void split_c(std::int64_t M, std::int64_t N, std::int64_t row_grain, Threads threads, const Run& run,
+             bool one_share = false) {
   if (M <= 0 || N <= 0) return;
   if (threads == Threads::caller) return run(0, M, 0, N);
   if (M >= N) {
     moekit::detail::parallel_for(M, row_grain, [&](std::int64_t m0, std::int64_t m1) { run(m0, m1, 0, N); });
+  } else if (one_share) {
+    const std::int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
+    const std::int64_t shares = std::min<std::int64_t>(blocks, moekit::num_threads());
+    moekit::detail::parallel_tasks(shares, [&](std::int64_t s) {
+      const std::int64_t b0 = s * blocks / shares, b1 = (s + 1) * blocks / shares;
+      run(0, M, b0 * kColumnBlock, std::min(N, b1 * kColumnBlock));
+    });
   } else {
     const std::int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
     moekit::detail::parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
@@ -78,6 +89,7 @@ RowSource columns_of(const RowSource& A, std::int64_t first) {
 // a per-thread buffer whose stride is one cache line past whole lines, at most 1 MB of rows at
 // a time, and the kernel runs on the copy: the same values, so the same bits. Measured on
 // Zen 4, 32 × 768 × 2048, one thread: panels 74 -> 89 GFLOP/s, rows 53 -> 82 (docs/performance.md).
+// The dot-product kernels run through this; the panels kernel packs its own copy (gemm_panel.cpp).
 template <typename Run>
 void with_staggered_rows(const RowSource& A, std::int64_t M, std::int64_t K, const Run& run) {
   const bool aliased = A.index != nullptr || (A.ld * static_cast<std::int64_t>(sizeof(float))) % 2048 == 0;
@@ -142,17 +154,19 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
   // many rows on AMX-INT8 its driver quantizes the rows once and splits in whole tiles.
   const bool int8 = B.quantized() && detail::int8_activations_apply(B, M);
   if (int8 && M > kInt8MaxRows) return detail::gemm_nt_affine_int8_amx(A, B, C, M, N, K, threads);
+  const bool panels = B.layout == WeightLayout::panels && !B.quantized();
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
     if (int8)
       return detail::gemm_nt_affine_int8_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0,
                                                 n1 - n0, K);
-    const auto kernel = B.quantized()                     ? detail::gemm_nt_affine_kernel
-                        : B.layout == WeightLayout::panels ? detail::gemm_nt_panel_kernel
-                                                           : detail::gemm_nt_kernel;
+    // The panels kernel packs A's rows itself (its own copy serves as the staggered one).
+    if (panels)
+      return detail::gemm_nt_panel_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
+    const auto kernel = B.quantized() ? detail::gemm_nt_affine_kernel : detail::gemm_nt_kernel;
     with_staggered_rows(A.from(m0), m1 - m0, K, [&](const RowSource& a, std::int64_t r0, std::int64_t r1) {
       kernel(a, rows_of(B, n0, K), block_of(C, m0 + r0, n0), r1 - r0, n1 - n0, K);
     });
-  });
+  }, panels);
 }
 
 void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,

@@ -2,11 +2,12 @@
 //
 // C[M, N] (+)= A[M, K] · B[N, K]ᵀ with B repacked once at load into [K, 16] panels (gemm.hpp,
 // WeightLayout::panels) in its stored dtype. Each k step reads 16 consecutive weights of a
-// panel — one contiguous stream per panel instead of one per output row — and broadcasts A, as
-// gemm_nn does (outer-inl.h). Measured against the dot-product kernel on rows: see
-// docs/performance.md. The rows past N in the last panel are zeros, so loads never need a mask;
+// panel — one contiguous stream per panel instead of one per output row — and broadcasts A's
+// elements from a copy of its rows packed per call (PackRows), unrolled four k steps at a time.
+// Measured against the dot-product kernel on rows: see docs/performance.md. The rows past N in the last panel are zeros, so loads never need a mask;
 // only the stores of a column tail are partial.
 #include <algorithm>
+#include <vector>
 
 #include "kernels/gemm.hpp"
 
@@ -27,94 +28,139 @@ constexpr int kPanelVectorsPerTile = HWY_LANES(float) >= 16 ? 2 : static_cast<in
 constexpr int kPanelNv = kPanelVectorsPerTile > 4 ? 4 : kPanelVectorsPerTile;
 constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 6 : 3);
 
-template <int MR, bool kScaled, typename TB, bool kPrefetch>
-struct PanelOps {
-  ARows<MR> a;
-  const TB* b[kPanelNv];  // vector j's first weight at k = 0
-  // The next column block, fetched into L2 at an even pace over the whole block's work: step k
-  // of this tile prefetches line (fp0 + k · inc) >> 32 of it (PanelMaker::make).
-  const char* pf = nullptr;
-  uint64_t fp0 = 0, inc = 0;
-  struct Step {
-    int64_t k;
-  };
-  Step step(int64_t k) const {
-    if constexpr (kPrefetch)
-      __builtin_prefetch(pf + ((fp0 + static_cast<uint64_t>(k) * inc) >> 32) * 64, 0, 2);
-    return {k};
+// A's rows, packed once per call (at most kPackFloats at a time) in strips of kPanelMr rows and
+// chunks of kKc k: strip s at s · kPanelMr · Kp (Kp: K rounded up to kKc), and in it chunk c's row
+// i at (c · R + i) · kKc for a strip of R rows — each run a plain copy of kKc floats (times the
+// row's factor when scaled). A tile then reads its broadcasts at fixed offsets from one pointer.
+constexpr int64_t kKc = 16;
+constexpr int64_t kPackFloats = int64_t{1} << 20;  // 4 MB: 512 rows at K = 2048
+
+template <bool kScaled>
+void PackRows(const RowSource& A, int64_t M, int64_t K, float* dst) {
+  const int64_t Kp = (K + kKc - 1) / kKc * kKc;
+  for (int64_t m = 0; m < M; m += kPanelMr) {
+    const int64_t R = std::min<int64_t>(kPanelMr, M - m);
+    float* strip = dst + m * Kp;
+    for (int64_t i = 0; i < R; ++i) {
+      const float* src = A.row(m + i);
+      const float f = A.factor(m + i);
+      for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+        float* d = strip + (k0 / kKc * R + i) * kKc;
+        const int64_t n = std::min(kKc, K - k0);
+        for (int64_t k = 0; k < n; ++k) d[k] = kScaled ? src[k0 + k] * f : src[k0 + k];
+      }
+    }
   }
-  float a_at(const Step& st, int i) const { return a.template at<kScaled>(i, st.k); }
-  template <bool kTail>
-  hn::Vec<DF> b_at(DF df, const Step& st, int j, int64_t) const {
-    return WidenLoad(df, b[j] + st.k * kPanelRows);  // whole vector: panels are zero-padded
-  }
+}
+
+// Where the tiles of one column block find their operands and their share of the next block.
+// The next block is fetched into L2 at an even pace over all the block's tiles, weighted by
+// their rows: step k of a tile prefetches the line at byte (fp0 + k · inc) >> 26 of `next`
+// (32.32 fixed point in lines, so the byte lies in line (fp0 + k · inc) >> 32).
+template <typename TB>
+struct PanelBlock {
+  const float* pack;  // PackRows
+  const TB* B;
+  int64_t N, K, Kp;
+  const char* next = nullptr;  // the next block's first line (none: this block's, resident)
+  int64_t next_lines = 0, n0 = 0, tile_cols = 32, tiles_per_strip = 1, work = 1;
 };
 
-template <bool kScaled, typename TB, bool kPrefetch>
-struct PanelMaker {
-  const RowSource* A;
-  const TB* B;
-  int64_t N, K;
-  // The next block's first line and its lines (0: none, `next` is then this block's first line,
-  // already resident), the current block's first column, its tiles per strip and the block's
-  // work in row-steps (rows × tiles per strip × K), over which the next block is spread.
-  const char* next = nullptr;
-  int64_t next_lines = 0, n0 = 0, tiles_per_strip = 1, work = 1;
-  template <int MR>
-  PanelOps<MR, kScaled, TB, kPrefetch> make(int64_t m, int64_t n) const {
-    PanelOps<MR, kScaled, TB, kPrefetch> ops;
-    // Lines per row-step in 32.32 fixed point; this tile's row-steps start after the strips
-    // above it (m rows) and the tiles left of it in its strip. The last step's line is < lines.
-    const uint64_t ratio = (static_cast<uint64_t>(next_lines) << 32) / static_cast<uint64_t>(work);
-    const int64_t start = (m * tiles_per_strip + (n - n0) / 32 * MR) * K;
-    ops.pf = next;
-    ops.fp0 = static_cast<uint64_t>(start) * ratio;
-    ops.inc = static_cast<uint64_t>(MR) * ratio;
-    ops.a = ARows<MR>::Of(*A, m);
-    const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
-    const int64_t last = (N + kPanelRows - 1) / kPanelRows * kPanelRows - L;
-    for (int j = 0; j < kPanelNv; ++j) {
-      // Vector j covers columns c .. c + L - 1 of one panel (L divides 16). A vector past the
-      // last panel is never read (only j = 0 is, in a narrower tile), so it is clamped in bounds.
-      const int64_t c = std::min(n + j * L, last);
-      ops.b[j] = B + (c / kPanelRows) * kPanelRows * K + c % kPanelRows;
-    }
-    return ops;
+// One k step of a tile: NV weight vectors at row k of their panels, MR broadcasts of A at
+// ak[i · kKc] (PackRows), and the prefetch of the step's line of the next block.
+template <int MR, int NV, bool kPrefetch, typename TB>
+HWY_INLINE void PanelStep(DF df, hn::Vec<DF> (&acc)[MR][NV], const TB* const (&b)[NV], const float* ak, int64_t k,
+                          const char* pf, uint64_t fp) {
+  if constexpr (kPrefetch) __builtin_prefetch(pf + (fp >> 26), 0, 2);
+  hn::Vec<DF> bv[NV];
+  for (int j = 0; j < NV; ++j) bv[j] = WidenLoad(df, b[j] + k * kPanelRows);
+  for (int i = 0; i < MR; ++i) {
+    const auto ai = hn::Set(df, ak[i * kKc]);
+    for (int j = 0; j < NV; ++j) acc[i][j] = hn::MulAdd(ai, bv[j], acc[i][j]);
   }
-};
+}
+
+template <int MR, int NV, bool kTail, bool kPrefetch, typename TB>
+HWY_INLINE void PanelTile(const PanelBlock<TB>& blk, const Output& C, int64_t m, int64_t n, int64_t cols) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t K = blk.K;
+  const TB* b[NV];
+  const int64_t last = (blk.N + kPanelRows - 1) / kPanelRows * kPanelRows - L;
+  for (int j = 0; j < NV; ++j) {
+    // Vector j covers columns c .. c + L - 1 of one panel (L divides 16); clamped in bounds.
+    const int64_t c = std::min(n + j * L, last);
+    b[j] = blk.B + (c / kPanelRows) * kPanelRows * K + c % kPanelRows;
+  }
+  const uint64_t ratio = (static_cast<uint64_t>(blk.next_lines) << 32) / static_cast<uint64_t>(blk.work);
+  uint64_t fp = static_cast<uint64_t>((m * blk.tiles_per_strip + (n - blk.n0) / blk.tile_cols * MR) * K) * ratio;
+  const uint64_t inc = static_cast<uint64_t>(MR) * ratio;
+  const char* pf = blk.next;
+  const float* a = blk.pack + m * blk.Kp;
+
+  hn::Vec<DF> acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = hn::Zero(df);
+  int64_t k0 = 0;
+  for (; k0 + kKc <= K; k0 += kKc, a += MR * kKc) {
+#pragma GCC unroll 4
+    for (int64_t kk = 0; kk < kKc; ++kk) {
+      PanelStep<MR, NV, kPrefetch>(df, acc, b, a + kk, k0 + kk, pf, fp);
+      fp += inc;
+    }
+  }
+  for (int64_t kk = 0; k0 + kk < K; ++kk) {
+    PanelStep<MR, NV, kPrefetch>(df, acc, b, a + kk, k0 + kk, pf, fp);
+    fp += inc;
+  }
+  StoreOuterTile<MR, NV, kTail>(df, acc, C, m, n, cols);
+}
 
 // Column blocks of 64 (four panels, 64·K weights: 512 KB at K = 2048 f32) stay in L2 while
 // every row tile passes over them. With more than one strip of rows the next block is fetched
-// into L2 meanwhile, at an even pace over all the block's tiles, weighted by their rows
-// (docs/performance.md: Xeon, T = 512 f32 -5 %, bf16 weights -11 %; paced evenly instead of one
-// line per k step of the first tiles, -7 % more; with one strip — decode, small batches — it
-// measured slower). A software prefetch holds one of the core's few L1 miss buffers until its line
-// arrives from DRAM, so bursts of them stall the loads of the tiles; an even pace does not.
-template <bool kScaled, typename TB, bool kPrefetch>
-void PanelGemm(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
-  PanelMaker<kScaled, TB, kPrefetch> make{&A, B, N, K};
+// into L2 meanwhile, at an even pace over all the block's tiles (docs/performance.md: Xeon,
+// T = 512 f32 -5 %, bf16 weights -11 %; paced evenly instead of one line per k step of the first
+// tiles, -7 % more; with one strip — decode, small batches — it measured slower). Bursts of
+// software prefetches stall the tiles' own loads (on Intel cores each holds one of the few L1
+// miss buffers until its line arrives); an even pace spreads them.
+template <typename TB, bool kPrefetch>
+void PanelRowsBlock(PanelBlock<TB>& blk, const Output& C, int64_t M) {
+  const int64_t N = blk.N, K = blk.K;
   constexpr int64_t kBlock = 4 * kPanelRows;
   const int64_t panel_bytes = kPanelRows * K * static_cast<int64_t>(sizeof(TB));
+  blk.tile_cols = kPanelNv * static_cast<int64_t>(hn::Lanes(DF()));
   for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
     const int64_t n1 = std::min(N, n0 + kBlock);
     const int64_t next_panels = n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
-    make.next = reinterpret_cast<const char*>(B + (next_panels > 0 ? n1 / kPanelRows : n0 / kPanelRows) * kPanelRows * K);
-    make.next_lines = next_panels * panel_bytes / 64;
-    make.n0 = n0;
-    make.tiles_per_strip = (n1 - n0 + 31) / 32;
-    make.work = std::max<int64_t>(1, M * make.tiles_per_strip * K);
-    for (int64_t m = 0; m < M; m += kPanelMr)
-      OuterRows<kPanelNv, kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), make, K, C, m, n0, n1);
+    blk.next = reinterpret_cast<const char*>(blk.B + (next_panels > 0 ? n1 : n0) / kPanelRows * kPanelRows * K);
+    blk.next_lines = next_panels * panel_bytes / 64;
+    blk.n0 = n0;
+    blk.tiles_per_strip = (n1 - n0 + blk.tile_cols - 1) / blk.tile_cols;
+    blk.work = std::max<int64_t>(1, M * blk.tiles_per_strip * K);
+    for (int64_t m = 0; m < M; m += kPanelMr) {
+      WithRows<kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), [&](auto r) {
+        ForColumnTiles<kPanelNv>(n0, n1, [&](auto nv, auto tail, int64_t n, int64_t cols) {
+          PanelTile<decltype(r)::value, decltype(nv)::value, decltype(tail)::value, kPrefetch>(blk, C, m, n, cols);
+        });
+      });
+    }
   }
 }
 
 template <typename TB>
 void PanelTyped(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
-  const bool pf = M > kPanelMr;
-  if (A.scale) {
-    pf ? PanelGemm<true, TB, true>(A, B, C, M, N, K) : PanelGemm<true, TB, false>(A, B, C, M, N, K);
-  } else {
-    pf ? PanelGemm<false, TB, true>(A, B, C, M, N, K) : PanelGemm<false, TB, false>(A, B, C, M, N, K);
+  thread_local std::vector<float> pack;
+  const int64_t Kp = (K + kKc - 1) / kKc * kKc;
+  const int64_t rows = std::max<int64_t>(kPanelMr, kPackFloats / std::max(Kp, kKc) / kPanelMr * kPanelMr);
+  const int64_t mb = std::min(M, rows);
+  if (pack.size() < static_cast<size_t>(mb * Kp)) pack.resize(static_cast<size_t>(mb * Kp));
+  for (int64_t m0 = 0; m0 < M; m0 += mb) {
+    const int64_t r = std::min(mb, M - m0);
+    const RowSource a = A.from(m0);
+    A.scale ? PackRows<true>(a, r, K, pack.data()) : PackRows<false>(a, r, K, pack.data());
+    PanelBlock<TB> blk{pack.data(), B, N, K, Kp};
+    const Output c{C.data + m0 * C.ld, C.ld, C.row_scale ? C.row_scale + m0 : nullptr, C.accumulate};
+    r > kPanelMr ? PanelRowsBlock<TB, true>(blk, c, r) : PanelRowsBlock<TB, false>(blk, c, r);
   }
 }
 

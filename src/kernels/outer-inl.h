@@ -54,11 +54,6 @@ struct ARows {
     }
     return r;
   }
-  // Element k of row i as the products see it: times the row's factor when scaled.
-  template <bool kScaled>
-  float at(int i, int64_t k) const {
-    return kScaled ? p[i][k] * s[i] : p[i][k];
-  }
 };
 
 // Rows m .. m + r - 1 of A at k0 .. k0 + kc - 1, as the products see them (times their scale
