@@ -28,18 +28,31 @@ constexpr int kPanelVectorsPerTile = HWY_LANES(float) >= 16 ? 2 : static_cast<in
 constexpr int kPanelNv = kPanelVectorsPerTile > 4 ? 4 : kPanelVectorsPerTile;
 constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 6 : 3);
 
-// A's rows, packed once per call (at most kPackFloats at a time) in strips of kPanelMr rows and
-// chunks of kKc k: strip s at s · kPanelMr · Kp (Kp: K rounded up to kKc), and in it chunk c's row
-// i at (c · R + i) · kKc for a strip of R rows — each run a plain copy of kKc floats (times the
-// row's factor when scaled). A tile then reads its broadcasts at fixed offsets from one pointer.
+// Strips of rows: ceil(M / kPanelMr) of them, their heights as even as can be (41 rows: 11, 10,
+// 10, 10 rather than 12, 12, 12, 5 — a short strip reads the same weights for fewer products, so
+// it runs on L2's bandwidth instead of the FMA units). Calls f(m, R) for each: first row, height.
+template <class F>
+HWY_INLINE void ForStrips(int64_t M, const F& f) {
+  const int64_t strips = (M + kPanelMr - 1) / kPanelMr;
+  for (int64_t s = 0, m = 0; s < strips; ++s) {
+    const int64_t R = M / strips + (s < M % strips ? 1 : 0);
+    f(m, R);
+    m += R;
+  }
+}
+
+// A's rows, packed once per call (at most kPackFloats at a time) strip by strip (ForStrips) and
+// in chunks of kKc k: the strip from row m at m · Kp (Kp: K rounded up to kKc), and in it chunk
+// c's row i at (c · R + i) · kKc for a strip of R rows — each run a plain copy of kKc floats
+// (times the row's factor when scaled). A tile then reads its broadcasts at fixed offsets from
+// one pointer.
 constexpr int64_t kKc = 16;
 constexpr int64_t kPackFloats = int64_t{1} << 20;  // 4 MB: 512 rows at K = 2048
 
 template <bool kScaled>
 void PackRows(const RowSource& A, int64_t M, int64_t K, float* dst) {
   const int64_t Kp = (K + kKc - 1) / kKc * kKc;
-  for (int64_t m = 0; m < M; m += kPanelMr) {
-    const int64_t R = std::min<int64_t>(kPanelMr, M - m);
+  ForStrips(M, [&](int64_t m, int64_t R) {
     float* strip = dst + m * Kp;
     for (int64_t i = 0; i < R; ++i) {
       const float* src = A.row(m + i);
@@ -50,7 +63,7 @@ void PackRows(const RowSource& A, int64_t M, int64_t K, float* dst) {
         for (int64_t k = 0; k < n; ++k) d[k] = kScaled ? src[k0 + k] * f : src[k0 + k];
       }
     }
-  }
+  });
 }
 
 // Where the tiles of one column block find their operands and their share of the next block.
@@ -138,13 +151,13 @@ void PanelRowsBlock(PanelBlock<TB>& blk, const Output& C, int64_t M) {
     blk.n0 = n0;
     blk.tiles_per_strip = (n1 - n0 + blk.tile_cols - 1) / blk.tile_cols;
     blk.work = std::max<int64_t>(1, M * blk.tiles_per_strip * K);
-    for (int64_t m = 0; m < M; m += kPanelMr) {
-      WithRows<kPanelMr>(static_cast<int>(std::min<int64_t>(kPanelMr, M - m)), [&](auto r) {
+    ForStrips(M, [&](int64_t m, int64_t R) {
+      WithRows<kPanelMr>(static_cast<int>(R), [&](auto r) {
         ForColumnTiles<kPanelNv>(n0, n1, [&](auto nv, auto tail, int64_t n, int64_t cols) {
           PanelTile<decltype(r)::value, decltype(nv)::value, decltype(tail)::value, kPrefetch>(blk, C, m, n, cols);
         });
       });
-    }
+    });
   }
 }
 
