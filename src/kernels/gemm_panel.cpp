@@ -4,8 +4,9 @@
 // WeightLayout::panels) in its stored dtype. Each k step reads 16 consecutive weights of a
 // panel — one contiguous stream per panel instead of one per output row — and broadcasts A's
 // elements from a copy of its rows packed per call (PackRows), unrolled four k steps at a time.
-// Measured against the dot-product kernel on rows: see docs/performance.md. The rows past N in the last panel are zeros, so loads never need a mask;
-// only the stores of a column tail are partial.
+// Measured against the dot-product kernel on rows: see docs/performance.md. The rows past N in
+// the last panel are zeros, so loads never need a mask; only the stores of a column tail are
+// partial.
 #include <algorithm>
 #include <vector>
 
@@ -133,8 +134,7 @@ HWY_INLINE void PanelTile(const PanelBlock<TB>& blk, const Output& C, int64_t m,
 // every row tile passes over them. With more than one strip of rows the next block is fetched
 // into L2 meanwhile, at an even pace over all the block's tiles (docs/performance.md: Xeon,
 // T = 512 f32 -5 %, bf16 weights -11 %; paced evenly instead of one line per k step of the first
-// tiles, -7 % more; with one strip — decode, small batches — it measured slower). Bursts of
-// software prefetches stall the tiles' own loads; an even pace spreads them. Blocks of 32
+// tiles, -7 % more; with one strip — decode, small batches — it measured slower). Blocks of 32
 // columns instead of 64 measured 7-11 % faster cold (one tile column: the block, the next one
 // and the packed rows crowd L2 less); 128 slower.
 template <typename TB, bool kPrefetch>
@@ -167,7 +167,9 @@ void PanelTyped(const RowSource& A, const TB* B, const Output& C, int64_t M, int
   const int64_t Kp = (K + kKc - 1) / kKc * kKc;
   const int64_t rows = std::max<int64_t>(kPanelMr, kPackFloats / std::max(Kp, kKc) / kPanelMr * kPanelMr);
   const int64_t mb = std::min(M, rows);
-  if (pack.size() < static_cast<size_t>(mb * Kp)) pack.resize(static_cast<size_t>(mb * Kp));
+  // Never empty, so the packed pointer is never null (K = 0 packs nothing).
+  const size_t need = static_cast<size_t>(std::max<int64_t>(1, mb * Kp));
+  if (pack.size() < need) pack.resize(need);
   for (int64_t m0 = 0; m0 < M; m0 += mb) {
     const int64_t r = std::min(mb, M - m0);
     const RowSource a = A.from(m0);
