@@ -30,18 +30,17 @@ void split_c(std::int64_t M, std::int64_t N, std::int64_t row_grain, Threads thr
   if (threads == Threads::caller) return run(0, M, 0, N);
   if (M >= N) {
     moekit::detail::parallel_for(M, row_grain, [&](std::int64_t m0, std::int64_t m1) { run(m0, m1, 0, N); });
-  } else if (one_share) {
-    const std::int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
+    return;
+  }
+  const std::int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
+  const auto columns = [&](std::int64_t b0, std::int64_t b1) {
+    run(0, M, b0 * kColumnBlock, std::min(N, b1 * kColumnBlock));
+  };
+  if (one_share) {
     const std::int64_t shares = std::min<std::int64_t>(blocks, moekit::num_threads());
-    moekit::detail::parallel_tasks(shares, [&](std::int64_t s) {
-      const std::int64_t b0 = s * blocks / shares, b1 = (s + 1) * blocks / shares;
-      run(0, M, b0 * kColumnBlock, std::min(N, b1 * kColumnBlock));
-    });
+    moekit::detail::parallel_tasks(shares, [&](std::int64_t s) { columns(s * blocks / shares, (s + 1) * blocks / shares); });
   } else {
-    const std::int64_t blocks = (N + kColumnBlock - 1) / kColumnBlock;
-    moekit::detail::parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1) {
-      run(0, M, b0 * kColumnBlock, std::min(N, b1 * kColumnBlock));
-    });
+    moekit::detail::parallel_for(blocks, 1, columns);
   }
 }
 

@@ -49,10 +49,14 @@ HWY_INLINE void ForStrips(int64_t M, const F& f) {
 // one pointer.
 constexpr int64_t kKc = 16;
 constexpr int64_t kPackFloats = int64_t{1} << 20;  // 4 MB: 512 rows at K = 2048
+// A packed row's length: K rounded up to whole chunks.
+constexpr int64_t PackedK(int64_t K) { return (K + kKc - 1) / kKc * kKc; }
+// Columns of the widest tile (ForColumnTiles' NV vectors).
+HWY_INLINE int64_t TileCols() { return kPanelNv * static_cast<int64_t>(hn::Lanes(DF())); }
 
 template <bool kScaled>
 void PackRows(const RowSource& A, int64_t M, int64_t K, float* dst) {
-  const int64_t Kp = (K + kKc - 1) / kKc * kKc;
+  const int64_t Kp = PackedK(K);
   ForStrips(M, [&](int64_t m, int64_t R) {
     float* strip = dst + m * Kp;
     for (int64_t i = 0; i < R; ++i) {
@@ -69,15 +73,17 @@ void PackRows(const RowSource& A, int64_t M, int64_t K, float* dst) {
 
 // Where the tiles of one column block find their operands and their share of the next block.
 // The next block is fetched into L2 at an even pace over all the block's tiles, weighted by
-// their rows: step k of a tile prefetches the line at byte (fp0 + k · inc) >> 26 of `next`
-// (32.32 fixed point in lines, so the byte lies in line (fp0 + k · inc) >> 32).
+// their rows: `ratio` is its lines per row-step of the block's work (rows × tiles per strip × K)
+// in 32.32 fixed point, and step k of a tile whose work starts at row-step s prefetches the line
+// ((s + k · rows) · ratio) >> 32 (at byte offset (…) >> 26, inside that line).
 template <typename TB>
 struct PanelBlock {
   const float* pack;  // PackRows
   const TB* B;
-  int64_t N, K, Kp;
+  int64_t N, K;
   const char* next = nullptr;  // the next block's first line (none: this block's, resident)
-  int64_t next_lines = 0, n0 = 0, tile_cols = 32, tiles_per_strip = 1, work = 1;
+  uint64_t ratio = 0;
+  int64_t n0 = 0, tiles_per_strip = 1;
 };
 
 // One k step of a tile: NV weight vectors at row k of their panels, MR broadcasts of A at
@@ -106,11 +112,10 @@ HWY_INLINE void PanelTile(const PanelBlock<TB>& blk, const Output& C, int64_t m,
     const int64_t c = std::min(n + j * L, last);
     b[j] = blk.B + (c / kPanelRows) * kPanelRows * K + c % kPanelRows;
   }
-  const uint64_t ratio = (static_cast<uint64_t>(blk.next_lines) << 32) / static_cast<uint64_t>(blk.work);
-  uint64_t fp = static_cast<uint64_t>((m * blk.tiles_per_strip + (n - blk.n0) / blk.tile_cols * MR) * K) * ratio;
-  const uint64_t inc = static_cast<uint64_t>(MR) * ratio;
+  uint64_t fp = static_cast<uint64_t>((m * blk.tiles_per_strip + (n - blk.n0) / TileCols() * MR) * K) * blk.ratio;
+  const uint64_t inc = static_cast<uint64_t>(MR) * blk.ratio;
   const char* pf = blk.next;
-  const float* a = blk.pack + m * blk.Kp;
+  const float* a = blk.pack + m * PackedK(K);
 
   hn::Vec<DF> acc[MR][NV];
   for (int i = 0; i < MR; ++i)
@@ -142,15 +147,14 @@ void PanelRowsBlock(PanelBlock<TB>& blk, const Output& C, int64_t M) {
   const int64_t N = blk.N, K = blk.K;
   constexpr int64_t kBlock = 2 * kPanelRows;
   const int64_t panel_bytes = kPanelRows * K * static_cast<int64_t>(sizeof(TB));
-  blk.tile_cols = kPanelNv * static_cast<int64_t>(hn::Lanes(DF()));
   for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
     const int64_t n1 = std::min(N, n0 + kBlock);
     const int64_t next_panels = n1 < N ? (std::min(N, n1 + kBlock) - n1 + kPanelRows - 1) / kPanelRows : 0;
     blk.next = reinterpret_cast<const char*>(blk.B + (next_panels > 0 ? n1 : n0) / kPanelRows * kPanelRows * K);
-    blk.next_lines = next_panels * panel_bytes / 64;
     blk.n0 = n0;
-    blk.tiles_per_strip = (n1 - n0 + blk.tile_cols - 1) / blk.tile_cols;
-    blk.work = std::max<int64_t>(1, M * blk.tiles_per_strip * K);
+    blk.tiles_per_strip = (n1 - n0 + TileCols() - 1) / TileCols();
+    const int64_t lines = next_panels * panel_bytes / 64, work = std::max<int64_t>(1, M * blk.tiles_per_strip * K);
+    blk.ratio = (static_cast<uint64_t>(lines) << 32) / static_cast<uint64_t>(work);
     ForStrips(M, [&](int64_t m, int64_t R) {
       WithRows<kPanelMr>(static_cast<int>(R), [&](auto r) {
         ForColumnTiles<kPanelNv>(n0, n1, [&](auto nv, auto tail, int64_t n, int64_t cols) {
@@ -164,7 +168,7 @@ void PanelRowsBlock(PanelBlock<TB>& blk, const Output& C, int64_t M) {
 template <typename TB>
 void PanelTyped(const RowSource& A, const TB* B, const Output& C, int64_t M, int64_t N, int64_t K) {
   thread_local std::vector<float> pack;
-  const int64_t Kp = (K + kKc - 1) / kKc * kKc;
+  const int64_t Kp = PackedK(K);
   const int64_t rows = std::max<int64_t>(kPanelMr, kPackFloats / std::max(Kp, kKc) / kPanelMr * kPanelMr);
   const int64_t mb = std::min(M, rows);
   // Never empty, so the packed pointer is never null (K = 0 packs nothing).
@@ -174,7 +178,7 @@ void PanelTyped(const RowSource& A, const TB* B, const Output& C, int64_t M, int
     const int64_t r = std::min(mb, M - m0);
     const RowSource a = A.from(m0);
     A.scale ? PackRows<true>(a, r, K, pack.data()) : PackRows<false>(a, r, K, pack.data());
-    PanelBlock<TB> blk{pack.data(), B, N, K, Kp};
+    PanelBlock<TB> blk{pack.data(), B, N, K};
     const Output c{C.data + m0 * C.ld, C.ld, C.row_scale ? C.row_scale + m0 : nullptr, C.accumulate};
     r > kPanelMr ? PanelRowsBlock<TB, true>(blk, c, r) : PanelRowsBlock<TB, false>(blk, c, r);
   }
