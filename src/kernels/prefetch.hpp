@@ -16,7 +16,10 @@ struct NextRows {
   const char* row = nullptr;  ///< the row being fetched
   std::int64_t off = 0;       ///< bytes of it fetched
   std::int64_t row_bytes = 0, stride = 0, rows = 0;
-  int per_step = 0;  ///< lines per step(); 0: nothing to fetch
+  /// Lines owed, 32.32 fixed point: each step() adds `pace` and fetches the whole lines owed, so
+  /// the fetches spread evenly over the steps (a rounded-up count per step would finish early
+  /// and leave the rest of the block's steps without any). 0: nothing to fetch.
+  std::uint64_t owed = 0, pace = 0;
 
   /// `rows` rows of `row_bytes` bytes, `stride` bytes apart from `first`, fetched over `steps`
   /// calls of step() (at most 8 lines a call).
@@ -28,15 +31,18 @@ struct NextRows {
     p.rows = rows;
     p.row_bytes = row_bytes;
     p.stride = stride;
-    const std::int64_t lines = rows * ((row_bytes + 63) / 64);
-    p.per_step = static_cast<int>(std::min<std::int64_t>(8, (lines + steps - 1) / steps));
+    const auto lines = static_cast<std::uint64_t>(rows * ((row_bytes + 63) / 64));
+    const auto n = static_cast<std::uint64_t>(steps);
+    // Rounded up, so the last line is owed by the last step; lines < 2^31 for any block here.
+    p.pace = std::min<std::uint64_t>(std::uint64_t{8} << 32, ((lines << 32) + n - 1) / n);
     return p;
   }
 
   // Always inlined: it runs inside the kernels' k loops, where a call would spill every
   // accumulator register around it (the SIMD registers are caller-saved).
   [[gnu::always_inline]] inline void step() {
-    for (int s = 0; s < per_step && rows > 0; ++s) {
+    owed += pace;
+    for (; owed >= (std::uint64_t{1} << 32) && rows > 0; owed -= std::uint64_t{1} << 32) {
       __builtin_prefetch(row + off, 0, 2);  // read, into L2 (prefetcht1 on x86)
       off += 64;
       if (off >= row_bytes) {
