@@ -113,8 +113,110 @@ void round_rows_amx(const RowSource& A, std::int64_t rows, std::int64_t K, std::
 }
 }  // namespace
 
+#ifdef MOEKIT_HAVE_X86_BF16_KERNEL
+#define MOEKIT_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+namespace {
+
+// GCC 12's AVX-512 intrinsics (the shifts, the conversions, the casts) seed their results from a
+// deliberately undefined vector, which -W(maybe-)uninitialized reports once they are inlined: a
+// false positive (every lane is written), silenced for these functions alone.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// f32 lanes -> their bf16 bits (f32_to_bf16's rule: round to nearest even, a NaN made quiet) in
+// the low 16 bits of each 32-bit lane: RoundedBf16Bits (gemm_nt.cpp) in AVX-512.
+MOEKIT_AVX512BW inline __m512i bf16_bits(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  const __m512i quiet = _mm512_or_si512(bits, _mm512_set1_epi32(0x400000));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_srli_epi32(_mm512_mask_blend_epi32(nan, rounded, quiet), 16);
+}
+
+// r[i] = row i's 16 words of 32 bits -> r[j] = word j of every row (a 16 × 16 transpose: pairs
+// of 32 bits within 128-bit lanes, then pairs of 64, then whole lanes).
+MOEKIT_AVX512BW inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);      // a0 b0 a1 b1 per lane
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);  // a2 b2 a3 b3
+  }
+  for (int g = 0; g < 4; ++g) {  // rows 4g .. 4g + 3: u[4g + c] holds their column c of each lane
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4L + c = lane L of u[c], u[4 + c], u[8 + c], u[12 + c]
+    const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44),
+                  y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+  }
+}
+
+// round_rows_amx in registers: per panel and chunk of 32 k, each row's 32 values (masked loads:
+// zeros past K and for rows past the last) rounded and packed into 16 pairs, the 16 rows × 16
+// pairs transposed, each pair's row of 16 stored whole. Writes every element of the panels, so
+// no clearing first. The same bits as the portable form (the test holds them together).
+MOEKIT_AVX512BW void round_rows_amx_avx512(const RowSource& A, std::int64_t rows, std::int64_t K,
+                                           std::uint16_t* dst) {
+  const std::int64_t Kp = amx_padded_k(K);
+  for (std::int64_t p = 0; p * kAmxRows < rows; ++p) {
+    const std::int64_t r = std::min(kAmxRows, rows - p * kAmxRows);
+    const float* src[kAmxRows];
+    __m512 scale[kAmxRows];
+    for (std::int64_t i = 0; i < r; ++i) {
+      src[i] = A.row(p * kAmxRows + i);
+      scale[i] = _mm512_set1_ps(A.factor(p * kAmxRows + i));
+    }
+    std::uint16_t* panel = dst + p * kAmxRows * Kp;
+    for (std::int64_t k0 = 0; k0 < Kp; k0 += 32) {
+      const std::int64_t n = K - k0;  // 1 .. 32 valid, or more
+      const auto mask = [](std::int64_t count) {
+        return static_cast<__mmask16>(count >= 16 ? 0xffffu : count <= 0 ? 0u : (1u << count) - 1u);
+      };
+      const __mmask16 lo = mask(n), hi = mask(n - 16);
+      __m512i w[kAmxRows];
+      for (std::int64_t i = 0; i < kAmxRows; ++i) {
+        if (i >= r) {
+          w[i] = _mm512_setzero_si512();
+          continue;
+        }
+        __m512 v0 = _mm512_maskz_loadu_ps(lo, src[i] + k0), v1 = _mm512_maskz_loadu_ps(hi, src[i] + k0 + 16);
+        if (A.scale) {
+          v0 = _mm512_mul_ps(v0, scale[i]);
+          v1 = _mm512_mul_ps(v1, scale[i]);
+        }
+        // Words k0 .. k0 + 31 in order: 32-bit word j = the pair (k0 + 2j, k0 + 2j + 1).
+        w[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_bits(v0))),
+                                  _mm512_cvtepi32_epi16(bf16_bits(v1)), 1);
+      }
+      transpose16(w);
+      for (int q = 0; q < 16; ++q) _mm512_storeu_si512(panel + k0 * kAmxRows + q * 2 * kAmxRows, w[q]);
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
+}  // namespace
+#endif
+
 Bf16Activations round_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, Bf16Path path, void* dst) {
   if (path == Bf16Path::amx) {
+#ifdef MOEKIT_HAVE_X86_BF16_KERNEL
+    if (cpu_features().avx512) {
+      round_rows_amx_avx512(A, rows, K, static_cast<std::uint16_t*>(dst));
+      return {dst, amx_padded_k(K), path};
+    }
+#endif
     round_rows_amx(A, rows, K, static_cast<std::uint16_t*>(dst));
     return {dst, amx_padded_k(K), path};
   }

@@ -393,5 +393,45 @@ TEST(GemmBf16, RoundToBf16MatchesTheScalarConversionOnEveryTarget) {
   });
 }
 
+// The AMX form over several panels (the last one partial) and chunks of 32 (K past a chunk, odd
+// K): every element where gemm.hpp places it, rounded as f32_to_bf16, zero past the rows and K.
+TEST(GemmBf16, RoundToBf16AmxFormOverPanelsAndChunks) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -0.0f, std::numeric_limits<float>::infinity(),
+                            1.00390625f, 1.01171875f, std::numeric_limits<float>::denorm_min(), 1.1754942e-38f};
+  for (const std::int64_t K : {1, 31, 32, 33, 95, 130}) {
+    for (const std::int64_t rows : {1, 16, 37}) {
+      SCOPED_TRACE(::testing::Message() << "K " << K << ", rows " << rows);
+      const std::int64_t src_rows = 2 * rows + 1, ld = K + 3;
+      std::vector<float> src(static_cast<std::size_t>(src_rows * ld));
+      for (std::size_t i = 0; i < src.size(); ++i) src[i] = i % 5 == 0 ? specials[i / 5 % 7] : d(rng);
+      std::vector<std::int32_t> index;
+      std::vector<float> scale;
+      for (std::int64_t i = 0; i < rows; ++i) {
+        index.push_back(static_cast<std::int32_t>((i * 7 + 3) % src_rows));
+        scale.push_back(std::uniform_real_distribution<float>(0.25f, 2.0f)(rng));
+      }
+      for (const bool scaled : {false, true}) {
+        const kernels::RowSource A{src.data(), ld, index.data(), scaled ? scale.data() : nullptr};
+        std::vector<std::uint16_t> packed(kernels::bf16_activation_bytes(rows, K, Bf16Path::amx) / 2, 0xABCDu);
+        kernels::round_to_bf16(A, rows, K, Bf16Path::amx, packed.data());
+        const std::int64_t Kp = kernels::amx_padded_k(K), panels = (rows + 15) / 16;
+        ASSERT_EQ(static_cast<std::int64_t>(packed.size()), panels * 16 * Kp);
+        for (std::int64_t m = 0; m < panels * 16; ++m)
+          for (std::int64_t k = 0; k < Kp; ++k) {
+            const std::uint16_t got = packed[static_cast<std::size_t>((m / 16) * 16 * Kp + (k / 2) * 32 + (m % 16) * 2 + k % 2)];
+            std::uint16_t want = 0;
+            if (m < rows && k < K) {
+              const float x = src[static_cast<std::size_t>(index[m] * ld + k)];
+              want = f32_to_bf16(scaled ? x * scale[m] : x);
+            }
+            ASSERT_EQ(got, want) << "row " << m << " k " << k << (scaled ? " scaled" : "");
+          }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moekit
