@@ -54,10 +54,9 @@ Output block_of(const Output& C, std::int64_t m0, std::int64_t n0) {
 // Rows [first, ...) of an [N, K] weight matrix; in panels `first` is a multiple of kPanelRows.
 WeightMatrix rows_of(const WeightMatrix& B, std::int64_t first, std::int64_t K) {
   WeightMatrix b = B;
-  const std::int64_t stride = B.layout == WeightLayout::panels      ? K
-                              : B.layout == WeightLayout::amx_tiles ? amx_padded_k(K)
-                                                                    : B.ld;
-  b.data = static_cast<const char*>(B.data) + first * stride * static_cast<std::int64_t>(dtype_size(B.dtype));
+  // k = 0: the row's start in any layout, affine codes (rows of packed words, ld in words) included.
+  b.data = static_cast<const char*>(B.data) +
+           weight_offset(B.layout, first, 0, K, B.ld) * static_cast<std::int64_t>(dtype_size(B.dtype));
   if (B.quantized()) {
     const std::int64_t step = first * B.affine.scale_ld * static_cast<std::int64_t>(dtype_size(B.affine.scale_dtype));
     b.affine.scales = static_cast<const char*>(B.affine.scales) + step;

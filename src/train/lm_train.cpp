@@ -58,14 +58,25 @@ Tensor take_experts(const Tensor& t, const std::vector<std::int64_t>& ids) {
   return out;
 }
 
-// The routed experts' matrices of a block (the tensors expert parallelism splits by owner).
-constexpr Tensor MoeTensors::*kRoutedMatrices[] = {&MoeTensors::gate, &MoeTensors::up,
-                                                   &MoeTensors::down};
+// The routed experts' matrices of a block (the tensors expert parallelism splits by owner): the
+// entries of kMoeTensorMembers (their members and their names in LmParams::named()) that hold one
+// matrix per expert.
+constexpr bool is_routed(Tensor MoeTensors::*m) {
+  return m == &MoeTensors::gate || m == &MoeTensors::up || m == &MoeTensors::down;
+}
+constexpr MoeTensorMember kRoutedMatrices[] = {kMoeTensorMembers[2], kMoeTensorMembers[3], kMoeTensorMembers[4]};
+static_assert(is_routed(kRoutedMatrices[0].member) && is_routed(kRoutedMatrices[1].member) &&
+                  is_routed(kRoutedMatrices[2].member) && kRoutedMatrices[0].member != kRoutedMatrices[1].member &&
+                  kRoutedMatrices[1].member != kRoutedMatrices[2].member &&
+                  kRoutedMatrices[0].member != kRoutedMatrices[2].member,
+              "kRoutedMatrices: the gate, up and down entries of kMoeTensorMembers");
 
+// Whether a named tensor (a parameter's or its optimizer state's: "layers.3.experts.up",
+// "m.layers.3.experts.up") is a routed matrix.
 bool is_routed_matrix(const std::string& name) {
-  for (const char* suffix : {"experts.gate", "experts.up", "experts.down"}) {
-    const std::size_t n = std::strlen(suffix);
-    if (name.size() >= n && name.compare(name.size() - n, n, suffix) == 0 &&
+  for (const MoeTensorMember& r : kRoutedMatrices) {
+    const std::size_t n = std::strlen(r.name);
+    if (name.size() >= n && name.compare(name.size() - n, n, r.name) == 0 &&
         (name.size() == n || name[name.size() - n - 1] == '.'))
       return true;
   }
@@ -76,8 +87,8 @@ bool is_routed_matrix(const std::string& name) {
 LmParams local_part(LmParams p, const std::vector<std::int64_t>* ids) {
   if (ids)
     for (MoeTensors& b : p.blocks)
-      for (Tensor MoeTensors::*m : kRoutedMatrices)
-        if ((b.*m).numel() > 0) b.*m = take_experts(b.*m, *ids);
+      for (const MoeTensorMember& r : kRoutedMatrices)
+        if ((b.*r.member).numel() > 0) b.*r.member = take_experts(b.*r.member, *ids);
   return p;
 }
 
@@ -91,8 +102,8 @@ double sum_squares_of(const Tensor& t) {
 double parallel_sum_squares(const LmParams& g, LmParallel& par) {
   std::vector<double> part;
   for (const MoeTensors& b : g.blocks)
-    for (Tensor MoeTensors::*m : kRoutedMatrices)
-      if ((b.*m).rank() == 3) part.push_back(sum_squares_of(b.*m));
+    for (const MoeTensorMember& r : kRoutedMatrices)
+      if ((b.*r.member).rank() == 3) part.push_back(sum_squares_of(b.*r.member));
   par.sum(part.data(), static_cast<std::int64_t>(part.size()));
   double sum = 0;
   std::size_t i = 0;
@@ -102,8 +113,7 @@ double parallel_sum_squares(const LmParams& g, LmParallel& par) {
     if (l < g.norms.size()) sum += sum_squares_of(g.norms[l]);
     for (const MoeTensorMember& m : kMoeTensorMembers) {
       const Tensor& t = g.blocks[l].*m.member;
-      const bool routed = std::find(std::begin(kRoutedMatrices), std::end(kRoutedMatrices),
-                                    m.member) != std::end(kRoutedMatrices);
+      const bool routed = is_routed(m.member);
       if (routed && t.rank() == 3)
         sum += part[i++];
       else if (!routed)
@@ -474,8 +484,8 @@ LmParams LmTrainer::whole_params() const {
   LmParams out = params_;  // shares the storage of what every rank holds whole
   const std::int64_t E = config_.block.router.num_experts;
   for (MoeTensors& b : out.blocks)
-    for (Tensor MoeTensors::*m : kRoutedMatrices)
-      if ((b.*m).rank() == 3) b.*m = parallel_->gather_experts(b.*m, E);
+    for (const MoeTensorMember& r : kRoutedMatrices)
+      if ((b.*r.member).rank() == 3) b.*r.member = parallel_->gather_experts(b.*r.member, E);
   return parallel_->rank() == 0 ? out : LmParams{};
 }
 
@@ -494,12 +504,10 @@ Optimizer LmTrainer::whole_optimizer(const LmParams& whole) const {
                                   ? std::vector<const char*>{"m.", "v."}
                                   : std::vector<const char*>{"momentum."})
       for (std::size_t l = 0; l < params_.blocks.size(); ++l)
-        for (const auto& [member, label] :
-             {std::pair{&MoeTensors::gate, "gate"}, std::pair{&MoeTensors::up, "up"},
-              std::pair{&MoeTensors::down, "down"}}) {
-          const Tensor& p = params_.blocks[l].*member;
+        for (const MoeTensorMember& r : kRoutedMatrices) {
+          const Tensor& p = params_.blocks[l].*r.member;
           if (p.rank() != 3) continue;
-          const std::string name = prefix + ("layers." + std::to_string(l) + ".experts." + label);
+          const std::string name = prefix + ("layers." + std::to_string(l) + "." + r.name);
           Tensor local = p;  // shape [0, ...] when this rank holds no experts (no state then)
           for (const auto& [n, t] : state)
             if (n == name) local = t;
@@ -517,8 +525,8 @@ void LmTrainer::restore(const LmParams& whole, const std::vector<Tensor>& biases
   // Expert parallel: this rank's part of the checkpoint's experts and their optimizer state.
   if (parallel_)
     for (std::size_t l = 0; l < whole.blocks.size(); ++l)
-      for (Tensor MoeTensors::*m : kRoutedMatrices) {
-        const Tensor& t = whole.blocks[l].*m;
+      for (const MoeTensorMember& r : kRoutedMatrices) {
+        const Tensor& t = whole.blocks[l].*r.member;
         if (t.numel() > 0 && (t.rank() != 3 || t.dim(0) != config_.block.router.num_experts ||
                               t.dtype() != DType::f32))
           throw std::invalid_argument(MOEKIT_MSG("[moekit::LmTrainer::restore] layer "
