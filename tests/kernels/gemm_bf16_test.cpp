@@ -165,13 +165,13 @@ std::vector<float> widened(const Operands& op) {
 }
 
 // The AMX kernel (through the driver, which splits in panels and tile pairs) against the twin.
-void expect_amx_matches_twin(const Case& c, const Operands& op) {
+void expect_amx_matches_twin(const Case& c, const Operands& op, kernels::Threads threads = kernels::Threads::pool) {
   const std::vector<float> a32 = widened(op);
   std::vector<float> buf = activation_buffer(c.M, c.K, Bf16Path::amx);
   const kernels::RowSource x{a32.data(), op.lda, c.gather ? op.index.data() : nullptr};
   const kernels::Bf16Activations A = kernels::round_to_bf16(x, c.M, c.K, Bf16Path::amx, buf.data());
   std::vector<float> got, want;
-  kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K);
+  kernels::gemm_nt_bf16(A, op.B(), op.C(c, got), c.M, c.N, c.K, threads);
   kernels::ref::gemm_nt_bf16_tdpbf16(op.A(c), op.B(), op.C(c, want), c.M, c.N, c.K);
   expect_bitwise(got, want);
   // The same weights packed in AMX tiles: whole 1 KB tiles, zero past N and K, the same bits.
@@ -191,7 +191,7 @@ void expect_amx_matches_twin(const Case& c, const Operands& op) {
   EXPECT_EQ(nonzero_padding, 0u);
   std::vector<float> packed_got;
   kernels::gemm_nt_bf16(A, {tiles.data(), DType::bf16, 0, kernels::WeightLayout::amx_tiles},
-                        op.C(c, packed_got), c.M, c.N, c.K);
+                        op.C(c, packed_got), c.M, c.N, c.K, threads);
   SCOPED_TRACE("amx_tiles");
   expect_bitwise(packed_got, want);
 }
@@ -212,6 +212,16 @@ TEST(GemmBf16, AmxEqualsItsScalarTwinBitwise) {
     SCOPED_TRACE(name(c));
     expect_amx_matches_twin(c, Operands(c, rng));
   }
+}
+
+// Past 1 MB of activations the kernel runs its panels in groups (each group over every column
+// block): at K = 4101 a group is 6 panels, so 200 rows in one call (the calling thread: the pool
+// would split them in pairs of panels) are groups of 6, 6 and 1 panels.
+TEST(GemmBf16, AmxOverPanelGroupsEqualsItsScalarTwinBitwise) {
+  if (!amx()) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16: the tdpbf16ps path was not run";
+  std::mt19937 rng(24);
+  const Case c{200, 40, 4101, true, true, true};
+  expect_amx_matches_twin(c, Operands(c, rng), kernels::Threads::caller);
 }
 
 // tdpbf16ps reads denormal inputs as zero and flushes denormal products, sums and results.
