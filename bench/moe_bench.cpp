@@ -334,6 +334,7 @@ BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 32, 64}, {768}, {2048}, {0, 1, 2}, {0
 BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{1, 32, 64}, {768}, {2048}, {2}, {1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 // The shared experts' shape (DeepSeek: 512 rows, one thread's half of 2 × 1408 columns): activations past L2.
 BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{128, 512}, {1408}, {2048}, {2}, {1}, {0}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmNtBf16)->ArgsProduct({{48}, {1408}, {2048}, {2}, {1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_GemmNtColdB)->Arg(32)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 // Qwen3 at T = 512: 32 rows per expert; DeepSeek-style: 48 rows of F = 1408; cached also 256 rows
 // (a shared expert or a large batch, `moekit bench`'s GEMM-peak shape).
