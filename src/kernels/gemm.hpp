@@ -176,6 +176,9 @@ struct Output {
   std::int64_t ld = 0;
   const float* row_scale = nullptr;
   bool accumulate = false;
+  /// Kernel-internal, set by gemm_tn (callers leave it false): whole aligned vectors go out with
+  /// non-temporal stores, for a large result that is not read back soon (a weight gradient).
+  bool stream = false;
 };
 
 /// Whether a driver may use the thread pool or must stay on the calling thread (for callers

@@ -126,7 +126,11 @@ HWY_INLINE void StoreOuterTile(DF df, const hn::Vec<DF> (&acc)[MR][NV], const Ou
         for (int64_t x = 0; x < cols; ++x) c[x] = C.accumulate ? c[x] + buf[x] : buf[x];
       } else {
         if (C.accumulate) v = hn::Add(hn::LoadU(df, c + j * L), v);
-        hn::StoreU(v, df, c + j * L);
+        if (C.stream && reinterpret_cast<uintptr_t>(c + j * L) % (L * sizeof(float)) == 0) {
+          hn::Stream(v, df, c + j * L);
+        } else {
+          hn::StoreU(v, df, c + j * L);
+        }
       }
     }
   }

@@ -237,6 +237,20 @@ TEST(Gemm, TnMatchesReferenceOnEveryTarget) {
   for_each_target([](std::int64_t t) { check_against_reference(Layout::tn, t); });
 }
 
+// A result of 1 MB or more goes out with non-temporal stores (the aligned whole vectors; the
+// rest, at ldc = N + 2, with ordinary ones): the same bits, nothing written past N, and an
+// accumulated one read back as before. One call (the calling thread) and split over the pool.
+TEST(Gemm, TnWithALargeResultMatchesReferenceOnEveryTarget) {
+  for_each_target([](std::int64_t t) {
+    std::mt19937 rng(31);
+    for (const bool acc : {false, true})
+      for (const auto threads : {kernels::Threads::caller, kernels::Threads::pool}) {
+        check_case(Layout::tn, DType::f32, 300, 1000, 5, true, true, false, acc, t, rng, 0, threads);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  });
+}
+
 // The whole product, element by element and over 1, 2, 3 threads: the same bits.
 void check_split_invariance(Layout layout) {
   std::mt19937 rng(2);
