@@ -2,8 +2,53 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/activation.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// h = silu(gate) · up, vectorised: silu(v) = v · σ(v) with e = exp(-|v|) ∈ [0, 1] (Highway's Exp,
+// ≤ 1 ULP, never asked past its range) and σ(v) = 1 / (1 + e) for v ≥ 0, e / (1 + e) below. An e
+// below FLT_MIN (v < -87.3, where Exp's denormals are inexact) is taken as 0, so such a v gives
+// v · 0 = -0 — what torch's x / (1 + exp(-x)) and the scalar form give there (exp(-v)
+// overflows); ±∞ and NaN as they do too. Elementwise: the same bits for any split of the rows.
+void Swiglu(const float* gate, const float* up, float* h, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const auto one = hn::Set(d, 1.0f);
+  const auto body = [&](hn::Vec<decltype(d)> v, hn::Vec<decltype(d)> u) {
+    const auto x = hn::Exp(d, hn::Neg(hn::Abs(v)));
+    const auto e = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, std::numeric_limits<float>::min())), x);
+    const auto sig = hn::Div(hn::IfThenElse(hn::Ge(v, hn::Zero(d)), one, e), hn::Add(one, e));
+    return hn::Mul(hn::Mul(v, sig), u);
+  };
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(body(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, h + i);
+  if (i < n) {  // the tail through zero-padded copies (the padding's lanes are discarded)
+    const size_t r = static_cast<size_t>(n - i);
+    HWY_ALIGN float g[HWY_MAX_BYTES / sizeof(float)] = {}, u[HWY_MAX_BYTES / sizeof(float)] = {},
+                    o[HWY_MAX_BYTES / sizeof(float)];
+    std::copy_n(gate + i, r, g);
+    std::copy_n(up + i, r, u);
+    hn::Store(body(hn::Load(d, g), hn::Load(d, u)), d, o);
+    std::copy_n(o, r, h + i);
+  }
+}
+
+}  // namespace moekit::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace moekit::kernels {
+
+HWY_EXPORT(Swiglu);
 
 namespace {
 inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
@@ -80,7 +125,7 @@ void apply_body(BodyKind kind, float limit, float alpha, const float* gate, cons
                 std::int64_t n) {
   switch (kind) {
     case BodyKind::swiglu:
-      for (std::int64_t i = 0; i < n; ++i) h[i] = silu(gate[i]) * up[i];
+      HWY_DYNAMIC_DISPATCH(Swiglu)(gate, up, h, n);
       break;
     case BodyKind::swiglu_clamped:
       // GPT-OSS: the gate is clamped from above only, the up projection on both sides.
@@ -117,3 +162,4 @@ void add_row_bias(float* m, std::int64_t rows, std::int64_t cols, const float* b
 }
 
 }  // namespace moekit::kernels
+#endif  // HWY_ONCE
