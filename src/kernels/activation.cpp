@@ -14,32 +14,65 @@ HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// h = silu(gate) · up, vectorised: silu(v) = v · σ(v) with e = exp(-|v|) ∈ [0, 1] (Highway's Exp,
-// ≤ 1 ULP, never asked past its range) and σ(v) = 1 / (1 + e) for v ≥ 0, e / (1 + e) below. An e
-// below FLT_MIN (v < -87.3, where Exp's denormals are inexact) is taken as 0, so such a v gives
-// v · 0 = -0 — what torch's x / (1 + exp(-x)) and the scalar form give there (exp(-v)
-// overflows); ±∞ and NaN as they do too. Elementwise: the same bits for any split of the rows.
-void Swiglu(const float* gate, const float* up, float* h, int64_t n) {
-  const hn::ScalableTag<float> d;
-  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
-  const auto one = hn::Set(d, 1.0f);
-  const auto body = [&](hn::Vec<decltype(d)> v, hn::Vec<decltype(d)> u) {
-    const auto x = hn::Exp(d, hn::Neg(hn::Abs(v)));
-    const auto e = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, std::numeric_limits<float>::min())), x);
-    const auto sig = hn::Div(hn::IfThenElse(hn::Ge(v, hn::Zero(d)), one, e), hn::Add(one, e));
-    return hn::Mul(hn::Mul(v, sig), u);
-  };
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// σ(v), vectorised, for SwiGLU: e = exp(-|v|) ∈ [0, 1] (Highway's Exp, ≤ 1 ULP, never asked past
+// its range), σ = 1 / (1 + e) for v ≥ 0 and e / (1 + e) below. An e below FLT_MIN (v < -87.3,
+// where Exp's denormals are inexact) is taken as 0: σ = 0 there, as torch's 1 / (1 + exp(-x))
+// and the scalar form give (exp(-v) overflows); ±∞ and NaN as they do too.
+HWY_INLINE VF Sigmoid(DF d, VF v) {
+  const VF one = hn::Set(d, 1.0f);
+  const VF x = hn::Exp(d, hn::Neg(hn::Abs(v)));
+  const VF e = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, std::numeric_limits<float>::min())), x);
+  return hn::Div(hn::IfThenElse(hn::Ge(v, hn::Zero(d)), one, e), hn::Add(one, e));
+}
+
+// f(vector index i, lanes) over n elements: whole vectors, then the tail (fewer lanes valid).
+// Elementwise, so the same bits for any split of the rows.
+template <class F>
+HWY_INLINE void Elementwise(int64_t n, const F& f) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
   int64_t i = 0;
-  for (; i + L <= n; i += L) hn::StoreU(body(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, h + i);
-  if (i < n) {  // the tail through zero-padded copies (the padding's lanes are discarded)
-    const size_t r = static_cast<size_t>(n - i);
-    HWY_ALIGN float g[HWY_MAX_BYTES / sizeof(float)] = {}, u[HWY_MAX_BYTES / sizeof(float)] = {},
-                    o[HWY_MAX_BYTES / sizeof(float)];
-    std::copy_n(gate + i, r, g);
-    std::copy_n(up + i, r, u);
-    hn::Store(body(hn::Load(d, g), hn::Load(d, u)), d, o);
-    std::copy_n(o, r, h + i);
-  }
+  for (; i + L <= n; i += L) f(i, L);
+  if (i < n) f(i, n - i);
+}
+
+// Loads `lanes` floats (a tail through a zero-padded copy) / stores them.
+HWY_INLINE VF Load(DF d, const float* p, int64_t lanes) {
+  if (lanes == static_cast<int64_t>(hn::Lanes(d))) return hn::LoadU(d, p);
+  HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::copy_n(p, lanes, buf);
+  return hn::Load(d, buf);
+}
+HWY_INLINE void Store(DF d, VF v, float* p, int64_t lanes) {
+  if (lanes == static_cast<int64_t>(hn::Lanes(d))) return hn::StoreU(v, d, p);
+  HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(v, d, buf);
+  std::copy_n(buf, lanes, p);
+}
+
+// h = silu(gate) · up.
+void Swiglu(const float* gate, const float* up, float* h, int64_t n) {
+  const DF d;
+  Elementwise(n, [&](int64_t i, int64_t lanes) {
+    const VF v = Load(d, gate + i, lanes), u = Load(d, up + i, lanes);
+    Store(d, hn::Mul(hn::Mul(v, Sigmoid(d, v)), u), h + i, lanes);
+  });
+}
+
+// dgate = dh · up · silu'(gate), dup = dh · silu(gate), silu'(v) = σ(1 + v(1 − σ)); every input
+// of an element is loaded before its outputs are stored (dgate / dup may alias dh).
+void SwigluBackward(const float* gate, const float* up, const float* dh, float* dgate, float* dup, int64_t n) {
+  const DF d;
+  const VF one = hn::Set(d, 1.0f);
+  Elementwise(n, [&](int64_t i, int64_t lanes) {
+    const VF a = Load(d, gate + i, lanes), b = Load(d, up + i, lanes), g = Load(d, dh + i, lanes);
+    const VF s = Sigmoid(d, a);
+    const VF ds = hn::Mul(s, hn::Add(one, hn::Mul(a, hn::Sub(one, s))));
+    Store(d, hn::Mul(hn::Mul(g, b), ds), dgate + i, lanes);
+    Store(d, hn::Mul(g, hn::Mul(a, s)), dup + i, lanes);
+  });
 }
 
 }  // namespace moekit::kernels::HWY_NAMESPACE
@@ -49,6 +82,7 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::kernels {
 
 HWY_EXPORT(Swiglu);
+HWY_EXPORT(SwigluBackward);
 
 namespace {
 inline float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
@@ -78,11 +112,7 @@ void apply_body_backward(BodyKind kind, float limit, float alpha, const float* g
                          float* dgate, float* dup, std::int64_t n) {
   switch (kind) {
     case BodyKind::swiglu:
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float a = gate[i], b = up[i], d = dh[i];
-        dgate[i] = d * b * dsilu(a);
-        dup[i] = d * silu(a);
-      }
+      HWY_DYNAMIC_DISPATCH(SwigluBackward)(gate, up, dh, dgate, dup, n);
       break;
     case BodyKind::swiglu_clamped:
       for (std::int64_t i = 0; i < n; ++i) {
