@@ -9,6 +9,7 @@
 // Column tails go through a zero-padded copy of B's row and a buffered store, with the same
 // arithmetic per lane, so a column gives the same bits whichever tile or thread computed it.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
