@@ -20,10 +20,15 @@ using VF = hn::Vec<DF>;
 // σ(v), vectorised, for SwiGLU: e = exp(-|v|) ∈ [0, 1] (Highway's Exp, ≤ 1 ULP, never asked past
 // its range), σ = 1 / (1 + e) for v ≥ 0 and e / (1 + e) below. An e below FLT_MIN (v < -87.3,
 // where Exp's denormals are inexact) is taken as 0: σ = 0 there, as torch's 1 / (1 + exp(-x))
-// and the scalar form give (exp(-v) overflows); ±∞ and NaN as they do too.
+// and the scalar form give (exp(-v) overflows); σ(+∞) = 1, σ(-∞) = 0; σ(NaN) is 1 or 0, and the
+// NaN reaches the result through the v that multiplies σ.
 HWY_INLINE VF Sigmoid(DF d, VF v) {
   const VF one = hn::Set(d, 1.0f);
-  const VF x = hn::Exp(d, hn::Neg(hn::Abs(v)));
+  // Exp's argument kept in [-104, 0]: |v| ≥ 104, ±∞ and NaN go in as -104 (e then flushes to 0
+  // below; a NaN v still gives NaN through the v · σ that follows). Exp converts its argument to
+  // an integer, which for NaN or -∞ is undefined behaviour on Highway's scalar target.
+  const VF a = hn::Abs(v), bound = hn::Set(d, 104.0f);
+  const VF x = hn::Exp(d, hn::Neg(hn::IfThenElse(hn::Lt(a, bound), a, bound)));
   const VF e = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, std::numeric_limits<float>::min())), x);
   return hn::Div(hn::IfThenElse(hn::Ge(v, hn::Zero(d)), one, e), hn::Add(one, e));
 }

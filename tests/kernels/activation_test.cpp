@@ -1,6 +1,8 @@
 // The expert bodies' activations (kernels/activation.hpp). SwiGLU runs vectorised (Highway's Exp)
 // on every target: each element within a few ULP of silu(gate) · up taken in double, and the
-// answers of torch's x / (1 + exp(-x)) at the edges (±0, ±∞, NaN, exp(-x) past FLT_MAX: -0).
+// answers of torch's x / (1 + exp(-x)) at the edges (±0, ±∞, NaN, exp(-x) past FLT_MAX: -0,
+// |x| up to FLT_MAX — Exp's own argument stays in its range; the fuzzer's UBSan build, on
+// Highway's scalar target, found a NaN reaching its integer conversion).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -66,6 +68,7 @@ TEST(Activation, SwigluEdgesAsTheScalarFormOnEveryTarget) {
       {0.0f, 5.0f, 0.0f},     {-0.0f, 5.0f, -0.0f},  {inf, 2.0f, inf},        {-inf, 2.0f, nan},
       {nan, 1.0f, nan},       {1.0f, nan, nan},      {-200.0f, 1.0f, -0.0f},  {-200.0f, -1.0f, 0.0f},
       {200.0f, 1.0f, 200.0f}, {100.0f, 0.5f, 50.0f}, {-90.0f, 1.0f, -0.0f},  {-90.0f, 3.0f, -0.0f},
+      {1e30f, 2.0f, 2e30f},   {-1e30f, 1.0f, -0.0f}, {-3.4e38f, 1.0f, -0.0f}, {104.0f, 1.0f, 104.0f},
   };
   for (const std::int64_t n : {1, 7, 16, 17, 33}) {  // the tail and whole vectors
     testing::for_each_target([&](std::int64_t) {
