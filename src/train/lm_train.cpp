@@ -61,15 +61,16 @@ Tensor take_experts(const Tensor& t, const std::vector<std::int64_t>& ids) {
 // The routed experts' matrices of a block (the tensors expert parallelism splits by owner): the
 // entries of kMoeTensorMembers (their members and their names in LmParams::named()) that hold one
 // matrix per expert.
-constexpr bool is_routed(Tensor MoeTensors::*m) {
-  return m == &MoeTensors::gate || m == &MoeTensors::up || m == &MoeTensors::down;
-}
 constexpr MoeTensorMember kRoutedMatrices[] = {kMoeTensorMembers[2], kMoeTensorMembers[3], kMoeTensorMembers[4]};
-static_assert(is_routed(kRoutedMatrices[0].member) && is_routed(kRoutedMatrices[1].member) &&
-                  is_routed(kRoutedMatrices[2].member) && kRoutedMatrices[0].member != kRoutedMatrices[1].member &&
-                  kRoutedMatrices[1].member != kRoutedMatrices[2].member &&
-                  kRoutedMatrices[0].member != kRoutedMatrices[2].member,
+static_assert(kRoutedMatrices[0].member == &MoeTensors::gate && kRoutedMatrices[1].member == &MoeTensors::up &&
+                  kRoutedMatrices[2].member == &MoeTensors::down,
               "kRoutedMatrices: the gate, up and down entries of kMoeTensorMembers");
+
+constexpr bool is_routed(Tensor MoeTensors::*m) {
+  for (const MoeTensorMember& r : kRoutedMatrices)
+    if (r.member == m) return true;
+  return false;
+}
 
 // Whether a named tensor (a parameter's or its optimizer state's: "layers.3.experts.up",
 // "m.layers.3.experts.up") is a routed matrix.
