@@ -1,4 +1,4 @@
-// Benchmarks of the MoE layer at PERF.md's reference shapes, with the machine's limits measured
+// Benchmarks of the MoE layer at the reference shapes of docs/performance.md, with the machine's limits measured
 // in the same run (OpenBLAS sgemm peak, DRAM read bandwidth). Never asserts; never a test.
 //
 //   cmake --preset default -DMOEKIT_BUILD_BENCH=ON && cmake --build --preset default

@@ -20,7 +20,7 @@ Where the goldens come from (each case's "source" field in manifest.json says wh
     (whose weight multiplies the expert input) the input gets one extra column of ones and the
     stub reads the weight back from that column. Everything else is mlx-lm's code unchanged.
   * "torch reimplementation of <reference>": torch 1.13 code following the reference
-    (HF transformers modeling code / DeepSeek's modeling_deepseek.py), as SEMANTICS.md §2
+    (HF transformers modeling code / DeepSeek's modeling_deepseek.py), as docs/routing.md, "Families"
     describes; used where the reference semantics differ from mlx-lm (−∞ group masking,
     renormalisation with K = 1, DeepSeek-V2's own norm_topk_prob rule).
 Every mlx-lm case is also recomputed with the torch reimplementation configured to mlx-lm's

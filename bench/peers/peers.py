@@ -135,7 +135,7 @@ def torch_child(mode, extra_args, threads, reps, env, what):
 
 def measure_torch_limits(threads, reps, env):
     env = dict(env)
-    # PERF.md / the machine notes: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, where set, slow a current
+    # docs/performance.md ("Limits"): OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, where set, slow a current
     # numpy; for this measurement alone both go (threadpoolctl then says which kernel runs).
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("OPENBLAS_L2_SIZE", None)

@@ -29,7 +29,7 @@ import traceback
 
 import torch
 
-# The shapes of PERF.md, with the same config fields as `moekit bench` (cli/bench.cpp), so both
+# The reference shapes of docs/performance.md, with the same config fields as `moekit bench` (cli/bench.cpp), so both
 # sides route alike: Qwen3 softmax top-8 of 128 with renormalisation; DeepSeek-V3 sigmoid scores,
 # selection bias, 8 groups of which the best 4 are kept, top-6 of 64, scaling 2.5, 2 shared.
 SHAPES = {
@@ -180,7 +180,7 @@ def run_limits(args):
         add("sgemm", f"numpy {np.__version__} matmul fp32 (OpenBLAS of its wheel)", "f32", mnk,
             numpy_mm)
 
-    # Which kernels the BLAS libraries picked at run time: the trap of PERF.md is an OpenBLAS that
+    # Which kernels the BLAS libraries picked at run time: the trap docs/performance.md ("Limits") describes is an OpenBLAS that
     # does not know the CPU and runs its Haswell kernels.
     blas_info = []
     try:

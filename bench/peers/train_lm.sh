@@ -7,7 +7,7 @@
 #
 # default:   the default `moekit train` model (DeepSeek-V3 blocks, L=2 D=128 E=16 K=4 F=64, one
 #            shared expert, context 8, 4096 tokens per step)
-# reference: PERF.md's reference MoE shape as one block (Qwen3-30B-A3B's layer: D=2048 E=128 K=8
+# reference: the reference MoE shape of docs/performance.md as one block (Qwen3-30B-A3B's layer: D=2048 E=128 K=8
 #            F=768, no shared expert; context 4, 512 tokens per step; ~10 GB of parameters,
 #            gradients and Adam state per side)
 # moekit's figure is the median over steps 3.. of its per-step tokens/s (CSV); torch's the

@@ -12,7 +12,7 @@
 
 namespace moekit {
 
-/// The expert body (SEMANTICS.md §2, "body").
+/// The expert body (docs/routing.md, "Families").
 enum class BodyKind : std::uint8_t {
   swiglu,         ///< down(silu(gate x) * up x)
   swiglu_clamped, ///< GPT-OSS: g = min(gate, L), u = clamp(up, -L, L), down(g * sigmoid(alpha g) * (u + 1))
@@ -32,7 +32,7 @@ std::string compact_ranges(const std::vector<std::int64_t>& values);
 /// "98304 bytes (96.0 KiB)" (inspect reports, messages).
 std::string format_bytes(std::size_t bytes);
 
-/// Where the weights of one MoE block live in a checkpoint (SEMANTICS.md §3). `{L}` stands for
+/// Where the weights of one MoE block live in a checkpoint (docs/routing.md, "Checkpoint names"). `{L}` stands for
 /// the layer index.
 struct WeightNames {
   std::string block;              ///< e.g. "model.layers.{L}.mlp"

@@ -1,6 +1,6 @@
 // Routed experts: weights, the dispatch plan and grouped (sparse, dropless) execution.
 //
-// Data flow (DESIGN.md): ids [T, K] -> plan_dispatch -> per expert e: gather its rows of x,
+// Data flow (docs/architecture.md): ids [T, K] -> plan_dispatch -> per expert e: gather its rows of x,
 // run the body as GEMMs over all its rows at once, scale by the slot weight -> combine in slot
 // order with fp32 accumulation.
 #pragma once

@@ -17,7 +17,7 @@ namespace moekit {
 /// Loads the MoE block of decoder layer `layer` from `path` (a folder with config.json and
 /// model.safetensors, sharded model-*.safetensors + model.safetensors.index.json, or *.safetensors).
 ///
-/// Expert layouts recognised (SEMANTICS.md §3), tried in this order:
+/// Expert layouts recognised (docs/routing.md, "Checkpoint names"), tried in this order:
 ///  - "switch_mlp":   `<block>.switch_mlp.{gate,up,down}_proj.weight` stacked [E, out, in] (mlx-lm)
 ///  - "fused_gate_up": `<block>.experts.gate_up_proj` [E, 2F, D] (gate rows first) + `down_proj` [E, D, F]
 ///  - "fused_gate_up_transposed": `<block>.experts.gate_up_proj` [E, D, 2F] + `down_proj` [E, F, D]

@@ -1,4 +1,4 @@
-// Routing: which K experts each token goes to, and with what weight (SEMANTICS.md §1).
+// Routing: which K experts each token goes to, and with what weight (docs/routing.md, "The pipeline").
 // Every family is one RouterConfig; nothing here knows model names.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 namespace moekit {
 
-/// How router logits become scores (SEMANTICS.md §1 step 2 and step 6).
+/// How router logits become scores (docs/routing.md, "The pipeline", steps 2 and 6).
 enum class ScoreFunc : std::uint8_t {
   softmax,           ///< scores = softmax over all E experts (Qwen, OLMoE, Mixtral, DeepSeek-V2)
   sigmoid,           ///< scores = sigmoid(logit) (DeepSeek-V3 family, MiniMax-M2)
@@ -19,7 +19,7 @@ enum class ScoreFunc : std::uint8_t {
   sigmoid_selected,  ///< select on raw logits; weights = sigmoid of each selected logit (Llama-4)
 };
 
-/// Group-limited selection (SEMANTICS.md §1 step 4).
+/// Group-limited selection (docs/routing.md, "The pipeline", step 4).
 enum class GroupMode : std::uint8_t {
   none,      ///< plain top-K over all experts
   max,       ///< group score = max of its selection scores (DeepSeek-V2 group_limited_greedy)
@@ -46,7 +46,7 @@ enum class Renorm : std::uint8_t {
   sum_eps,  ///< w /= sum(w) + 1e-20  (DeepSeek, MiniMax)
 };
 
-/// Every routing knob of SEMANTICS.md §1 as data. Defaults are plain softmax top-K.
+/// Every routing knob of docs/routing.md, "The pipeline" as data. Defaults are plain softmax top-K.
 struct RouterConfig {
   std::int64_t num_experts = 0;  ///< E
   std::int64_t top_k = 1;        ///< K, in [1, E]
@@ -125,7 +125,7 @@ Tensor router_logits(const TensorView& x, const TensorView& w_router, const Tens
 /// ids [..., K] i32 with values in [0, E). Throws std::out_of_range for an id outside [0, E).
 std::vector<std::int64_t> expert_counts(const TensorView& ids, std::int64_t num_experts);
 
-/// MaxVio = (max_e c_e - mean) / mean with mean = sum(c) / E (TRAINING.md §4). 0 for no tokens.
+/// MaxVio = (max_e c_e - mean) / mean with mean = sum(c) / E (docs/training.md, "Load metrics"). 0 for no tokens.
 double max_violation(const std::vector<std::int64_t>& counts);
 
 }  // namespace moekit

@@ -1,4 +1,4 @@
-// Training an MoE block: the backward of the whole block (TRAINING.md §1), its trainable fp32
+// Training an MoE block: the backward of the whole block (docs/training.md, "The gradients moekit computes"), its trainable fp32
 // parameters and their gradients. docs/training.md explains the gradients and the choices.
 #pragma once
 
@@ -105,7 +105,7 @@ MoeLayer make_trainable_layer(const MoeConfig& config, const MoeTensors& params,
 void check_trainable(const MoeConfig& config);
 
 /// dL/dlogits [T, E] from dL/dweights [T, K] for the routing `ids` of `logits` under `cfg`
-/// (TRAINING.md §1): the selection is a constant (straight through); only the gate values carry
+/// (docs/training.md, "The gradients moekit computes"): the selection is a constant (straight through); only the gate values carry
 /// gradient, through the score function, the renormalisation (taken or skipped per token exactly
 /// as route() decided) and the scale. Non-selected experts get gradient only from a softmax over
 /// all experts. `selection_bias` as for route() (it enters the gradient only through weights
@@ -138,7 +138,7 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
 namespace moekit {
 
 // ---------------------------------------------------------------------------------------------
-// Aux-loss-free load balancing (Wang et al. 2024, Algorithm 1; TRAINING.md §2)
+// Aux-loss-free load balancing (Wang et al. 2024, Algorithm 1; docs/training.md, "Aux-loss-free balancing")
 
 /// How the selection bias moves once per step: sign: b_i += u · sign(c̄ − c_i) (sign(0) = 0);
 /// proportional: b_i += u · (c̄ − c_i) / c̄.
@@ -162,7 +162,7 @@ struct RateSchedule {
   void validate() const;
 };
 
-/// Load statistics of one set of expert counts (TRAINING.md §4).
+/// Load statistics of one set of expert counts (docs/training.md, "Load metrics").
 struct LoadMetrics {
   double max_violation = 0;  ///< (max_i c_i − c̄) / c̄
   std::int64_t dead_experts = 0;  ///< experts with c_i = 0
@@ -216,7 +216,7 @@ class LoadBalancer {
 MoeConfig with_selection_bias(MoeConfig config);
 
 // ---------------------------------------------------------------------------------------------
-// Auxiliary losses (TRAINING.md §3), for comparison runs and users who want them
+// Auxiliary losses (docs/training.md, "Auxiliary losses"), for comparison runs and users who want them
 
 struct AuxLossOptions {
   /// α of the Switch / GShard top-K load loss α · E/(K·T²) · Σ_i (Σ_t p_i(t)) · c_i, with p the

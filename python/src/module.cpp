@@ -227,7 +227,7 @@ nb::object layer_forward(const MoeLayer& layer, nb::handle x, bool return_routin
 }
 
 void bind_core(nb::module_& m) {
-  nb::enum_<ScoreFunc>(m, "ScoreFunc", "How router logits become scores (SEMANTICS.md §1).")
+  nb::enum_<ScoreFunc>(m, "ScoreFunc", "How router logits become scores (docs/routing.md, 'The pipeline').")
       .value("softmax", ScoreFunc::softmax)
       .value("sigmoid", ScoreFunc::sigmoid)
       .value("sqrt_softplus", ScoreFunc::sqrt_softplus)
@@ -257,7 +257,7 @@ void bind_core(nb::module_& m) {
       .value("mlp_silu", BodyKind::mlp_silu);
 
   nb::class_<RouterConfig>(m, "RouterConfig",
-                           "Every routing knob of SEMANTICS.md §1 as data; defaults are plain softmax top-K.\n\n"
+                           "Every routing knob of docs/routing.md, 'The pipeline' as data; defaults are plain softmax top-K.\n\n"
                            "RouterConfig(num_experts=8, top_k=2, score_func=ScoreFunc.sigmoid, ...) sets any field\n"
                            "by keyword.")
       .def("__init__", &init_router_config, "kwargs"_a)

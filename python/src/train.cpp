@@ -277,7 +277,7 @@ void bind_training(nb::module_& m) {
       "config"_a, "logits"_a, "ids"_a, nb::kw_only(), "switch_coef"_a = 0.0, "seq_coef"_a = 0.0,
       "sequence_starts"_a = std::vector<std::int64_t>{}, "z_coef"_a = 0.0,
       "({'switch_loss', 'seq_loss', 'z_loss', 'total'}, dL/dlogits [T, E] float32) of one forward's\n"
-      "logits [T, E] and ids [T, K] (TRAINING.md §3).");
+      "logits [T, E] and ids [T, K] (docs/training.md, 'Auxiliary losses').");
   m.def(
       "stored_tensors",
       [](const MoeLayer& layer, const nb::dict& tensors) {

@@ -1,5 +1,5 @@
 // config.json -> MoeConfig. One row of kFamilies per model family: which fields it reads and
-// how they map onto RouterConfig knobs (SEMANTICS.md §2). Generic code below never tests a
+// how they map onto RouterConfig knobs (docs/routing.md, "Families"). Generic code below never tests a
 // model_type.
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// MoeLayer: the one place that knows the whole block (SEMANTICS.md §1).
+// MoeLayer: the one place that knows the whole block (docs/routing.md, "The pipeline").
 #include <cmath>
 #include <cstring>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-// route(): logits -> (ids, weights), SEMANTICS.md §1 steps 2–8, one token at a time.
+// route(): logits -> (ids, weights), docs/routing.md, "The pipeline", steps 2–8, one token at a time.
 // Each token's result depends only on its own row, so splitting tokens over threads cannot
 // change a bit.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Auxiliary load-balancing losses and the router z-loss (TRAINING.md §3), with their gradients
+// Auxiliary load-balancing losses and the router z-loss (docs/training.md, "Auxiliary losses"), with their gradients
 // with respect to the router logits; counts are constants.
 #include <algorithm>
 #include <cmath>

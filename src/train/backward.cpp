@@ -1,4 +1,4 @@
-// backward(): the MoE block's backward, sparse over the dispatch plan (TRAINING.md §1).
+// backward(): the MoE block's backward, sparse over the dispatch plan (docs/training.md, "The gradients moekit computes").
 //
 // Per expert, over its rows in sorted order and in fixed chunks of kChunk rows:
 //   a, b  = the gate/up pre-activations (kept by the training forward, or recomputed)

@@ -1,4 +1,4 @@
-// The loss-free balancer (TRAINING.md §2), its rate schedule and the load metrics (§4).
+// The loss-free balancer (docs/training.md, "Aux-loss-free balancing"), its rate schedule and the load metrics ("Load metrics").
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>

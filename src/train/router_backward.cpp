@@ -1,4 +1,4 @@
-// router_backward: dL/dweights -> dL/dlogits, straight through the selection (TRAINING.md §1).
+// router_backward: dL/dweights -> dL/dlogits, straight through the selection (docs/training.md, "The gradients moekit computes").
 // Per token, the forward's weights are recomputed from the logits with route()'s arithmetic, so
 // the renormalise-or-not decision (guard_zero_sum, renorm_only_if_k_gt_1) is the forward's.
 #include <algorithm>

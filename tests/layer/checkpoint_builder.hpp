@@ -1,6 +1,6 @@
 // Test utility: writes a checkpoint folder (config.json + safetensors, optionally sharded with
 // model.safetensors.index.json) from in-memory tensors under names the test chooses, and
-// rewrites one block's experts into any of the layouts SEMANTICS.md §3 lists.
+// rewrites one block's experts into any of the layouts docs/routing.md, "Checkpoint names" lists.
 // Header-only so any test can include "layer/checkpoint_builder.hpp".
 #pragma once
 
@@ -85,7 +85,7 @@ struct ExpertSet {
   }
 };
 
-/// Expert layouts of SEMANTICS.md §3, as files store them.
+/// Expert layouts of docs/routing.md, "Checkpoint names", as files store them.
 enum class ExpertLayout {
   per_expert,     // experts.{e}.{gate,up,down}.weight [F, D] / [D, F]
   fused_gate_up,  // experts.gate_up_proj [E, 2F, D] (gate rows first), down_proj [E, D, F]

@@ -1,5 +1,5 @@
 // load_moe_layer across checkpoint layouts: the same weights written in every layout the loader
-// recognises (SEMANTICS.md §3) load with the expected MoeWeights::layout / mapped and give the
+// recognises (docs/routing.md, "Checkpoint names") load with the expected MoeWeights::layout / mapped and give the
 // same forward output, bit for bit. Also sharding, bf16 storage, foreign tensors elsewhere in the
 // file and unaligned data.
 //

@@ -1,5 +1,5 @@
 // A plain scalar router, written independently of src/routing for property tests: full sorts,
-// explicit loops, no shared helpers. Same semantics as SEMANTICS.md §1.
+// explicit loops, no shared helpers. Same semantics as docs/routing.md, "The pipeline".
 #pragma once
 
 #include <algorithm>

@@ -430,7 +430,7 @@ TEST(BackwardErrors, UntrainableRoutersRefused) {
   EXPECT_NO_THROW(check_trainable(cfg));
 }
 
-// The router backward alone: renormalised sigmoid weights, TRAINING.md's closed form
+// The router backward alone: renormalised sigmoid weights, the closed form of docs/training.md
 // dz_j = σ_j(1 − σ_j)(a_j − Σ a_i g_i)/Σσ for j ∈ S, 0 elsewhere.
 TEST(RouterBackward, SigmoidRenormClosedForm) {
   RouterConfig r;

@@ -1,5 +1,5 @@
 // A plain double-precision MoE block with its analytic backward, written independently of
-// src/train: loops per token and selected expert, the gradient formulas of TRAINING.md §1 in
+// src/train: loops per token and selected expert, the gradient formulas of docs/training.md, "The gradients moekit computes" in
 // their textbook form, derivatives of the bodies worked out here. The selection (ids) is an
 // input: frozen, as every reference treats it. Its own correctness is checked by central finite
 // differences of forward() (backward_test.cpp).
