@@ -226,6 +226,20 @@ void check_parent_exists(const std::string& path, const char* option) {
     throw std::invalid_argument(kPrefix + "--csv '" + path + "' is a folder");
 }
 
+// A folder that is created with its missing parents when the run starts: what exists of its
+// path must be folders.
+void check_folder_creatable(const std::string& path, const char* option) {
+  std::error_code ec;
+  for (fs::path p = fs::path(path).lexically_normal(); !p.empty(); p = p.parent_path()) {
+    if (fs::exists(p, ec)) {
+      if (!fs::is_directory(p, ec))
+        throw std::invalid_argument(kPrefix + option + " '" + path + "': '" + p.string() + "' is not a folder");
+      return;
+    }
+    if (p == p.parent_path()) return;
+  }
+}
+
 std::string num(double v) {
   if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
   std::ostringstream s;
@@ -473,12 +487,7 @@ RunSummary run_training(TrainFlags f, const CLI::App* app, const RunPaths& paths
                ? std::string(" (the default text; pass --data FILE_OR_FOLDER)")
                : std::string()));
     }
-    if (!paths.plot_dir.empty()) {
-      std::error_code ec;
-      if (fs::exists(paths.plot_dir, ec) && !fs::is_directory(paths.plot_dir, ec))
-        throw std::invalid_argument(kPrefix + "--plot '" + paths.plot_dir + "' is not a folder");
-      check_parent_exists(fs::path(paths.plot_dir).lexically_normal().string(), "--plot");
-    }
+    if (!paths.plot_dir.empty()) check_folder_creatable(paths.plot_dir, "--plot");
     if (!paths.csv.empty() && fs::path(paths.csv).parent_path() != fs::path(paths.plot_dir))
       check_parent_exists(paths.csv, "--csv");
     if (!paths.save.empty()) check_parent_exists(paths.save, "--save");

@@ -85,7 +85,8 @@ TEST_F(TrainCli, TinyRunWritesCsvPlotsAndALoadableCheckpoint) {
   if (!plots) std::printf("[ SKIPPED  ] the plots part: /usr/bin/python3 has no matplotlib\n");
   std::vector<std::string> extra = {"--steps", "30", "--eval-every", "10", "--csv", (dir_ / "m.csv").string(),
                                     "--save", (dir_ / "ck").string()};
-  if (plots) extra.insert(extra.end(), {"--plot", (dir_ / "plots").string()});
+  // --plot A/B creates A as well.
+  if (plots) extra.insert(extra.end(), {"--plot", (dir_ / "out" / "plots").string()});
   const auto r = run(tiny(extra));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("done: 30 steps"), std::string::npos) << r.out;
@@ -111,10 +112,10 @@ TEST_F(TrainCli, TinyRunWritesCsvPlotsAndALoadableCheckpoint) {
   EXPECT_NE(ins.out.find("MoE layers: 0-1"), std::string::npos) << ins.out;
   if (plots) {
     for (const char* png : {"loss.png", "maxvio.png", "load_l0.png", "load_l1.png", "bias.png"}) {
-      const std::string bytes = slurp(dir_ / "plots" / png);
+      const std::string bytes = slurp(dir_ / "out" / "plots" / png);
       EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << png;
     }
-    EXPECT_EQ(read_csv(dir_ / "plots" / "load.csv").size(), 1u + 30u * 2u);
+    EXPECT_EQ(read_csv(dir_ / "out" / "plots" / "load.csv").size(), 1u + 30u * 2u);
   }
 }
 
@@ -198,6 +199,7 @@ TEST_F(TrainCli, BadInputsAreNamedErrorsWithNothingWritten) {
   expect_error(tiny({"--lr", "-1"}), "lr -1");
   expect_error(tiny({"--family", "qwen3_moe", "--top-k", "1"}), "never get a gradient");
   expect_error({"train", "--resume", (dir_ / "nowhere").string()}, "no config.json there");
+  expect_error(tiny({"--plot", (dir_ / "text.txt" / "plots").string()}), "text.txt' is not a folder");
   const auto r = run(tiny({"--csv", (dir_ / "no_such_dir" / "m.csv").string()}));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
