@@ -1,4 +1,4 @@
-// `moekit bench`: a llama-bench-like table of the MoE layer at PERF.md's reference shapes, for
+// `moekit bench`: a llama-bench-like table of the MoE layer at the reference shapes of docs/performance.md, for
 // each weight dtype, token count and thread count, against the machine's limits measured in the
 // same run with moekit's own means (no BLAS): the DRAM read bandwidth (a multi-threaded
 // streaming sum over 1 GiB) and the peak of moekit's expert GEMM kernel on cached data.
@@ -55,7 +55,7 @@ struct BenchShape {
   const char* config_json;
 };
 
-// PERF.md's reference shapes, as the config.json their families ship (one MoE layer). `tiny`
+// the reference shapes of docs/performance.md, as the config.json their families ship (one MoE layer). `tiny`
 // is for smoke tests only; `all` means qwen3 + deepseek (Mixtral's f32 weights are 5.6 GB).
 const BenchShape kShapes[] = {
     {"qwen3", "Qwen3-30B-A3B", 2048, 768, 128, 8, 0,
@@ -118,6 +118,11 @@ struct WeightFormat {
   }
 };
 
+// The names parse_dtypes accepts, for --help and its error.
+constexpr const char* kDtypeList =
+    "f32, bf16, f16; q2, q3, q4, q5, q6, q8 (MLX affine, group 64, bf16 scales); q4-int8, q8-int8 (the "
+    "int8 fast mode); bf16-act (bf16 weights, bf16 compute mode)";
+
 std::vector<WeightFormat> parse_dtypes(const std::string& text) {
   std::vector<WeightFormat> out;
   for (const std::string& item : split_list(text, "--dtype")) {
@@ -139,10 +144,8 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
       f.bits = item[1] - '0';
       f.int8 = true;
     } else {
-      throw std::invalid_argument("--dtype '" + item +
-                                  "' is not a weight format moekit runs (expected f32, bf16, f16, q2, q3, q4, q5, "
-                                  "q6, q8: MLX affine, group 64, bf16 scales; q4-int8, q8-int8: the fast mode; or "
-                                  "bf16-act: bf16 weights, bf16 compute mode)");
+      throw std::invalid_argument("--dtype '" + item + "' is not a weight format moekit runs (expected " +
+                                  kDtypeList + ")");
     }
     for (const WeightFormat& g : out)
       if (g.name() == f.name()) throw std::invalid_argument("--dtype '" + text + "' lists " + item + " twice");
@@ -1162,7 +1165,7 @@ void register_bench(CLI::App& app) {
                   "qwen3, deepseek, mixtral (5.6 GB of f32 weights: only when named) or all "
                   "(= qwen3,deepseek); a comma list is accepted (default all)");
   cmd->add_option("--dtype", opt->dtype,
-                  "Weight dtypes, comma list of f32, bf16, f16 (default f32,bf16)");
+                  std::string("Weight formats, comma list of ") + kDtypeList + " (default f32,bf16)");
   cmd->add_option("--layout", opt->layout,
                   "Expert weight layouts, comma list of panels (repacked at load for the outer-product "
                   "kernel; for bf16-act on AMX: AMX tiles) and rows (as stored, read in place: mapped "

@@ -14,7 +14,8 @@
 namespace moekit {
 
 /// Everything one MoE block reads. Matrices may point into mapped checkpoint memory; whatever
-/// owns it is held in keep_alive (of the ExpertWeights) or router_keep_alive.
+/// owns it is held in `keep_alive` below (the router, biases and gates) or in the ExpertWeights'
+/// own `keep_alive` (the experts).
 struct MoeWeights {
   TensorView router;       ///< [E, D] f32 or bf16; undefined when router_quantized is set
   /// The router as one [E, D] affine-quantized matrix (mlx-lm quantizes it as any nn.Linear);

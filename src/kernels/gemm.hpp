@@ -1,5 +1,8 @@
 // The GEMM kernel layer: every matrix product of the MoE block, forward and backward.
-// Internal; kernels never throw and allocate nothing beyond fixed-size stack tiles.
+// Internal. Kernels validate nothing (callers do) and throw nothing but std::bad_alloc: besides
+// fixed-size stack tiles, some keep a per-thread scratch buffer (a `thread_local` vector: staggered
+// or packed activation rows, unpacked codes, int8 activations) that grows to the largest call a
+// thread has made and is reused after; docs/architecture.md ("Memory") bounds it.
 //
 //   gemm_nt  C[M, N] (+)= A[M, K] · B[N, K]ᵀ   forward: x · Wᵀ with W stored [out, in]
 //   gemm_nn  C[M, N] (+)= A[M, K] · B[K, N]    backward data: dx = dh · W

@@ -442,12 +442,20 @@ void amx8_split(const AmxQuantA& qa, const WeightMatrix& B, const Output& C, std
 #pragma GCC diagnostic pop
 #endif
 
+// Whether AMX-INT8 may take prefill: the CPU has it and MOEKIT_INT8_PATH (read once) names no
+// other path.
+bool amx_int8_allowed() noexcept {
+  static const bool ok = [] {
+    const char* env = std::getenv("MOEKIT_INT8_PATH");
+    return have_amx_int8() && (env == nullptr || std::strcmp(env, "amx") == 0);
+  }();
+  return ok;
+}
+
 }  // namespace
 
 bool detail::amx_int8_takes(const WeightMatrix& B) noexcept {
-  const char* env = std::getenv("MOEKIT_INT8_PATH");  // another path asked for: not AMX
-  return have_amx_int8() && (B.affine.bits == 4 || B.affine.bits == 8) && B.affine.group_size % 64 == 0 &&
-         (env == nullptr || std::strcmp(env, "amx") == 0);
+  return amx_int8_allowed() && (B.affine.bits == 4 || B.affine.bits == 8) && B.affine.group_size % 64 == 0;
 }
 
 bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M) {
