@@ -335,11 +335,26 @@ TEST(Gemm, GatheredScaledRowsEqualMaterialisedRows) {
   EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.nbytes()), 0);
 }
 
+// The kernel tests claim to run on every SIMD target that was compiled and that this CPU
+// supports: for_each_target must visit exactly those, each switching the kernels' dispatch to it,
+// and leave the default (the best of them) in place afterwards.
 TEST(Gemm, TargetsCovered) {
+  const std::vector<std::int64_t> expected = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(expected.empty());
+  const std::string default_name = kernels::simd_target_name();
+  EXPECT_EQ(default_name, hwy::TargetName(expected.front())) << "the kernels do not dispatch to the best target";
+  std::vector<std::int64_t> visited;
   std::string names;
-  for (const std::int64_t t : hwy::SupportedAndGeneratedTargets()) names += std::string(hwy::TargetName(t)) + " ";
+  testing::for_each_target([&](std::int64_t target) {
+    visited.push_back(target);
+    names += std::string(hwy::TargetName(target)) + " ";
+    EXPECT_NE(hwy::SupportedTargets() & target, 0) << hwy::TargetName(target) << " is not supported here";
+    EXPECT_EQ(std::string(kernels::simd_target_name()), hwy::TargetName(target)) << "dispatch did not follow";
+  });
+  EXPECT_EQ(visited, expected);
+  EXPECT_EQ(std::string(kernels::simd_target_name()), default_name) << "the default target was not restored";
   RecordProperty("targets", names);
-  std::printf("[ TARGETS  ] ran: %s(dispatched by default: %s)\n", names.c_str(), kernels::simd_target_name());
+  std::printf("[ TARGETS  ] ran: %s(dispatched by default: %s)\n", names.c_str(), default_name.c_str());
 }
 
 }  // namespace
