@@ -1,41 +1,50 @@
-// save_block_checkpoint / load_training_state: a trained block as a loadable checkpoint folder,
-// and the optimizer/balancer/step state beside it (docs/training.md, "Checkpoints").
+// The training checkpoint of one block (save_block_checkpoint / load_training_state: a trained
+// block as a loadable checkpoint folder, and the optimizer/balancer/step state beside it), the
+// checkpoint-folder parts the language model's checkpoint shares (checkpoint_files.hpp), and
+// natural_layout (docs/training.md, "Checkpoints").
+//
+// The block's checkpoint stays here in io rather than in train: it is a file format (names,
+// layouts, the state file's metadata) over the block's training types, as stored_tensors is.
 #include "moekit/checkpoint.hpp"
 
 #include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "io/checkpoint_files.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
 
-namespace {
-
 namespace fs = std::filesystem;
+
+namespace detail {
+
+namespace {
 
 constexpr const char* kFormat = "moekit-training-state";
 constexpr const char* kVersion = "1";
 
-using Named = std::vector<std::pair<std::string, Tensor>>;
+void fail_io(const char* who, const std::string& what, const fs::path& p, const std::error_code& ec) {
+  throw std::runtime_error(MOEKIT_MSG("[moekit::" << who << "] cannot " << what << " '" << p.string()
+                                                 << "': " << ec.message()));
+}
 
-void write_safetensors(const std::string& path, const Named& tensors, const std::map<std::string, std::string>& meta) {
+}  // namespace
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& meta) {
   std::vector<SafetensorsWriter::Entry> entries;
   for (const auto& [name, t] : tensors)
     entries.push_back({name, t.dtype() == DType::i32 ? "I32" : "F32", t.shape(), t.nbytes()});
   SafetensorsWriter w(path, entries, meta);
   for (const auto& [name, t] : tensors) w.write(t.data(), t.nbytes());
   w.commit();
-}
-
-void fail_io(const char* who, const std::string& what, const fs::path& p, const std::error_code& ec) {
-  throw std::runtime_error(MOEKIT_MSG("[moekit::" << who << "] cannot " << what << " '" << p.string()
-                                                 << "': " << ec.message()));
 }
 
 void write_text(const fs::path& path, const std::string& text, const char* who) {
@@ -45,11 +54,7 @@ void write_text(const fs::path& path, const std::string& text, const char* who) 
   if (!out) throw std::runtime_error(MOEKIT_MSG("[moekit::" << who << "] cannot write '" << path.string() << "'"));
 }
 
-// Writes folder `dir` atomically: fill(partial) writes every file under `<dir>.partial`; an
-// existing `dir` is moved to `<dir>.old`, the new folder renamed into place, then `<dir>.old`
-// removed. The last complete checkpoint is under dir or dir.old at every instant.
-template <class Fill>
-void write_folder(const std::string& dir, const char* who, Fill&& fill) {
+void write_folder(const std::string& dir, const char* who, const std::function<void(const fs::path& partial)>& fill) {
   const fs::path final_dir(dir), partial(dir + ".partial"), old(dir + ".old");
   std::error_code ec;
   fs::remove_all(partial, ec);
@@ -75,7 +80,6 @@ void write_folder(const std::string& dir, const char* who, Fill&& fill) {
   if (had) fs::remove_all(old, ec);
 }
 
-// The training state's metadata (kTrainingStateFile).
 std::map<std::string, std::string> state_meta(const Optimizer& opt, const TrainingState& st, const std::string& balancer) {
   return {{"format", kFormat},
           {"version", kVersion},
@@ -86,14 +90,6 @@ std::map<std::string, std::string> state_meta(const Optimizer& opt, const Traini
           {"balancer", balancer},
           {"user", st.user_json}};
 }
-
-// A training state file read and checked against `optimizer`'s kind: its tensors, step, RNG
-// state, optimizer steps and user JSON.
-struct StateFile {
-  Named tensors;
-  TrainingState state;
-  std::int64_t optimizer_steps = 0;
-};
 
 StateFile read_state_file(const std::string& dir, const Optimizer& optimizer, const char* who) {
   const std::string path = (fs::path(dir) / kTrainingStateFile).string();
@@ -157,7 +153,7 @@ StateFile read_state_file(const std::string& dir, const Optimizer& optimizer, co
   return out;
 }
 
-}  // namespace
+}  // namespace detail
 
 void save_block_checkpoint(const std::string& dir, const std::string& config_json, const MoeConfig& config,
                            const StoredLayout& where, const MoeTensors& params, const Tensor& selection_bias,
@@ -173,15 +169,15 @@ void save_block_checkpoint(const std::string& dir, const std::string& config_jso
   // Validated as JSON here, before anything is written, so that a bad string never fails a resume.
   if (training && !nlohmann::json::accept(training->state.user_json))
     throw std::invalid_argument("[moekit::save_block_checkpoint] state.user_json is not valid JSON");
-  Named tensors = stored_tensors(config, where, params);  // validates shapes first
+  NamedTensors tensors = stored_tensors(config, where, params);  // validates shapes first
   if (config.router.has_selection_bias)
     tensors.emplace_back(where.block + "." + config.names.selection_bias, selection_bias);
-  write_folder(dir, "save_block_checkpoint", [&](const fs::path& partial) {
-    write_text(partial / "config.json", config_json, "save_block_checkpoint");
-    write_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  detail::write_folder(dir, "save_block_checkpoint", [&](const fs::path& partial) {
+    detail::write_text(partial / "config.json", config_json, "save_block_checkpoint");
+    detail::write_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
     if (!training) return;
     const Optimizer& opt = *training->optimizer;
-    Named st = opt.state();
+    NamedTensors st = opt.state();
     if (training->balancer) {
       const auto& c = training->balancer->counts();
       Tensor counts({static_cast<std::int64_t>(c.size())}, DType::i32);
@@ -195,17 +191,17 @@ void save_block_checkpoint(const std::string& dir, const std::string& config_jso
     if (training->selection_bias.numel() > 0) st.emplace_back("selection_bias", training->selection_bias);
     const std::string balancer =
         training->balancer ? (training->balancer->rule() == BalanceRule::sign ? "sign" : "proportional") : "none";
-    write_safetensors((partial / kTrainingStateFile).string(), st, state_meta(opt, training->state, balancer));
+    detail::write_safetensors((partial / kTrainingStateFile).string(), st, detail::state_meta(opt, training->state, balancer));
   });
 }
 
 void load_training_state(const std::string& dir, const MoeTensors& params, Optimizer& optimizer,
                          LoadBalancer* balancer, Tensor& selection_bias, TrainingState& state) {
   const std::string path = (fs::path(dir) / kTrainingStateFile).string();
-  StateFile file = read_state_file(dir, optimizer, "load_training_state");
+  detail::StateFile file = detail::read_state_file(dir, optimizer, "load_training_state");
   const TrainingState& st = file.state;
   const std::int64_t opt_steps = file.optimizer_steps;
-  Named opt_state;
+  NamedTensors opt_state;
   Tensor counts, bias;
   for (auto& [name, t] : file.tensors) {
     if (name == "balancer.counts") {
@@ -240,39 +236,6 @@ void load_training_state(const std::string& dir, const MoeTensors& params, Optim
   state = st;
 }
 
-std::string lm_config_json(const LmConfig& config, const std::string& block_config_json) {
-  nlohmann::json j = nlohmann::json::parse(block_config_json);
-  j["moekit_lm"] = {{"vocab", config.vocab},
-                    {"context", config.context},
-                    {"norm_eps", config.norm_eps},
-                    {"tokenizer", "bytes"}};
-  return j.dump(2);
-}
-
-LmConfig parse_lm_config(const std::string& config_json) {
-  LmConfig c;
-  c.block = parse_hf_config(config_json);  // valid JSON from here on
-  const nlohmann::json j = nlohmann::json::parse(config_json);
-  if (!j.contains("moekit_lm") || !j.at("moekit_lm").is_object())
-    throw std::invalid_argument("[moekit::parse_lm_config] no \"moekit_lm\" object: not a language model written by "
-                                "moekit train");
-  const nlohmann::json& m = j.at("moekit_lm");
-  const auto integer = [&](const char* key) {
-    if (!m.contains(key) || !m.at(key).is_number_integer())
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_lm_config] moekit_lm." << key << " must be an integer"));
-    return m.at(key).get<std::int64_t>();
-  };
-  c.vocab = integer("vocab");
-  c.context = integer("context");
-  if (!m.contains("norm_eps") || !m.at("norm_eps").is_number())
-    throw std::invalid_argument("[moekit::parse_lm_config] moekit_lm.norm_eps must be a number");
-  c.norm_eps = m.at("norm_eps").get<float>();
-  if (m.value("tokenizer", std::string()) != "bytes")
-    throw std::invalid_argument("[moekit::parse_lm_config] moekit_lm.tokenizer must be \"bytes\"");
-  c.validate();
-  return c;
-}
-
 StoredLayout natural_layout(const MoeConfig& config, std::int64_t layer) {
   StoredLayout w;
   w.block = config.names.block;
@@ -282,92 +245,6 @@ StoredLayout natural_layout(const MoeConfig& config, std::int64_t layer) {
              : config.names.fused_interleaved ? "fused_gate_up_transposed_interleaved"
                                               : "fused_gate_up_transposed";
   return w;
-}
-
-std::vector<std::pair<std::string, Tensor>> lm_stored_tensors(const LmConfig& config, const LmParams& params,
-                                                              const std::vector<Tensor>& selection_biases) {
-  Named out{{"model.embed_tokens.weight", params.embed}, {"model.context_proj.weight", params.context_proj}};
-  for (std::int64_t l = 0; l < config.layers(); ++l) {
-    const auto li = static_cast<std::size_t>(l);
-    out.emplace_back("model.layers." + std::to_string(l) + ".post_attention_layernorm.weight", params.norms.at(li));
-    const StoredLayout where = natural_layout(config.block, l);
-    Named block = stored_tensors(config.block, where, params.blocks.at(li));
-    out.insert(out.end(), block.begin(), block.end());
-    if (config.block.router.has_selection_bias)
-      out.emplace_back(where.block + "." + config.block.names.selection_bias, selection_biases.at(li));
-  }
-  out.emplace_back("model.norm.weight", params.final_norm);
-  out.emplace_back("lm_head.weight", params.head);
-  return out;
-}
-
-void save_lm_checkpoint(const std::string& dir, const std::string& config_json, const LmConfig& config,
-                        const LmParams& params, const std::vector<Tensor>& selection_biases,
-                        const Optimizer& optimizer, const TrainingState& state) {
-  if (!nlohmann::json::accept(state.user_json))
-    throw std::invalid_argument("[moekit::save_lm_checkpoint] state.user_json is not valid JSON");
-  const Named tensors = lm_stored_tensors(config, params, selection_biases);  // validates shapes first
-  write_folder(dir, "save_lm_checkpoint", [&](const fs::path& partial) {
-    write_text(partial / "config.json", config_json, "save_lm_checkpoint");
-    write_safetensors((partial / "model.safetensors").string(), tensors, {{"format", "pt"}});
-    write_safetensors((partial / kTrainingStateFile).string(), optimizer.state(), state_meta(optimizer, state, "lm"));
-  });
-}
-
-LmCheckpoint load_lm_checkpoint(const std::string& dir, const Optimizer& optimizer) {
-  const fs::path config_path = fs::path(dir) / "config.json";
-  std::ifstream in(config_path, std::ios::binary);
-  if (!in)
-    throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] cannot read '" << config_path.string() << "'"));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  LmCheckpoint ck{};
-  try {
-    ck.config = parse_lm_config(text);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(MOEKIT_MSG(config_path.string() << ": " << e.what()));
-  }
-  ck.config_json = text;
-  const std::int64_t V = ck.config.vocab, D = ck.config.dim(), N = ck.config.context, L = ck.config.layers();
-  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
-  const auto file = SafetensorsFile::open(model_path);
-  // Everything moekit train writes is f32; the blocks' names and shapes are checked by
-  // load_moe_layer below, the rest here.
-  for (const std::string& name : file->names())
-    if (file->info(name).dtype_name != "F32")
-      throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] " << model_path << ": '" << name << "' is "
-                                                                          << file->info(name).dtype_name
-                                                                          << ", expected F32"));
-  const auto read = [&](const std::string& name, const Shape& shape) {
-    if (!file->contains(name))
-      throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] " << model_path << ": no tensor '" << name
-                                                                          << "'"));
-    if (file->info(name).shape != shape)
-      throw std::runtime_error(MOEKIT_MSG("[moekit::load_lm_checkpoint] " << model_path << ": '" << name << "' is "
-                                                                          << shape_str(file->info(name).shape)
-                                                                          << ", expected " << shape_str(shape)));
-    Tensor t = Tensor::uninitialized(shape, DType::f32);
-    std::memcpy(t.data(), file->bytes(name), t.nbytes());
-    return t;
-  };
-  ck.params.embed = read("model.embed_tokens.weight", {V, D});
-  ck.params.context_proj = read("model.context_proj.weight", {D, N * D});
-  ck.params.final_norm = read("model.norm.weight", {D});
-  ck.params.head = read("lm_head.weight", {V, D});
-  ck.selection_biases.resize(static_cast<std::size_t>(L));
-  for (std::int64_t l = 0; l < L; ++l) {
-    ck.params.norms.push_back(read("model.layers." + std::to_string(l) + ".post_attention_layernorm.weight", {D}));
-    // The block through load_moe_layer (the loader every checkpoint goes through), widened back
-    // into trainable f32 tensors.
-    const MoeLayer layer = load_moe_layer(dir, ck.config.block, l);
-    ck.params.blocks.push_back(trainable_parameters(layer));
-    if (ck.config.block.router.has_selection_bias)
-      ck.selection_biases[static_cast<std::size_t>(l)] = layer.weights().selection_bias.clone();
-  }
-  StateFile st = read_state_file(dir, optimizer, "load_lm_checkpoint");
-  ck.optimizer = optimizer;
-  ck.optimizer.load_state(st.tensors, st.optimizer_steps, ck.params.named());
-  ck.state = st.state;
-  return ck;
 }
 
 }  // namespace moekit
