@@ -12,6 +12,8 @@
 // multiply-adds: the same function, a different summation order).
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -48,11 +50,43 @@ struct LmParams {
   std::vector<MoeTensors> blocks;  ///< L MoE blocks
 
   /// Every tensor, named "embed", "context_proj", "layers.{l}.norm", "layers.{l}.<MoeTensors
-  /// name>" (layer by layer, norm first), "final_norm", "head"; sharing this storage.
+  /// name>" (layer by layer, norm first), "final_norm", "head"; sharing this storage. A block's
+  /// empty members are left out (MoeTensors::for_each), the other members never.
   NamedTensors named() const;
-  /// Zeros shaped like `like`.
+  /// Zeros shaped like `like` (a block's empty members stay empty).
   static LmParams zeros_like(const LmParams& like);
+
+  /// Calls fn(name, tensor, in_block) for every member tensor, empty ones included, in named()'s
+  /// order and under its names; `in_block` is a block tensor's kMoeTensorMembers entry, nullptr
+  /// for the others. The one list of the members: named(), zeros_like() and LmTrainer's sums
+  /// over ranks all walk it, so a member added here is named, zeroed and summed.
+  template <class Fn>
+  void for_each_member(Fn&& fn) {
+    walk(*this, fn);
+  }
+  template <class Fn>
+  void for_each_member(Fn&& fn) const {
+    walk(*this, fn);
+  }
+
+ private:
+  template <class Self, class Fn>
+  static void walk(Self& p, Fn& fn);
 };
+
+template <class Self, class Fn>
+void LmParams::walk(Self& p, Fn& fn) {
+  fn(std::string("embed"), p.embed, nullptr);
+  fn(std::string("context_proj"), p.context_proj, nullptr);
+  for (std::size_t l = 0; l < std::max(p.norms.size(), p.blocks.size()); ++l) {
+    const std::string prefix = "layers." + std::to_string(l) + ".";
+    if (l < p.norms.size()) fn(prefix + "norm", p.norms[l], nullptr);
+    if (l < p.blocks.size())
+      for (const MoeTensorMember& m : kMoeTensorMembers) fn(prefix + m.name, p.blocks[l].*m.member, &m);
+  }
+  fn(std::string("final_norm"), p.final_norm, nullptr);
+  fn(std::string("head"), p.head, nullptr);
+}
 
 /// Fresh parameters from `seed` (splitmix64 + Box-Muller, the same on every platform): E ~ N(0,
 /// 1), P ~ N(0, 1/(N·D)), gains 1, W ~ N(0, 1/D), each block as init_parameters (its own

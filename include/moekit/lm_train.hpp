@@ -158,6 +158,17 @@ class LmTrainer {
                std::int64_t step, std::uint64_t rng_state);
 
  private:
+  // step()'s parts in its order: draw the sequences; each micro-batch's forward and backward
+  // (with the router gradients of its aux losses); the sums over ranks; clipping and the
+  // optimizer; the balancer.
+  struct Step;
+  Step sample() const;
+  void micro_batch(Step& s, std::int64_t m);
+  std::vector<Tensor> aux_dlogits(Step& s, const LmBatch& batch, const std::vector<std::int64_t>& micro_counts);
+  void reduce(Step& s);
+  void update(Step& s);
+  void balance(Step& s);
+
   LmConfig config_;
   LmTrainOptions options_;
   std::shared_ptr<LmParallel> parallel_;

@@ -94,6 +94,55 @@ void check_shape(const Tensor& t, const Shape& want, const std::string& name) {
                                                                       << shape_str(t.shape())));
 }
 
+// Throws std::invalid_argument unless `batch` has T·N window entries and T targets, all in
+// [0, V) (window entries −1 before the text's start), with T >= 1 for a training forward (zero
+// tokens only for the inference forward: a rank of a parallel evaluation with no rows).
+void check_batch(const LmBatch& batch, std::int64_t N, std::int64_t V, bool training) {
+  const std::int64_t T = batch.tokens;
+  if (T < (training ? 1 : 0) || static_cast<std::int64_t>(batch.window.size()) != T * N ||
+      static_cast<std::int64_t>(batch.targets.size()) != T)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] a batch of " << T << " tokens needs " << T * N
+                                                                                 << " window entries and " << T
+                                                                                 << " targets, got "
+                                                                                 << batch.window.size() << " and "
+                                                                                 << batch.targets.size()));
+  for (std::size_t i = 0; i < batch.window.size(); ++i)
+    if (batch.window[i] < -1 || batch.window[i] >= V)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] token " << batch.window[i] << " at window entry "
+                                                                              << i << " is outside [0, " << V << ")"));
+  for (std::size_t i = 0; i < batch.targets.size(); ++i)
+    if (batch.targets[i] < 0 || batch.targets[i] >= V)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] target " << batch.targets[i] << " of row " << i
+                                                                               << " is outside [0, " << V << ")"));
+}
+
+// Softmax cross-entropy of each row of `probs` ([T, V] logits, replaced by their
+// probabilities, which the backward needs) against `targets`: returns Σ_t CE_t, summed in row
+// order. Throws std::invalid_argument for a non-finite sum.
+double softmax_cross_entropy(Tensor& probs, const std::vector<std::int32_t>& targets) {
+  const std::int64_t T = probs.dim(0), V = probs.dim(1);
+  std::vector<double> ce(static_cast<std::size_t>(T));
+  float* pp = probs.data_as<float>();
+  detail::parallel_for(T, 32, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      float* z = pp + t * V;
+      float m = z[0];
+      for (std::int64_t v = 1; v < V; ++v) m = std::max(m, z[v]);
+      double sum = 0;
+      for (std::int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - m);
+      const double lse = m + std::log(sum);
+      ce[static_cast<std::size_t>(t)] = lse - z[targets[static_cast<std::size_t>(t)]];
+      for (std::int64_t v = 0; v < V; ++v) z[v] = static_cast<float>(std::exp(static_cast<double>(z[v]) - lse));
+    }
+  });
+  double total = 0;
+  for (const double c : ce) total += c;
+  if (!std::isfinite(total))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] the loss is " << total
+                                                                                  << " (non-finite logits)"));
+  return total;
+}
+
 }  // namespace
 
 void LmConfig::validate() const {
@@ -118,27 +167,18 @@ void LmConfig::validate() const {
 }
 
 NamedTensors LmParams::named() const {
-  NamedTensors out{{"embed", embed}, {"context_proj", context_proj}};
-  for (std::size_t l = 0; l < blocks.size(); ++l) {
-    const std::string prefix = "layers." + std::to_string(l) + ".";
-    if (l < norms.size()) out.emplace_back(prefix + "norm", norms[l]);
-    NamedTensors b = named_tensors(blocks[l], prefix);
-    out.insert(out.end(), b.begin(), b.end());
-  }
-  out.emplace_back("final_norm", final_norm);
-  out.emplace_back("head", head);
+  NamedTensors out;
+  for_each_member([&](const std::string& name, const Tensor& t, const MoeTensorMember* in_block) {
+    if (!in_block || t.numel() > 0) out.emplace_back(name, t);
+  });
   return out;
 }
 
 LmParams LmParams::zeros_like(const LmParams& like) {
-  const auto z = [](const Tensor& t) { return Tensor(t.shape(), DType::f32); };
-  LmParams p;
-  p.embed = z(like.embed);
-  p.context_proj = z(like.context_proj);
-  for (const Tensor& n : like.norms) p.norms.push_back(z(n));
-  p.final_norm = z(like.final_norm);
-  p.head = z(like.head);
-  for (const MoeTensors& b : like.blocks) p.blocks.push_back(MoeTensors::zeros_like(b));
+  LmParams p = like;  // the same members; each is replaced, none keeps like's storage
+  p.for_each_member([](const std::string&, Tensor& t, const MoeTensorMember* in_block) {
+    t = !in_block || t.numel() > 0 ? Tensor(t.shape(), DType::f32) : Tensor();
+  });
   return p;
 }
 
@@ -250,22 +290,7 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
     throw std::invalid_argument(
         "[moekit::LanguageModel] this model holds only some routed experts: it runs through "
         "a block runner (set_block_runner)");
-  // Zero tokens only for the inference forward (a rank of a parallel evaluation with no rows).
-  if (T < (training ? 1 : 0) || static_cast<std::int64_t>(batch.window.size()) != T * N ||
-      static_cast<std::int64_t>(batch.targets.size()) != T)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] a batch of " << T << " tokens needs " << T * N
-                                                                                 << " window entries and " << T
-                                                                                 << " targets, got "
-                                                                                 << batch.window.size() << " and "
-                                                                                 << batch.targets.size()));
-  for (std::size_t i = 0; i < batch.window.size(); ++i)
-    if (batch.window[i] < -1 || batch.window[i] >= V)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] token " << batch.window[i] << " at window entry "
-                                                                              << i << " is outside [0, " << V << ")"));
-  for (std::size_t i = 0; i < batch.targets.size(); ++i)
-    if (batch.targets[i] < 0 || batch.targets[i] >= V)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] target " << batch.targets[i] << " of row " << i
-                                                                               << " is outside [0, " << V << ")"));
+  check_batch(batch, N, V, training);
   if (counts && (static_cast<std::int64_t>(counts->size()) != L))
     counts->assign(static_cast<std::size_t>(L), std::vector<std::int64_t>(static_cast<std::size_t>(E), 0));
   s.tokens = T;
@@ -332,26 +357,7 @@ double LanguageModel::forward_impl(const LmBatch& batch, LmSaved& s, bool traini
            s.inv_rms[static_cast<std::size_t>(L)], s.f);
   ensure(s.probs, {T, V});
   kernels::gemm_nt(rows(s.f), weight(params_.head), Output{s.probs.data_as<float>(), V, nullptr, false}, T, V, D);
-  // Softmax cross-entropy per row; the logits become the probabilities the backward needs.
-  std::vector<double> ce(static_cast<std::size_t>(T));
-  float* pp = s.probs.data_as<float>();
-  detail::parallel_for(T, 32, [&](std::int64_t t0, std::int64_t t1) {
-    for (std::int64_t t = t0; t < t1; ++t) {
-      float* z = pp + t * V;
-      float m = z[0];
-      for (std::int64_t v = 1; v < V; ++v) m = std::max(m, z[v]);
-      double sum = 0;
-      for (std::int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - m);
-      const double lse = m + std::log(sum);
-      ce[static_cast<std::size_t>(t)] = lse - z[batch.targets[static_cast<std::size_t>(t)]];
-      for (std::int64_t v = 0; v < V; ++v) z[v] = static_cast<float>(std::exp(static_cast<double>(z[v]) - lse));
-    }
-  });
-  double total = 0;
-  for (const double c : ce) total += c;
-  if (!std::isfinite(total))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] the loss is " << total
-                                                                                  << " (non-finite logits)"));
+  const double total = softmax_cross_entropy(s.probs, batch.targets);
   s.loss_sum = total;
   return total;
 }

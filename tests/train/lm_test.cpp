@@ -1,12 +1,14 @@
 // The language model around the MoE blocks: every parameter's gradient by central finite
 // differences of the loss, determinism across threads and micro-batching, a run that overfits a
-// tiny text, and the family presets it is built from.
+// tiny text, the one list of the parameters' members, and the family presets it is built from.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "moekit/lm.hpp"
 #include "moekit/threading.hpp"
@@ -183,6 +185,43 @@ TEST(Lm, ErrorsNameWhatIsWrong) {
   LmConfig dense = cfg;
   dense.block.moe_layers = {0};
   EXPECT_THROW(dense.validate(), std::invalid_argument);
+}
+
+// LmParams::for_each_member is the one list of the members: named() is its non-empty block
+// tensors and every other member, in its order; zeros_like() zeroes every member into new storage
+// and keeps a block's empty members empty.
+TEST(Lm, OneMemberListForNamesAndZeros) {
+  const LmConfig cfg = tiny_lm("gpt_oss");  // expert biases and a router bias: more kinds of member
+  const LmParams p = init_lm_parameters(cfg, 3);
+  std::vector<std::string> walked;
+  std::size_t visited = 0;
+  p.for_each_member([&](const std::string& name, const Tensor& t, const MoeTensorMember* in_block) {
+    ++visited;
+    if (!in_block || t.numel() > 0) walked.push_back(name);
+  });
+  const std::size_t per_block = std::size(kMoeTensorMembers);
+  EXPECT_EQ(visited, 4 + 2 * (1 + per_block));  // embed, context_proj, final_norm, head; per layer a norm and a block
+  const NamedTensors named = p.named();
+  ASSERT_EQ(walked.size(), named.size());
+  for (std::size_t i = 0; i < named.size(); ++i) EXPECT_EQ(walked[i], named[i].first);
+  EXPECT_EQ(named.front().first, "embed");
+  EXPECT_EQ(named[2].first, "layers.0.norm");
+  EXPECT_EQ(named[3].first, "layers.0.router");
+  EXPECT_EQ(named.back().first, "head");
+
+  const LmParams z = LmParams::zeros_like(p);
+  const NamedTensors zn = z.named();
+  ASSERT_EQ(zn.size(), named.size());
+  for (std::size_t i = 0; i < zn.size(); ++i) {
+    EXPECT_EQ(zn[i].first, named[i].first);
+    EXPECT_EQ(zn[i].second.shape(), named[i].second.shape()) << zn[i].first;
+    EXPECT_NE(zn[i].second.data(), named[i].second.data()) << zn[i].first;
+    const float* v = zn[i].second.data_as<const float>();
+    EXPECT_TRUE(std::all_of(v, v + zn[i].second.numel(), [](float x) { return x == 0.0f; })) << zn[i].first;
+  }
+  for (std::size_t l = 0; l < z.blocks.size(); ++l)
+    for (const MoeTensorMember& m : kMoeTensorMembers)
+      EXPECT_EQ((z.blocks[l].*m.member).numel() == 0, (p.blocks[l].*m.member).numel() == 0) << m.name;
 }
 
 TEST(Presets, EveryFamilyReadsBackWithItsSizes) {
