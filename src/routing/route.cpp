@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "kernels/activation.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/routing.hpp"
+#include "routing/gates.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
@@ -20,10 +20,6 @@ namespace moekit {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-void softmax_inplace(float* v, std::int64_t n) { kernels::router_softmax(v, n, v); }
-inline float sigmoid(float z) { return kernels::router_sigmoid(z); }
-inline float softplus(float z) { return kernels::router_softplus(z); }
 
 // Descending by value, ties to the lower index: the one ordering used for groups and experts.
 struct ByScore {
@@ -42,21 +38,8 @@ void route_token(const RouterConfig& cfg, const float* z, const float* bias, Scr
                  float* w) {
   const std::int64_t E = cfg.num_experts;
   const std::int64_t K = cfg.top_k;
-  s.scores.assign(z, z + E);
-  switch (cfg.score_func) {
-    case ScoreFunc::softmax:
-      softmax_inplace(s.scores.data(), E);
-      break;
-    case ScoreFunc::sigmoid:
-      for (auto& v : s.scores) v = sigmoid(v);
-      break;
-    case ScoreFunc::sqrt_softplus:
-      for (auto& v : s.scores) v = std::sqrt(softplus(v));
-      break;
-    case ScoreFunc::softmax_selected:
-    case ScoreFunc::sigmoid_selected:
-      break;  // select on raw logits
-  }
+  s.scores.resize(static_cast<std::size_t>(E));
+  detail::expert_scores(cfg, z, s.scores.data());
   s.sel = s.scores;
   if (bias != nullptr) {
     for (std::int64_t e = 0; e < E; ++e) s.sel[e] += bias[e];
@@ -107,33 +90,18 @@ void route_token(const RouterConfig& cfg, const float* z, const float* bias, Scr
   std::partial_sort(s.order.begin(), s.order.begin() + K, s.order.begin() + candidates, ByScore{s.sel.data()});
   for (std::int64_t k = 0; k < K; ++k) ids[k] = s.order[k];
 
-  switch (cfg.score_func) {
-    case ScoreFunc::softmax_selected:
-      for (std::int64_t k = 0; k < K; ++k) w[k] = z[ids[k]];
-      softmax_inplace(w, K);
-      break;
-    case ScoreFunc::sigmoid_selected:
-      for (std::int64_t k = 0; k < K; ++k) w[k] = sigmoid(z[ids[k]]);
-      break;
-    default: {
-      const std::vector<float>& src = cfg.weights_from == WeightsFrom::scores ? s.scores : s.sel;
-      for (std::int64_t k = 0; k < K; ++k) w[k] = src[ids[k]];
-    }
+  if (detail::gates_from_selected_logits(cfg)) {
+    detail::selected_logit_gates(cfg, z, ids, w);
+  } else {
+    const std::vector<float>& src = cfg.weights_from == WeightsFrom::scores ? s.scores : s.sel;
+    for (std::int64_t k = 0; k < K; ++k) w[k] = src[ids[k]];
   }
 
-  bool renormed = false;
-  if (cfg.renorm != Renorm::none && !(cfg.renorm_only_if_k_gt_1 && K == 1)) {
-    float sum = 0.0f;
-    for (std::int64_t k = 0; k < K; ++k) sum += w[k];
-    const float denom = cfg.renorm == Renorm::sum_eps ? sum + static_cast<float>(cfg.renorm_eps) : sum;
-    if (!cfg.guard_zero_sum || (denom != 0.0f && std::isfinite(denom))) {
-      for (std::int64_t k = 0; k < K; ++k) w[k] /= denom;
-      renormed = true;
-    }
-  }
-  if (!(cfg.scale_only_without_renorm && renormed) && cfg.routed_scaling_factor != 1.0f) {
+  const detail::RenormDecision renorm = detail::renormalisation(cfg, w);
+  if (renorm.applies)
+    for (std::int64_t k = 0; k < K; ++k) w[k] /= renorm.denom;
+  if (detail::scale_applies(cfg, renorm.applies))
     for (std::int64_t k = 0; k < K; ++k) w[k] *= cfg.routed_scaling_factor;
-  }
 }
 
 void check_inputs(const RouterConfig& cfg, const TensorView& logits, const TensorView& bias) {

@@ -1,6 +1,7 @@
 // router_backward: dL/dweights -> dL/dlogits, straight through the selection (docs/training.md, "The gradients moekit computes").
-// Per token, the forward's weights are recomputed from the logits with route()'s arithmetic, so
-// the renormalise-or-not decision (guard_zero_sum, renorm_only_if_k_gt_1) is the forward's.
+// Per token, the forward's weights are recomputed from the logits with route()'s own helpers
+// (routing/gates.hpp), so the renormalise-or-not decision (guard_zero_sum, renorm_only_if_k_gt_1)
+// is the forward's.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -8,6 +9,7 @@
 
 #include "kernels/activation.hpp"
 #include "moekit/train.hpp"
+#include "routing/gates.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
@@ -15,9 +17,7 @@ namespace moekit {
 
 namespace {
 
-void softmax(const float* v, std::int64_t n, float* out) { kernels::router_softmax(v, n, out); }
 float sigmoid(float z) { return kernels::router_sigmoid(z); }
-float softplus(float z) { return kernels::router_softplus(z); }
 
 struct Scratch {
   std::vector<float> scores, v, dv;
@@ -30,41 +30,19 @@ void token_backward(const RouterConfig& cfg, const float* z, const float* bias, 
   s.scores.resize(static_cast<std::size_t>(E));
   s.v.resize(static_cast<std::size_t>(K));
   s.dv.resize(static_cast<std::size_t>(K));
-  // The raw gate values v_k before renormalisation and scale.
-  switch (cfg.score_func) {
-    case ScoreFunc::softmax:
-      softmax(z, E, s.scores.data());
-      break;
-    case ScoreFunc::sigmoid:
-      for (std::int64_t e = 0; e < E; ++e) s.scores[e] = sigmoid(z[e]);
-      break;
-    case ScoreFunc::sqrt_softplus:
-      for (std::int64_t e = 0; e < E; ++e) s.scores[e] = std::sqrt(softplus(z[e]));
-      break;
-    case ScoreFunc::softmax_selected:
-    case ScoreFunc::sigmoid_selected:
-      break;
-  }
-  if (cfg.score_func == ScoreFunc::softmax_selected) {
-    for (std::int64_t k = 0; k < K; ++k) s.dv[k] = z[ids[k]];
-    softmax(s.dv.data(), K, s.v.data());
-  } else if (cfg.score_func == ScoreFunc::sigmoid_selected) {
-    for (std::int64_t k = 0; k < K; ++k) s.v[k] = sigmoid(z[ids[k]]);
+  // The raw gate values v_k before renormalisation and scale, and the decisions of steps 7 and 8,
+  // with route()'s arithmetic (routing/gates.hpp).
+  detail::expert_scores(cfg, z, s.scores.data());
+  if (detail::gates_from_selected_logits(cfg)) {
+    detail::selected_logit_gates(cfg, z, ids, s.v.data());
   } else {
     const bool biased = cfg.weights_from == WeightsFrom::selection_scores && bias != nullptr;
     for (std::int64_t k = 0; k < K; ++k) s.v[k] = s.scores[ids[k]] + (biased ? bias[ids[k]] : 0.0f);
   }
-  // Renormalisation exactly as route() decides it.
-  bool renormed = false;
-  float denom = 1.0f;
-  if (cfg.renorm != Renorm::none && !(cfg.renorm_only_if_k_gt_1 && K == 1)) {
-    float sum = 0.0f;
-    for (std::int64_t k = 0; k < K; ++k) sum += s.v[k];
-    denom = cfg.renorm == Renorm::sum_eps ? sum + static_cast<float>(cfg.renorm_eps) : sum;
-    renormed = !cfg.guard_zero_sum || (denom != 0.0f && std::isfinite(denom));
-  }
-  const bool scaled = !(cfg.scale_only_without_renorm && renormed) && cfg.routed_scaling_factor != 1.0f;
-  const double c = scaled ? static_cast<double>(cfg.routed_scaling_factor) : 1.0;
+  const detail::RenormDecision renorm = detail::renormalisation(cfg, s.v.data());
+  const bool renormed = renorm.applies;
+  const float denom = renorm.denom;
+  const double c = detail::scale_applies(cfg, renormed) ? static_cast<double>(cfg.routed_scaling_factor) : 1.0;
   // dL/dv: through the scale, then the renormalisation v'_k = v_k / denom.
   if (renormed) {
     double dot = 0.0;
