@@ -23,6 +23,13 @@ enum class BodyKind : std::uint8_t {
   mlp_silu,       ///< down(silu(up x))
 };
 
+/// Whether the body has a gate projection (the GLU kinds: gate, up and down) or is a plain MLP
+/// (up and down only).
+constexpr bool is_gated(BodyKind kind) noexcept {
+  return kind == BodyKind::swiglu || kind == BodyKind::swiglu_clamped || kind == BodyKind::geglu ||
+         kind == BodyKind::geglu_tanh;
+}
+
 /// Lower-case name of a body ("swiglu", "swiglu_clamped", ...).
 const char* body_name(BodyKind kind) noexcept;
 

@@ -21,6 +21,10 @@ enum class DType : std::uint8_t { f32, bf16, f16, i32, u8, u32 };
 std::size_t dtype_size(DType dtype) noexcept;
 /// Lower-case name ("f32", "bf16", ...).
 const char* dtype_name(DType dtype) noexcept;
+/// Whether `dtype` is a float format moekit stores values in (f32, bf16, f16).
+constexpr bool is_float(DType dtype) noexcept {
+  return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
+}
 
 /// A shape, outermost dimension first.
 using Shape = std::vector<std::int64_t>;

@@ -160,13 +160,6 @@ void pack_panels(ExpertWeights& w) {
 
 namespace {
 
-bool is_gated(BodyKind k) {
-  return k == BodyKind::swiglu || k == BodyKind::swiglu_clamped || k == BodyKind::geglu ||
-         k == BodyKind::geglu_tanh;
-}
-
-bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
-
 template <typename Fail>
 void check_affine(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
   const ExpertMatrix::Affine& q = m.affine;

@@ -21,8 +21,6 @@ std::string replace_layer(std::string pattern, std::int64_t layer) {
   return pattern;
 }
 
-bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
-
 // Reads tensors of one block, with messages that name the file, the tensor and the expectation.
 class BlockReader {
  public:
@@ -188,7 +186,7 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
   ExpertWeights& ex = w.experts;
   ex.keep_alive.push_back(r.checkpoint());
   bool copied = false;
-  const bool gated = c.body != BodyKind::mlp_relu && c.body != BodyKind::mlp_relu2 && c.body != BodyKind::mlp_silu;
+  const bool gated = is_gated(c.body);
 
 
   // mlx-lm stacks experts [E, out, in] under "switch_mlp" (or under "experts" for GPT-OSS,

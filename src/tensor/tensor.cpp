@@ -230,7 +230,6 @@ Tensor Tensor::clone() const {
 void Tensor::reshape(Shape shape) { view_ = view_.reshaped(std::move(shape)); }
 
 namespace {
-bool is_float(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
 // Element i of a float array that may be unaligned for its dtype: views of a mapped
 // safetensors file are (mlx's writer does not pad its header, so a bf16 bias can sit at an odd

@@ -52,8 +52,7 @@ MoeTensors init_parameters(const MoeConfig& config, std::uint64_t seed) {
                                                                                      << config.shared_width << ") >= 0"));
   const std::int64_t E = config.router.num_experts, D = config.hidden_size, F = config.expert_width;
   const std::int64_t S = config.shared_width;
-  const bool gated = config.body != BodyKind::mlp_relu && config.body != BodyKind::mlp_relu2 &&
-                     config.body != BodyKind::mlp_silu;
+  const bool gated = is_gated(config.body);
   std::uint64_t state = seed;
   const auto draw = [&](Shape shape, std::int64_t fan_in) {
     Tensor t(std::move(shape), DType::f32);
