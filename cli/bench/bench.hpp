@@ -1,0 +1,139 @@
+// `moekit bench`, in parts: its options and weight formats (formats.cpp), the machine's limits
+// (limits.cpp), the timed rows (bench.cpp), their md / csv / json output (report.cpp) and the
+// expert-parallel benchmark under mpirun (expert_parallel.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moekit/moekit.hpp"
+#include "synth/random_layer.hpp"
+
+namespace moekit::cli::bench {
+
+using BenchShape = synth::ReferenceShape;
+
+struct Options {
+  std::string shape = "all", dtype = "f32,bf16", layout = "panels", tokens = "1,32,512", threads,
+              reps = "5", seed = "0", output = "md", dram_mib = "1024", mode = "forward",
+              simulate_threads;
+  bool expert_parallel = false;
+};
+
+// ---- formats.cpp: what the options name ------------------------------------------------------
+
+/// A weight format of the benchmark: a float dtype, or MLX affine codes of `bits` bits (group
+/// 64, bf16 scales and biases: what mlx-community's models use). "-int8": the fast mode
+/// (MoeLayer::set_int8_activations); "bf16-act": bf16 weights with the bf16 compute mode
+/// (MoeLayer::set_bf16_activations).
+struct WeightFormat {
+  DType dtype = DType::f32;
+  int bits = 0;
+  bool int8 = false;
+  bool bf16_act = false;
+  static constexpr int kGroup = 64;
+  bool quantized() const { return bits != 0; }
+  std::string name() const;
+  /// How synth draws the layer's weights in this format.
+  synth::WeightSpec spec() const;
+};
+
+/// The names parse_dtypes accepts, for --help and its error.
+extern const char* const kDtypeList;
+
+std::vector<const BenchShape*> parse_shapes(const std::string& text);
+std::vector<WeightFormat> parse_dtypes(const std::string& text);
+std::vector<std::string> parse_layouts(const std::string& text);
+
+/// Bytes of one expert's three matrices (quantized: codes + bf16 scales and biases).
+double expert_bytes(const BenchShape& s, const WeightFormat& f);
+/// Bytes of all routed and shared experts.
+double layer_weight_bytes(const BenchShape& s, const WeightFormat& f);
+/// "1.23 GB".
+std::string gb(double bytes);
+/// MemAvailable from /proc/meminfo in bytes, or -1 where it cannot be read.
+double available_memory();
+
+/// The layer of shape `s` with random weights in `format`, packed into panels if asked, its
+/// compute modes set.
+std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& format, bool panels,
+                                      std::uint64_t seed);
+
+// ---- limits.cpp: the machine's limits, measured with moekit's own means ----------------------
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0);
+
+/// The GEMM the peaks are measured on: M rows x [N, K] weights (6 MB of f32: cached).
+constexpr std::int64_t kPeakM = 256, kPeakN = 768, kPeakK = 2048;
+
+struct Limits {
+  int dram_threads = 0;
+  std::size_t dram_bytes = 0;
+  double dram_gbs = 0;
+  std::vector<std::pair<int, double>> gemm_peak;  // (threads, GFLOP/s)
+  std::vector<std::pair<int, double>> bf16_peak;  // (threads, GFLOP/s); only with a bf16-act dtype
+  static double at(const std::vector<std::pair<int, double>>& v, int threads) {
+    for (const auto& [t, x] : v)
+      if (t == threads) return x;
+    return 0.0;
+  }
+  double peak_for(int threads) const { return at(gemm_peak, threads); }
+};
+
+/// Multi-threaded streaming sum over `bytes` of floats, best of 3, in GB/s.
+double measure_dram_read(int threads, std::size_t bytes);
+/// moekit's f32 forward GEMM on panels at the peak shape, GFLOP/s, best of 3.
+double measure_gemm_peak(int threads);
+/// The bf16 compute mode's GEMM on the CPU's bf16 path, rounding included, GFLOP/s, best of 3.
+double measure_bf16_peak(int threads);
+/// The CPU's model name from /proc/cpuinfo.
+std::string cpu_model();
+
+// ---- report.cpp: the results and their output ------------------------------------------------
+
+struct Row {
+  std::string mode = "forward";  // "forward", or "train" (forward_train + backward)
+  std::string shape, dtype, layout;
+  std::int64_t tokens = 0;
+  int threads = 0;
+  double median_ms = 0, min_ms = 0, tokens_per_s = 0, gflops = 0, weight_gbs = 0;
+  std::string limit;  // "gemm_peak", "bf16_peak" or "dram_read"
+  double limit_value = 0, limit_pct = 0;
+  double saved_bytes_per_token = 0;  // train: what the training forward keeps for the backward
+  // --simulate-threads (forward): the last call's routed-expert tasks, the model's time for them
+  // at this row's threads, and the schedule's efficiency at each simulated thread count.
+  std::int64_t sim_tasks = 0;
+  double sim_model_ms = 0;
+  std::vector<std::pair<int, double>> sim_efficiency;
+};
+
+struct Header {
+  std::string commit, cpu, simd;
+  unsigned hardware_threads = 0;
+  std::vector<std::int64_t> threads;
+  int reps = 0;
+  std::uint64_t seed = 0;
+};
+
+double median_of(std::vector<double> v);
+/// Three significant digits, at least one decimal below 100 ("0.412", "14.8", "196").
+std::string sig3(double v);
+
+void print_md(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
+              const std::vector<Row>& rows);
+void print_csv(const Header& h, const std::vector<Row>& rows);
+void print_json(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
+                const std::vector<Row>& rows);
+
+// ---- expert_parallel.cpp ---------------------------------------------------------------------
+
+/// `mpirun -np N moekit bench --expert-parallel`: the exchange's latency and bandwidth, then the
+/// phases of an expert-parallel forward per shape, dtype and T. Throws where built without MPI.
+void run_expert_parallel(const Options& o);
+
+}  // namespace moekit::cli::bench
