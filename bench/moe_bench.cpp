@@ -20,19 +20,20 @@
 
 #include "kernels/gemm.hpp"
 #include "moekit/moekit.hpp"
+#include "synth/random_layer.hpp"
 
 namespace {
 
 using namespace moekit;
 
-struct Shape3 {
-  const char* name;
-  std::int64_t D, F, E, K, shared;
-};
-constexpr Shape3 kQwen3{"qwen3_30b_a3b", 2048, 768, 128, 8, 0};
-constexpr Shape3 kDeepSeek{"deepseek_style", 2048, 1408, 64, 6, 2};
+using synth::ReferenceShape;
+const ReferenceShape& kQwen3 = *synth::find_reference_shape("qwen3");
+const ReferenceShape& kDeepSeek = *synth::find_reference_shape("deepseek");
 // Llama-4-like decode: one expert per token plus a shared expert (scaled: D 5120 -> 2048).
-constexpr Shape3 kLlama4Like{"llama4_like", 2048, 8192, 8, 1, 1};
+const ReferenceShape kLlama4Like{
+    "llama4_like", "Llama-4-like (scaled)", 2048, 8192, 8, 1, 1,
+    R"({"model_type":"llama4_text","hidden_size":2048,"num_hidden_layers":1,"num_local_experts":8,
+        "num_experts_per_tok":1,"intermediate_size":8192,"interleave_moe_layer_step":1})"};
 
 Tensor randn(Shape s, std::mt19937& rng, float scale) {
   Tensor t(std::move(s), DType::f32);
@@ -41,38 +42,15 @@ Tensor randn(Shape s, std::mt19937& rng, float scale) {
   return t;
 }
 
-std::shared_ptr<MoeLayer> make_layer(const Shape3& s, DType dtype) {
-  std::mt19937 rng(1);
-  MoeConfig c;
-  c.model_type = s.name;
-  c.hidden_size = s.D;
-  c.expert_width = s.F;
-  c.num_layers = 1;
-  c.router.num_experts = s.E;
-  c.router.top_k = s.K;
-  c.router.renorm = Renorm::sum;
-  c.shared_width = s.shared * s.F;
-  MoeWeights w;
-  auto router = std::make_shared<Tensor>(randn({s.E, s.D}, rng, 1.0f / std::sqrt(float(s.D))));
-  w.router = router->view();
-  w.keep_alive.push_back(router);
-  const auto experts = [&](std::int64_t E, std::int64_t F) {
-    ExpertWeights ex;
-    auto g = std::make_shared<Tensor>(to_dtype(randn({E, F, s.D}, rng, 0.02f), dtype));
-    auto u = std::make_shared<Tensor>(to_dtype(randn({E, F, s.D}, rng, 0.02f), dtype));
-    auto d = std::make_shared<Tensor>(to_dtype(randn({E, s.D, F}, rng, 0.02f), dtype));
-    ex.gate = ExpertMatrix::stacked(*g);
-    ex.up = ExpertMatrix::stacked(*u);
-    ex.down = ExpertMatrix::stacked(*d);
-    ex.keep_alive = {g, u, d};
-    return ex;
-  };
-  w.experts = experts(s.E, s.F);
-  if (s.shared) w.shared = experts(1, s.shared * s.F);
-  return std::make_shared<MoeLayer>(c, std::move(w));
+std::shared_ptr<MoeLayer> make_layer(const ReferenceShape& s, DType dtype) {
+  synth::WeightSpec spec;
+  spec.dtype = dtype;
+  MoeConfig cfg = synth::config_of(s);
+  MoeWeights w = synth::random_weights(cfg, spec, 1);
+  return std::make_shared<MoeLayer>(std::move(cfg), std::move(w));
 }
 
-void BM_MoeForward(benchmark::State& state, Shape3 s, DType dtype) {
+void BM_MoeForward(benchmark::State& state, const ReferenceShape& s, DType dtype) {
   const std::int64_t T = state.range(0);
   set_num_threads(static_cast<int>(state.range(1)));
   static std::map<std::pair<std::string, int>, std::shared_ptr<MoeLayer>> cache;

@@ -11,12 +11,12 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <vector>
 
 #include "commands.hpp"
 #include "format.hpp"
 #include "moekit/moekit.hpp"
+#include "synth/random_layer.hpp"
 
 namespace moekit::cli {
 
@@ -63,30 +63,24 @@ const Preset kPresets[] = {
         "num_experts_per_tok":8,"intermediate_size":128,"scoring_func":"sigmoid","use_routing_bias":true})"},
 };
 
-void fill_normal(const Tensor& t, std::mt19937& rng, float stddev) {
-  std::normal_distribution<float> dist(0.0f, stddev);
-  float* p = t.data_as<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
-}
-
 void run_routing_demo(std::int64_t tokens, unsigned seed) {
-  std::mt19937 rng(seed);
   std::printf("moekit demo: routing %lld random tokens under each family preset (%d threads)\n\n",
               static_cast<long long>(tokens), num_threads());
+  std::uint64_t stream = std::uint64_t{seed} * 1000 + 1;
   for (const Preset& p : kPresets) {
     const MoeConfig cfg = parse_hf_config(p.config_json);
     const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts;
     Tensor x({tokens, D}, DType::f32), w({E, D}, DType::f32);
-    fill_normal(x, rng, 1.0f);
-    fill_normal(w, rng, 1.0f / std::sqrt(static_cast<float>(D)));
+    synth::fill_uniform(x, 1.0f, stream++);
+    synth::fill_uniform(w, 1.0f / std::sqrt(static_cast<float>(D)), stream++);
     Tensor router_bias, sel_bias;
     if (cfg.router.has_router_bias) {
       router_bias = Tensor({E}, DType::f32);
-      fill_normal(router_bias, rng, 0.1f);
+      synth::fill_uniform(router_bias, 0.1f, stream++);
     }
     if (cfg.router.has_selection_bias) {
       sel_bias = Tensor({E}, DType::f32);
-      fill_normal(sel_bias, rng, 0.05f);
+      synth::fill_uniform(sel_bias, 0.05f, stream++);
     }
     const auto t0 = std::chrono::steady_clock::now();
     const Tensor logits = router_logits(x, w, router_bias.view());
@@ -111,63 +105,15 @@ constexpr const char* kDemoConfig =
         "scoring_func":"sigmoid","norm_topk_prob":true,"routed_scaling_factor":2.5,"n_shared_experts":1,
         "first_k_dense_replace":1})";
 
-// splitmix64: the same numbers on every platform and standard library (std::normal_distribution
-// is implementation-defined): the same weights and tokens, hence routing, on every machine.
-class DemoRng {
- public:
-  explicit DemoRng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  /// Uniform on [-a, a) with a = sqrt(3) * stddev: mean 0, standard deviation `stddev`.
-  void fill(const Tensor& t, float stddev) {
-    const float a = std::sqrt(3.0f) * stddev;
-    float* p = t.data_as<float>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) {
-      const float u = static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
-      p[i] = (2.0f * u - 1.0f) * a;
-    }
-  }
-
- private:
-  std::uint64_t state_;
-};
-
-// Random owned weights for an MoE block: gate/up ~ 1/sqrt(D), down ~ 1/sqrt(F), so that the
-// activations keep unit scale.
-ExpertWeights random_experts(DemoRng& rng, std::int64_t E, std::int64_t F, std::int64_t D) {
-  ExpertWeights w;
-  auto gate = std::make_shared<Tensor>(Shape{E, F, D}, DType::f32);
-  auto up = std::make_shared<Tensor>(Shape{E, F, D}, DType::f32);
-  auto down = std::make_shared<Tensor>(Shape{E, D, F}, DType::f32);
-  rng.fill(*gate, 1.0f / std::sqrt(static_cast<float>(D)));
-  rng.fill(*up, 1.0f / std::sqrt(static_cast<float>(D)));
-  rng.fill(*down, 1.0f / std::sqrt(static_cast<float>(F)));
-  w.gate = ExpertMatrix::stacked(*gate);
-  w.up = ExpertMatrix::stacked(*up);
-  w.down = ExpertMatrix::stacked(*down);
-  w.keep_alive = {gate, up, down};
-  return w;
-}
-
+// Random weights scaled by 1/sqrt(fan-in), so the activations keep unit scale; a non-zero
+// selection bias, as in a trained checkpoint: it moves selection but never the weights. The
+// values are the same on every machine and thread count (synth::fill_uniform).
 MoeLayer build_demo_layer(std::uint64_t seed) {
   MoeConfig cfg = parse_hf_config(kDemoConfig);
-  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts;
-  DemoRng rng(seed * 2 + 1);
-  MoeWeights w;
-  auto router = std::make_shared<Tensor>(Shape{E, D}, DType::f32);
-  rng.fill(*router, 1.0f / std::sqrt(static_cast<float>(D)));
-  w.router = router->view();
-  w.keep_alive.push_back(router);
-  // Non-zero, as in a trained checkpoint: it moves selection but never the weights.
-  w.selection_bias = Tensor({E}, DType::f32);
-  rng.fill(w.selection_bias, 0.05f);
-  w.experts = random_experts(rng, E, cfg.expert_width, D);
-  if (cfg.shared_width > 0) w.shared = random_experts(rng, 1, cfg.shared_width, D);
-  w.layout = "stacked (random, in memory)";
+  synth::WeightSpec spec;
+  spec.stddev = 0;  // 1/sqrt(fan-in)
+  spec.bias_stddev = 0.05f;
+  MoeWeights w = synth::random_weights(cfg, spec, seed);
   MoeLayer layer(std::move(cfg), std::move(w));
   layer.pack_weights();  // owned weights: the panel kernel is the faster forward
   return layer;
@@ -189,12 +135,12 @@ void run_balance_demo(const MoeLayer& layer, std::int64_t tokens, std::uint64_t 
   const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts;
   constexpr int kSteps = 1000;
   constexpr double kRate = 1e-3;
-  DemoRng rng(seed * 2 + 3);
+  std::uint64_t stream = seed * 1000 + 500;  // after the layer's and the input's streams
   Tensor direction({D}, DType::f32);
-  rng.fill(direction, 1.0f);
-  const auto batch = [&](DemoRng& r) {
+  synth::fill_uniform(direction, 1.0f, stream++);
+  const auto batch = [&](std::uint64_t batch_stream) {
     Tensor x({tokens, D}, DType::f32);
-    r.fill(x, 1.0f);
+    synth::fill_uniform(x, 1.0f, batch_stream);
     float* p = x.data_as<float>();
     for (std::int64_t t = 0; t < tokens; ++t)
       for (std::int64_t d = 0; d < D; ++d) p[t * D + d] += direction.data_as<float>()[d];
@@ -205,13 +151,12 @@ void run_balance_demo(const MoeLayer& layer, std::int64_t tokens, std::uint64_t 
     const Tensor logits = router_logits(x, layer.weights().router, layer.weights().router_bias.view());
     return expert_counts(route(cfg.router, logits, bias.view()).ids, E);
   };
-  DemoRng held_out_rng(seed * 2 + 4);
-  const Tensor held_out = batch(held_out_rng);
+  const Tensor held_out = batch(stream++);
   const std::vector<std::int64_t> before = load(held_out);
   LoadBalancer balancer(E, BalanceRule::sign, RateSchedule{kRate, -1, -1, 0.0, {}, -1});
   const auto t0 = std::chrono::steady_clock::now();
   for (int step = 0; step < kSteps; ++step) {
-    balancer.add_counts(load(batch(rng)));
+    balancer.add_counts(load(batch(stream++)));
     balancer.update(bias, step);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -230,7 +175,7 @@ void run_layer_demo(std::int64_t tokens, int runs, std::uint64_t seed) {
   const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k,
                      F = cfg.expert_width;
   Tensor x({tokens, D}, DType::f32);
-  DemoRng(seed * 2 + 2).fill(x, 1.0f);
+  synth::fill_uniform(x, 1.0f, seed * 1000 + 400);  // beyond the layer's streams
 
   std::printf(
       "moekit demo: one DeepSeek-V3-shaped MoE layer (scaled down), random weights, seed %llu\n",
