@@ -20,8 +20,8 @@ using VF = hn::Vec<DF>;
 // σ(v), vectorised, for SwiGLU: e = exp(-|v|) ∈ [0, 1] (Highway's Exp, ≤ 1 ULP, never asked past
 // its range), σ = 1 / (1 + e) for v ≥ 0 and e / (1 + e) below. An e below FLT_MIN (v < -87.3,
 // where Exp's denormals are inexact) is taken as 0: σ = 0 there, as torch's 1 / (1 + exp(-x))
-// and the scalar form give (exp(-v) overflows); σ(+∞) = 1, σ(-∞) = 0; σ(NaN) is 1 or 0, and the
-// NaN reaches the result through the v that multiplies σ.
+// and the scalar form give (exp(-v) overflows); σ(+∞) = 1, σ(-∞) = 0; σ(NaN) = 0, and the NaN
+// reaches the result through the v that multiplies σ.
 HWY_INLINE VF Sigmoid(DF d, VF v) {
   const VF one = hn::Set(d, 1.0f);
   // Exp's argument kept in [-104, 0]: |v| ≥ 104, ±∞ and NaN go in as -104 (e then flushes to 0

@@ -105,9 +105,10 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
 }
 
 // Every row of A over NR rows of B at a time (their codes stay in L1 across the strips of A):
-// strips of 4, 2 and 1 rows of A, each unpacking the codes once for its rows.
+// strips of 2 rows of A (NR = 2) and then of 1, each unpacking the codes once for its rows.
 // AVX2 has 16 vector registers: MR · NR int32 and as many f32 accumulators must leave room for
-// the activations, the codes and two constants, so tiles are 1 × 4 or 2 × 2.
+// the activations, the codes and two constants, so tiles are 1 × 4 (a single row of A) or 2 × 2
+// (and 1 × 2 for an odd last row).
 template <int kBits, int NR>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(columns)(const QuantA& qa, const WeightMatrix& B, const Output& C,
                                                      std::int64_t M, std::int64_t n) {

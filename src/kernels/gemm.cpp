@@ -83,11 +83,12 @@ RowSource columns_of(const RowSource& A, std::int64_t first) {
 // Rows of A that would share L1 sets are copied first. Gathered rows are rows of x, D · 4 bytes
 // apart: a multiple of 4 KB at every reference shape, so a tile's 6 or 12 rows of A (and the
 // weight rows of the dot-product tiles) all map to one set of the 8-way L1 and evict each other
-// at every cache line. Such rows (gathered, or 2 KB-multiples apart) are copied, unscaled, into
-// a per-thread buffer whose stride is one cache line past whole lines, at most 1 MB of rows at
-// a time, and the kernel runs on the copy: the same values, so the same bits. Measured on
-// Zen 4, 32 × 768 × 2048, one thread: panels 74 -> 89 GFLOP/s, rows 53 -> 82 (docs/performance.md).
-// The dot-product kernels run through this; the panels kernel packs its own copy (gemm_panel.cpp).
+// at every cache line. Such rows (gathered, or 2 KB-multiples apart; 2 or more rows of K ≥ 64) are
+// copied, unscaled, into a per-thread buffer (a thread_local vector that grows to the largest
+// chunk) whose stride is one cache line past whole lines, at most 1 MB of rows at a time (or
+// one 12-row tile, if that is more), and the kernel runs on the copy: the same values, so the
+// same bits (the gain: docs/performance.md). gemm_nt's rows-layout kernels (float, exact affine)
+// run through this; the panels kernel packs its own copy (gemm_panel.cpp).
 template <typename Run>
 void with_staggered_rows(const RowSource& A, std::int64_t M, std::int64_t K, const Run& run) {
   const bool aliased = A.index != nullptr || (A.ld * static_cast<std::int64_t>(sizeof(float))) % 2048 == 0;

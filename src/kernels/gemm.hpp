@@ -1,16 +1,19 @@
 // The GEMM kernel layer: every matrix product of the MoE block, forward and backward.
 // Internal. Kernels validate nothing (callers do) and throw nothing but std::bad_alloc: besides
-// fixed-size stack tiles, some keep a per-thread scratch buffer (a `thread_local` vector: staggered
-// or packed activation rows, unpacked codes, int8 activations) that grows to the largest call a
-// thread has made and is reused after; docs/architecture.md ("Memory") bounds it.
+// fixed-size stack tiles, some keep per-thread scratch (`thread_local` vectors: staggered or
+// packed activation rows, gemm_nn's partial sums, unpacked codes, dequantized weight blocks, int8
+// activations) that grows to the largest call a thread has made and is reused after;
+// docs/architecture.md ("Memory") bounds it.
 //
 //   gemm_nt  C[M, N] (+)= A[M, K] · B[N, K]ᵀ   forward: x · Wᵀ with W stored [out, in]
 //   gemm_nn  C[M, N] (+)= A[M, K] · B[K, N]    backward data: dx = dh · W
 //   gemm_tn  C[M, N] (+)= A[K, M]ᵀ · B[K, N]   backward weights: dW = dhᵀ · x over one expert's rows
 //
-// A's rows (and, for gemm_tn, B's rows) are read in place through an optional index list and
-// scaled by an optional per-row factor, so the MoE block never copies the rows it routes. The
-// weight operand is a WeightMatrix in its stored dtype (f32, bf16, f16), widened in registers.
+// A's rows (and, for gemm_tn, B's rows) are read through an optional index list and scaled by
+// an optional per-row factor, so the MoE block never gathers the rows it routes into a matrix of
+// its own (a kernel may still copy them into its per-thread scratch: staggered, packed or
+// quantized). The weight operand is a WeightMatrix in its stored dtype (f32, bf16, f16), widened
+// in registers.
 // A weight format is a panel layout plus a micro-kernel: the dot-product kernel (gemm_nt.cpp)
 // reads [out, in] rows as stored; the outer-product kernel (gemm_outer.cpp) reads rows of B
 // along N. Packed quantized formats are added here as further (layout, kernel) pairs.
@@ -109,7 +112,8 @@ struct AffineQuant {
 };
 
 /// Rows of A up to which the fast mode's kernel runs (beyond, the exact prefill path is faster:
-/// it dequantizes a weight block once for all rows, where the int8 kernel unpacks per row).
+/// it dequantizes a weight block once for all rows, where the int8 kernel unpacks the codes again
+/// for every one or two rows).
 constexpr std::int64_t kInt8MaxRows = 8;
 
 /// A weight matrix: dtype f32, bf16 or f16, in one of the layouts above; or, with affine.bits
@@ -238,9 +242,10 @@ inline constexpr Bf16Path kBf16Paths[] = {Bf16Path::f32_fma, Bf16Path::avx512bf1
 /// The path on this CPU (kernels/cpu.hpp says what each needs). amx where the CPU has AMX-BF16
 /// and Linux grants the process tile data. Else avx512bf16 where it is the faster: AMD (Zen 4
 /// and later issue vdpbf16ps at the FMA rate, twice the products per instruction). Intel CPUs
-/// without AMX take f32_fma: on a Sapphire-Rapids-class Xeon vdpbf16ps ran at 1.3 G/s against
-/// vfmadd231ps at 5.4 G/s, half the products per second (docs/performance.md). The environment
-/// variable MOEKIT_BF16_PATH=f32_fma|avx512bf16|amx overrides the choice (where the CPU has it).
+/// without AMX take f32_fma: there vdpbf16ps issues at under half vfmadd231ps's rate, so at
+/// twice the products per instruction it still computes fewer per second (docs/performance.md).
+/// MOEKIT_BF16_PATH=f32_fma|avx512bf16|amx in the environment overrides the choice (where the
+/// CPU has it).
 Bf16Path bf16_path() noexcept;
 const char* bf16_path_name(Bf16Path path) noexcept;
 /// Whether this CPU can run `path` (f32_fma: everywhere).
@@ -260,9 +265,9 @@ constexpr std::int64_t kAmxRows = 16;
 
 /// The row stride (elements) of round_to_bf16's output on `path`. For f32_fma and avx512bf16:
 /// K rounded up to whole 64-byte lines plus one line, so that consecutive rows start in
-/// different L1 sets. At a stride of a multiple of 4 KB (K = 2048 bf16) every row of a 6-row
-/// tile and the tile's weight rows mapped to the same set of the 8-way L1 and evicted each
-/// other (docs/performance.md).
+/// different L1 sets: at a stride that is a multiple of 4 KB (K = 2048 bf16) every row of a
+/// 6-row tile and the tile's weight rows would map to the same set of the 8-way L1 and evict
+/// each other.
 inline std::int64_t bf16_activation_ld(std::int64_t K, Bf16Path path) {
   if (path == Bf16Path::amx) return amx_padded_k(K);
   const std::int64_t line = path == Bf16Path::avx512bf16 ? 32 : 16;  // elements per 64 bytes

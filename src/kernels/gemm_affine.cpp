@@ -5,11 +5,13 @@
 // dequantized to w = fma(scale, q, bias) and enters the dot-product kernel's order (gemm_nt.cpp):
 // each C element owns one vector accumulator whose lane j sums k ≡ j (mod lanes) with FMA, reduced
 // by SumOfLanes. Two paths compute that same order, so the result never depends on M:
-//  - few rows of A (decode): the codes are unpacked and dequantized in registers, one pass over
-//    the packed stream (2, 4 and 8 bits);
-//  - many rows (prefill), and 3, 5, 6 bits: a block of B's rows is dequantized once into a
-//    per-thread f32 scratch (≤ 256 KB, L2-resident) and gemm_nt's f32 kernel runs every row of
-//    A over it, so the unpacking is amortised over the rows.
+//  - few rows of A (decode, M ≤ kFusedRows): the codes are unpacked and dequantized in
+//    registers, one pass over the packed stream, where the target can (kInRegisters: 2, 4 and
+//    8 bits on FMA targets, 3, 5 and 6 too on 8-lane ones; groups whole vectors);
+//  - many rows (prefill), or codes the target does not unpack in registers: a block of B's rows
+//    is dequantized once into a per-thread f32 scratch (a thread_local vector of ≈ 256 KB,
+//    L2-resident) and gemm_nt's f32 kernel runs every row of A over it, so the unpacking is
+//    amortised over the rows.
 // On targets without a fused multiply-add the dequantization is scalar std::fma, so the values
 // are the same on every target.
 #include <algorithm>
@@ -138,9 +140,9 @@ HWY_INLINE void QTile(const ARows<MR>& a_rows, const WeightMatrix& B, const Outp
   for (int64_t g0 = 0; g0 < K; g0 += gs) {
     float s[NR], b[NR];
     for (int j = 0; j < NR; ++j) GroupOf(B, n + j, g0, s[j], b[j]);
-    // The next tile's rows, one group ahead of use: a row's codes are too short a stream for the
-    // hardware prefetcher, and decode otherwise waits on DRAM latency row after row (the int8
-    // kernel measured 2.5x faster at T = 1 with it). A hint only: past the matrix it is ignored.
+    // This group of the next tile's rows (NR rows on), a tile ahead of use: a row's codes are
+    // too short a stream for the hardware prefetcher, and decode otherwise waits on DRAM latency
+    // row after row. A hint only: past the matrix it is ignored.
     for (int j = 0; j < NR; ++j) hwy::Prefetch(reinterpret_cast<const std::uint8_t*>(rows[j] + NR * B.ld) + g0 * kBits / 8);
     for (int64_t k = g0; k < g0 + gs; k += L) {
       hn::Vec<DF> a[MR];
@@ -193,7 +195,8 @@ void FusedRows(const RowSource& A, const WeightMatrix& B, const Output& C, int64
 }
 
 // Codes of any width as one byte each. Eight codes of b bits are exactly b bytes of the stream:
-// one load of b bytes, eight shifts (K is a multiple of 32, so there is no tail).
+// one load of b bytes, eight shifts (K is a multiple of the group size, itself of 16, so there
+// is no tail).
 template <int kBits>
 HWY_INLINE void UnpackToBytesOf(const std::uint8_t* bytes, int64_t K, std::uint8_t* out) {
   constexpr std::uint64_t kMask = (std::uint64_t{1} << kBits) - 1;

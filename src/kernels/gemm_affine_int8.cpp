@@ -1,11 +1,13 @@
 // The fast mode of gemm_nt on MLX affine weights (AffineQuant::int8_activations): activations
 // quantized to int8 per weight group, integer dot products with the 4- or 8-bit codes, one float
 // multiply-add per group. For few rows of A (decode and small batches), where the exact kernel's
-// per-weight unpack-convert-dequantize is the cost and the weights are streamed once.
+// per-weight unpack-convert-dequantize is the cost and the weights are streamed once; where the
+// CPU has AMX-INT8, for many rows too (the AMX kernel below).
 //
 // Per row m of A and weight group g of gs inputs:
-//   d[m,g] = max_k |x| / 127, q[m,k] = clamp(rint(x / d), -127, 127) (d = 0, q = 0 for a zero group;
-//   a group holding a NaN or Inf makes its row's outputs NaN, never finite garbage),
+//   d[m,g] = max_k |x| / 127, q[m,k] = clamp(rint(x · (127 / max_k |x|)), -127, 127)
+//   (d = 0, q = 0 for a zero group; a group holding a NaN or Inf makes its row's outputs NaN,
+//   never finite garbage),
 //   qsum[m,g] = d[m,g] · Σ_k q[m,k];
 // per output element:  y = Σ_g ( s_g · d[m,g] · Σ_k q[m,k]·code[k]  +  b_g · qsum[m,g] ),
 // the weights times the int8-rounded activations x̂ = d·q (up to f32 rounding), so it differs
@@ -13,7 +15,8 @@
 // integer sums are exact; the float sums run in a fixed order, so the result does not depend on
 // the thread count (it may differ in the last bits between the AVX2 and the portable path).
 //
-// x86 with AVX512-VNNI: `vpdpbusd` on 256-bit vectors, u8 codes × int8 activations (4- and 8-bit).
+// x86 with AVX512-VNNI, on request (best_path): `vpdpbusd` on 256-bit vectors, u8 codes × int8
+// activations (4- and 8-bit).
 // x86 with AVX2: codes and activations as bytes, `vpmaddubsw` + `vpmaddwd` (4-bit: the codes are
 // u8 ≤ 15, so a pair of products fits an int16) or widened to int16 and `vpmaddwd` (8-bit); both
 // from affine_int8-inl.h (bit-identical for 4-bit codes, to f32 rounding for 8-bit). Elsewhere
@@ -189,10 +192,10 @@ bool have_vnni() {
 }
 #endif
 
-// What Int8Path::best resolves to: AVX2 where the CPU has it — the AVX512-VNNI tiles did not
-// measure faster (docs/performance.md: decode is bound by the weight stream and the per-group
-// float work, not by the integer dot products) — or what MOEKIT_INT8_PATH=avx512vnni|avx2|portable
-// asks for, where the CPU has it.
+// What Int8Path::best resolves to: AVX2 where the CPU has it, AVX512-VNNI or not — decode is
+// bound by the weight stream and the per-group float work, not by the integer dot products that
+// VNNI shortens (docs/performance.md) — or what MOEKIT_INT8_PATH=avx512vnni|avx2|portable asks
+// for, where the CPU has it.
 detail::Int8Path best_path() {
   static const detail::Int8Path path = [] {
     const char* env = std::getenv("MOEKIT_INT8_PATH");
@@ -210,9 +213,10 @@ detail::Int8Path best_path() {
 // ---- AMX-INT8: many rows (prefill) ---------------------------------------------------------
 //
 // `tdpbusd` on 16 × 16 int32 tiles, the weight codes (u8) its first operand — 8-bit codes
-// loaded in place with their row stride, 4-bit codes unpacked per 64-k chunk into a stack tile
-// (low nibbles, then high: elements 0, 2, .., 62, then 1, 3, .., 63) — and the int8 activations,
-// laid out to match, its second; so a tile holds Cᵀ (16 weight rows × 16 activation rows).
+// loaded in place with their row stride (a tile of fewer than 16 rows staged), 4-bit codes
+// unpacked per 64-k chunk into a stack tile (low nibbles, then high: elements 0, 2, .., 62,
+// then 1, 3, .., 63) — and the int8 activations, laid out to match, its second; so a tile holds
+// Cᵀ (16 weight rows × 16 activation rows).
 // Blocking as the bf16 AMX kernel: 2 × 2 tiles. A group (a multiple of 64 inputs) is summed
 // exactly in the int32 tiles; then, per element, acc = fma(float(isum), s·d, acc) and
 // bacc = fma(b, d·Σq, bacc) in group order — the portable kernel's steps, element by element,
@@ -361,8 +365,8 @@ MOEKIT_AMX8 void amx8_block(const AmxQuantA& qa, const CodeRows* w, const Weight
     if constexpr (NT == 2) _tile_zero(2);
     if constexpr (NT == 2 && MT == 2) _tile_zero(3);
     for (std::int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
-      // Each code row's line two chunks ahead (the tile loads otherwise wait on 32 rows' lines
-      // at once): -6 to -8 % at T = 512; farther ahead, or into L2 only, measured slower.
+      // Each code row's line two chunks ahead, into L1: the tile loads otherwise wait on 32
+      // rows' lines at once (the distance and the level: docs/performance.md).
       for (int t = 0; t < NT; ++t)
         for (std::int64_t r = 0; r < w[t].rows; ++r)
           _mm_prefetch(reinterpret_cast<const char*>(w[t].base + r * w[t].stride + (c + 2) * 64 * kBits / 8),

@@ -99,9 +99,10 @@ MOEKIT_AMX void block(const WeightTile* w, const std::uint16_t* const* x, std::i
   std::int64_t s = 0;
   for (std::int64_t k0 = 0; k0 < K; k0 += kTileK, ++s) {
     if constexpr (Packed) {
-      // Each weight stream's tile kPrefetchSteps chunks ahead (past the block's end: the next
-      // block's first tiles; a prefetch never faults). With the rows layout the same measured
-      // slower (docs/performance.md); on tiles, 16 lines in a row, +5-7 % at T = 32 and 512.
+      // Each weight stream's tile kPrefetchSteps chunks ahead, into L1 (past the block's end: the
+      // next block's first tiles; a prefetch never faults). Packed tiles only: there a tile is 16
+      // consecutive lines; in the rows layout it is 16 strided rows, where the same prefetch
+      // does not pay (docs/performance.md).
       for (int t = 0; t < NT; ++t)
         for (int l = 0; l < 16; ++l)
           __builtin_prefetch(w[t].base + (k0 + kPrefetchSteps * kTileK) * 16 + l * 32, 0, 3);
@@ -140,10 +141,10 @@ MOEKIT_AMX void detail::gemm_nt_bf16_amx(const Bf16Activations& A, const WeightM
   const std::int64_t panels = (M + kAmxRows - 1) / kAmxRows;
   const bool packed = B.layout == WeightLayout::amx_tiles;
   const std::int64_t row_step = packed ? amx_padded_k(K) : B.ld;  // elements from one row to the next block's
-  // Panels in groups of at most kGroupBytes of activations, each group over all of N: a group
-  // stays in L2 while every column block passes over it (without groups, 512 rows at K = 2048
-  // were 2 MB, re-read from L3 for every 32 columns: 826 -> 1075 GFLOP/s on one thread at
-  // M = 512, N = 1408, docs/performance.md). Whole pairs, so the tiles' blocking is unchanged.
+  // Panels in groups of at most kGroupBytes of activations (at least one pair), each group over
+  // all of N: a group stays in L2 while every column block passes over it, where all the
+  // activations (2 MB at 512 rows of K = 2048) would be re-read from L3 for every 32 columns.
+  // Whole pairs, so the tiles' blocking is unchanged.
   const std::int64_t group = std::max<std::int64_t>(2, kGroupBytes / (panel * 2) / 2 * 2);
   for (std::int64_t g0 = 0; g0 < panels; g0 += group) {
     const std::int64_t g1 = std::min(panels, g0 + group);

@@ -11,11 +11,11 @@
 // The reduction axis is padded with zeros to a multiple of 32 by masked loads (nothing past a
 // row is read), then each accumulator is reduced by one fixed tree (ref::reduce16), so an
 // element's bits depend only on K, never on the tile it landed in, M, N or the thread count.
-// Measured on Zen 4 (docs/performance.md): vdpbf16ps issues at the FMA's rate there, so the
-// loop's ceiling is twice the f32 kernel's; what held it back was memory, not arithmetic — the
-// activation rows 4 KB apart sharing L1 sets with the weight rows (round_to_bf16 now staggers
-// them) and each L2 block of weight rows fetched from DRAM at the first strip's compute rate
-// (the next block is now prefetched while the current one computes).
+// Where vdpbf16ps issues at the FMA's rate (Zen 4) the loop's arithmetic ceiling is twice the
+// f32 kernel's, so memory sets its pace; hence the activation rows are staggered across L1 sets
+// (bf16_activation_ld: rows 4 KB apart would share sets with the weight rows), and the next L2
+// block of weight rows is prefetched while the current one computes, so that the first strip
+// over a block does not wait on DRAM (kernels/prefetch.hpp; figures: docs/performance.md).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -252,7 +252,7 @@ MOEKIT_AVX512BF16 inline float reduce16(__m512 v) {
 #endif
 // reduce16 of four accumulators at once, by the same tree: lanes l and l + 8, then + 4, + 2, + 1
 // (IEEE addition commutes, so only the pairing matters; the twin tests hold it to the bit).
-// Returns the four sums. A third of reduce16's shuffles per element.
+// Returns the four sums, in 9 shuffles and 5 additions where four reduce16 take 16 of each.
 MOEKIT_AVX512BF16 inline __m128 reduce16x4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   // [a0's lanes l + l+8 | a1's], [a2's | a3's]
   const __m512 t01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
@@ -356,8 +356,8 @@ MOEKIT_AVX512BF16 void detail::gemm_nt_bf16_avx512(const Bf16Rows& A, const Weig
   const std::int64_t strips = (M + kMaxRows - 1) / kMaxRows;
   for (std::int64_t n0 = 0; n0 < N; n0 += block_n) {
     const std::int64_t n1 = std::min(N, n0 + block_n);
-    // The next block's rows, spread over this block's k steps (kernels/prefetch.hpp): +6 % at
-    // M = 32, +20-30 % at M = 8 and at the down projection's shape (docs/performance.md).
+    // The next block's rows into L2, spread over this block's k steps (kernels/prefetch.hpp),
+    // so that the first strip over the next block does not read them from DRAM.
     const std::int64_t next = n1 < N && K >= 32 ? std::min(N, n1 + block_n) - n1 : 0;
     NextRows pf = NextRows::over(next > 0 ? b + n1 * B.ld : b, next, K * 2, B.ld * 2, strips * ((n1 - n0 + 3) / 4) * (K / 32));
     for (std::int64_t m = 0; m < M; m += kMaxRows) {

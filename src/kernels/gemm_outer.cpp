@@ -52,7 +52,7 @@ struct TnOps {
 };
 
 // Register tile shapes: MR × NV accumulators + NV B vectors + 1 broadcast fit the register file
-// (AVX2 / SSE4 / NEON 16: 4 × 3; AVX-512 32: 6 × 4).
+// (AVX-512's 32: 6 × 4; narrower targets 4 × 3, sized for AVX2's and SSE4's 16).
 constexpr int kMr = HWY_MAX_BYTES >= 64 ? 6 : 4;
 constexpr int kNv = HWY_MAX_BYTES >= 64 ? 4 : 3;
 
@@ -81,17 +81,18 @@ HWY_INLINE void OuterGemm(const MakeOps& make, const Output& C, int64_t M, int64
   }
 }
 
-// gemm_nn streams B (the weights) once, in chunks of whole rows: B's rows k0 .. k0 + kc (kc ≤
-// kNnChunk) are contiguous in memory (when the call covers all columns) and sit in L2 while every
-// tile of C passes over them, and the next chunk is prefetched into L2 a few lines per step while
+// gemm_nn streams B (the weights) once per block of C's rows (as many rows as kNnPartialBytes of
+// partial sums hold), in chunks of whole rows: B's rows k0 .. k0 + kc (kc ≤ kNnChunk) are
+// contiguous in memory (when the call covers all columns) and sit in L2 while every tile of the
+// block passes over them, and the next chunk is prefetched into L2 a few lines per step while
 // this one computes (NextRows). A tile's accumulators go on from the previous chunk's partial sums
 // (an f32 scratch row per row of C, stored exactly), so every C element is still one FMA chain
 // over k = 0 .. K-1 from +0, with the epilogue (row scale, accumulate) after the last chunk: the
 // bits of one tile over all of K. A's rows of a strip are packed per chunk as the products see
 // them (times their scale), k-major, so the tile's broadcasts read one contiguous line.
-// Reading a column block down all of K instead (the kernel before this one) met the weights'
-// row stride: 8 KB rows put a block's rows on few L2 sets and the first strip read them from DRAM
-// at a stride no prefetcher follows (docs/performance.md).
+// Whole rows rather than a column block down all of K: the weights' rows are long (8 KB at 2048
+// f32), which puts a column block's lines on few L2 sets and has the first strip read them from
+// DRAM at a stride no prefetcher follows (docs/performance.md).
 constexpr int64_t kNnChunk = 64;                 // rows of B per chunk
 constexpr int64_t kNnPartialBytes = 384 * 1024;  // the partial sums of a block of C's rows
 
@@ -189,8 +190,7 @@ struct TnMaker {
 };
 
 // Tiles: 8 × 3 vectors on AVX-512 (24 accumulators, 3 B vectors, 1 broadcast of 32 registers;
-// measured level with 6 × 4 and ahead of 12 × 2, docs/performance.md), 4 × 3 on 16-register
-// targets.
+// 6 × 4 and 12 × 2 fit too, compared in docs/performance.md), 4 × 3 on narrower targets.
 constexpr int kNnMr = HWY_MAX_BYTES >= 64 ? 8 : kMr, kNnNv = HWY_MAX_BYTES >= 64 ? 3 : kNv;
 
 template <typename TB>
@@ -213,11 +213,12 @@ void GemmNn(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t 
   }
 }
 
-// dW = Aᵀ·B writes a [M, N] result from a short reduction (the rows routed to one expert): at
-// 48 rows and 1408 × 2048 columns the 11.5 MB result, not in cache, cost a read for ownership of
-// every line it stores. From kStreamBytes up (and unless it is accumulated) the whole vectors go
-// out with non-temporal stores instead: one thread, cold, 70-79 -> 114-130 GFLOP/s
-// (docs/performance.md). The fence makes them visible before the pool reports the task done.
+// dW = Aᵀ·B writes an [M, N] result from a short reduction (the rows routed to one expert): few
+// FMAs per element stored, and a result not in cache costs a read for ownership of every line
+// stored. From kStreamBytes up (and unless it is accumulated) whole aligned vectors go out with
+// non-temporal stores instead, which skip that read and keep the result from evicting the
+// operands (docs/performance.md). The fence (FlushStream) makes them visible before the pool
+// reports the task done.
 constexpr int64_t kStreamBytes = int64_t{1} << 20;
 
 void GemmTn(const RowSource& A, const RowSource& B, const Output& C0, int64_t M, int64_t N, int64_t K) {

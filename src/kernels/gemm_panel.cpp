@@ -4,7 +4,7 @@
 // WeightLayout::panels) in its stored dtype. Each k step reads 16 consecutive weights of a
 // panel — one contiguous stream per panel instead of one per output row — and broadcasts A's
 // elements from a copy of its rows packed per call (PackRows), unrolled four k steps at a time.
-// Measured against the dot-product kernel on rows: see docs/performance.md. The rows past N in
+// How it compares with the dot-product kernel on rows: docs/performance.md. The rows past N in
 // the last panel are zeros, so loads never need a mask; only the stores of a column tail are
 // partial.
 #include <algorithm>
@@ -23,8 +23,9 @@ HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Tiles: AVX2 / SSE4 / NEON (16 registers) 6 rows × 16 columns (2 or 4 vectors: 12 accumulators);
-// AVX-512 (32 registers) 12 rows × 32 columns (two panels: 24 accumulators).
+// Tiles: AVX2 6 rows × 16 columns (2 vectors), SSE4 / NEON 3 rows × 16 columns (4 vectors): 12
+// accumulators, sized for 16 registers; AVX-512 (32 registers) 12 rows × 32 columns (two panels:
+// 24 accumulators).
 constexpr int kPanelVectorsPerTile = HWY_LANES(float) >= 16 ? 2 : static_cast<int>(kPanelRows / HWY_LANES(float));
 constexpr int kPanelNv = kPanelVectorsPerTile > 4 ? 4 : kPanelVectorsPerTile;
 constexpr int kPanelMr = HWY_LANES(float) >= 16 ? 12 : (HWY_LANES(float) >= 8 ? 6 : 3);
@@ -42,11 +43,12 @@ HWY_INLINE void ForStrips(int64_t M, const F& f) {
   }
 }
 
-// A's rows, packed once per call (at most kPackFloats at a time) strip by strip (ForStrips) and
-// in chunks of kKc k: the strip from row m at m · Kp (Kp: K rounded up to kKc), and in it chunk
-// c's row i at (c · R + i) · kKc for a strip of R rows — each run a plain copy of kKc floats
-// (times the row's factor when scaled). A tile then reads its broadcasts at fixed offsets from
-// one pointer.
+// A's rows, packed once per call (at most kPackFloats at a time, or one strip of kPanelMr rows
+// if that is more; into a thread_local vector that grows to the largest) strip by strip
+// (ForStrips) and in chunks of kKc k: the strip from row m at m · Kp (Kp: K rounded up to kKc),
+// and in it chunk c's row i at (c · R + i) · kKc for a strip of R rows — each run a plain copy
+// of kKc floats (times the row's factor when scaled). A tile then reads its broadcasts at fixed
+// offsets from one pointer.
 constexpr int64_t kKc = 16;
 constexpr int64_t kPackFloats = int64_t{1} << 20;  // 4 MB: 512 rows at K = 2048
 // A packed row's length: K rounded up to whole chunks.
@@ -136,12 +138,11 @@ HWY_INLINE void PanelTile(const PanelBlock<TB>& blk, const Output& C, int64_t m,
 }
 
 // Column blocks of 32 (two panels, 32·K weights: 256 KB at K = 2048 f32) stay in L2 while
-// every row tile passes over them. With more than one strip of rows the next block is fetched
-// into L2 meanwhile, at an even pace over all the block's tiles (docs/performance.md: Xeon,
-// T = 512 f32 -5 %, bf16 weights -11 %; paced evenly instead of one line per k step of the first
-// tiles, -7 % more; with one strip — decode, small batches — it measured slower). Blocks of 32
-// columns instead of 64 measured 7-11 % faster cold (one tile column: the block, the next one
-// and the packed rows crowd L2 less); 128 slower.
+// every row tile passes over them; a block this narrow (one tile column on AVX-512) leaves L2
+// room for the next block and the packed rows besides. With more than one strip of rows the
+// next block is fetched into L2 meanwhile, at an even pace over all the block's tiles rather
+// than in a burst at their start; with one strip (decode, small batches) the tile is itself the
+// stream, left to the hardware prefetchers (docs/performance.md).
 template <typename TB, bool kPrefetch>
 void PanelRowsBlock(PanelBlock<TB>& blk, const Output& C, int64_t M) {
   const int64_t N = blk.N, K = blk.K;
