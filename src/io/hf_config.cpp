@@ -1,6 +1,6 @@
 // config.json -> MoeConfig. One row of kFamilies per model family: which fields it reads and
-// how they map onto RouterConfig knobs (docs/routing.md, "Families"). Generic code below never tests a
-// model_type.
+// how they map onto RouterConfig knobs (docs/routing.md, "Families"); which model_types belong to
+// which family is family.hpp's table. Generic code below never tests a model_type.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "io/family.hpp"
 #include "moekit/config.hpp"
 #include "util/error.hpp"
 
@@ -249,34 +250,40 @@ struct Preset {
   json fixed;               // the family's routing fields as a from-scratch block uses them
 };
 
+using detail::HfFamily;
+
 struct Family {
-  std::vector<const char*> model_types;
+  HfFamily family;  // the model_types it reads: family.hpp's kModelTypes
   std::function<void(const Fields&, MoeConfig&)> read;
   Preset preset;
 };
 
 const std::vector<Family>& families() {
   static const std::vector<Family> kFamilies = {
-      {{"deepseek_v2"},
+      {HfFamily::deepseek_v2,
        deepseek_v2,
        {"n_routed_experts", "moe_intermediate_size", SharedKind::count, 2,
         {{"topk_method", "greedy"}, {"norm_topk_prob", false}, {"routed_scaling_factor", 1.0}}}},
-      {{"deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe"},
+      {HfFamily::deepseek_v3,
        deepseek_v3,
        {"n_routed_experts", "moe_intermediate_size", SharedKind::count, 1,
         {{"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"n_group", 1}, {"topk_group", 1},
          {"norm_topk_prob", true}, {"routed_scaling_factor", 1.0}}}},
-      {{"mixtral"}, mixtral, {"num_local_experts", "intermediate_size", SharedKind::none, 0, json::object()}},
-      {{"qwen2_moe"},
+      {HfFamily::mixtral, mixtral, {"num_local_experts", "intermediate_size", SharedKind::none, 0, json::object()}},
+      {HfFamily::qwen2_moe,
        qwen2_moe,
        {"num_experts", "moe_intermediate_size", SharedKind::width, 1, {{"norm_topk_prob", false}}}},
-      {{"qwen3_moe"}, qwen3_moe, {"num_experts", "moe_intermediate_size", SharedKind::none, 0, {{"norm_topk_prob", true}}}},
-      {{"olmoe"}, olmoe, {"num_experts", "intermediate_size", SharedKind::none, 0, {{"norm_topk_prob", false}}}},
-      {{"gpt_oss"}, gpt_oss, {"num_local_experts", "intermediate_size", SharedKind::none, 0, {{"swiglu_limit", 7.0}}}},
-      {{"llama4", "llama4_text"},
+      {HfFamily::qwen3_moe,
+       qwen3_moe,
+       {"num_experts", "moe_intermediate_size", SharedKind::none, 0, {{"norm_topk_prob", true}}}},
+      {HfFamily::olmoe, olmoe, {"num_experts", "intermediate_size", SharedKind::none, 0, {{"norm_topk_prob", false}}}},
+      {HfFamily::gpt_oss,
+       gpt_oss,
+       {"num_local_experts", "intermediate_size", SharedKind::none, 0, {{"swiglu_limit", 7.0}}}},
+      {HfFamily::llama4,
        llama4,
        {"num_local_experts", "intermediate_size", SharedKind::one, 1, {{"interleave_moe_layer_step", 1}}}},
-      {{"minimax_m2", "minimax"},
+      {HfFamily::minimax_m2,
        minimax_m2,
        {"num_local_experts", "intermediate_size", SharedKind::none, 0,
         {{"scoring_func", "sigmoid"}, {"use_routing_bias", true}}}},
@@ -286,9 +293,10 @@ const std::vector<Family>& families() {
 
 // The family row of `model_type`, or nullptr.
 const Family* find_family(const std::string& model_type) {
+  const detail::ModelType* type = detail::find_model_type(model_type);
+  if (type == nullptr) return nullptr;
   for (const Family& fam : families())
-    for (const char* t : fam.model_types)
-      if (model_type == t) return &fam;
+    if (fam.family == type->family) return &fam;
   return nullptr;
 }
 
@@ -296,8 +304,7 @@ const Family* find_family(const std::string& model_type) {
 
 std::string supported_model_types() {
   std::string out;
-  for (const Family& fam : families())
-    for (const char* t : fam.model_types) out += (out.empty() ? "" : ", ") + std::string(t);
+  for (const detail::ModelType& t : detail::kModelTypes) out += (out.empty() ? "" : ", ") + std::string(t.name);
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "io/family.hpp"
 #include "moekit/config.hpp"
 
 namespace moekit {
@@ -143,6 +144,49 @@ TEST(HfConfig, GptOssLlama4MiniMax) {
   EXPECT_TRUE(mm.router.has_selection_bias);
   EXPECT_EQ(mm.router.renorm, Renorm::sum_eps);
   EXPECT_EQ(mm.names.selection_bias, "e_score_correction_bias");
+}
+
+// family.hpp's table: every model_type has a reader, supported_model_types() lists the table, and
+// an alias reads a config exactly as the first model_type of its family does.
+TEST(HfConfig, EveryModelTypeReadsAsItsFamily) {
+  std::string listed;
+  for (const detail::ModelType& t : detail::kModelTypes) listed += (listed.empty() ? "" : ", ") + std::string(t.name);
+  EXPECT_EQ(supported_model_types(), listed);
+  BlockShape shape;
+  shape.hidden_size = 32;
+  shape.num_experts = 8;
+  shape.top_k = 2;
+  shape.expert_width = 16;
+  shape.num_layers = 2;
+  for (const detail::ModelType& t : detail::kModelTypes) {
+    const std::string name(t.name);
+    const detail::ModelType* canon = nullptr;
+    for (const detail::ModelType& c : detail::kModelTypes)
+      if (canon == nullptr && c.family == t.family) canon = &c;
+    const std::string key = "\"model_type\": \"" + std::string(canon->name) + "\"";
+    std::string text = preset_config_json(std::string(canon->name), shape);
+    ASSERT_NE(text.find(key), std::string::npos) << text;
+    text.replace(text.find(key), key.size(), "\"model_type\": \"" + name + "\"");
+    const MoeConfig a = parse_hf_config(text);
+    const MoeConfig b = parse_hf_config(preset_config_json(std::string(canon->name), shape));
+    EXPECT_EQ(a.model_type, name);
+    EXPECT_EQ(a.hidden_size, b.hidden_size) << name;
+    EXPECT_EQ(a.expert_width, b.expert_width) << name;
+    EXPECT_EQ(a.router.num_experts, b.router.num_experts) << name;
+    EXPECT_EQ(a.router.top_k, b.router.top_k) << name;
+    EXPECT_EQ(a.router.score_func, b.router.score_func) << name;
+    EXPECT_EQ(a.router.group_mode, b.router.group_mode) << name;
+    EXPECT_EQ(a.router.renorm, b.router.renorm) << name;
+    EXPECT_EQ(a.router.has_selection_bias, b.router.has_selection_bias) << name;
+    EXPECT_EQ(a.router.has_router_bias, b.router.has_router_bias) << name;
+    EXPECT_EQ(a.router.weight_on_input, b.router.weight_on_input) << name;
+    EXPECT_EQ(a.body, b.body) << name;
+    EXPECT_EQ(a.shared_width, b.shared_width) << name;
+    EXPECT_EQ(a.names.block, b.names.block) << name;
+    EXPECT_EQ(a.names.router, b.names.router) << name;
+    EXPECT_EQ(a.names.gate_proj, b.names.gate_proj) << name;
+    EXPECT_EQ(a.moe_layer_indices(), b.moe_layer_indices()) << name;
+  }
 }
 
 TEST(HfConfig, Errors) {
