@@ -52,7 +52,8 @@ std::string quantize_recipes();
 /// config.json gains `quantization` and `quantization_config`, tokenizer and generation files
 /// are copied. The folder is built under `<out_dir>.partial` and renamed at the end, so a failure
 /// leaves nothing behind. Families: qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v2, glm4_moe,
-/// minimax; others throw std::invalid_argument naming what is missing. Throws
+/// deepseek_v3 (and kimi_k2), gpt_oss, minimax (and minimax_m2), as src/io/family.hpp lists them;
+/// others throw std::invalid_argument naming what is missing and the families written. Throws
 /// std::invalid_argument for bad options, an already-quantized or FP8 checkpoint, a missing or
 /// mis-shaped expert tensor, a non-finite weight (naming tensor and row); std::runtime_error for
 /// I/O failures; plus what load_hf_config and Checkpoint::open throw.

@@ -1,6 +1,6 @@
 // Every config.json model_type moekit reads, one row each: the family whose fields it has
 // (parse_hf_config's reader and preset in hf_config.cpp) and the mlx-lm model module moekit
-// quantize lays it out as (the key of its layout rules). An alias of a family is one more
+// quantize lays it out as (the rule row in quantize_plan.cpp). An alias of a family is one more
 // row; a family moekit quantize does not lay out says why in the row instead.
 #pragma once
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/family.hpp"
 #include "io/safetensors_writer.hpp"
 #include "util/mlx_tiny_models.hpp"
 #include "kernels/quantize.hpp"
@@ -82,17 +83,10 @@ TEST(QuantizeRow, MatchesMlxCoreQuantize) {
 
 class QuantizeAsMlxLm : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(QuantizeAsMlxLm, WritesWhatMlxLmConvertWrites) {
-  const json c = case_named(GetParam());
-  testing::TempDir tmp("quantize");
-  const fs::path src = tmp.path() / "hf", dst = tmp.path() / "mlx";
-  fs::create_directories(src);
-  write_source(c, src);
-  QuantizeOptions opt = options_of(c);
-  opt.slab_values = 3000;  // many slabs per tensor (one expert, head or a few rows each): the same bytes
-  const QuantizeReport report = quantize_checkpoint(src.string(), dst.string(), opt);
-  EXPECT_FALSE(fs::exists(dst.string() + ".partial"));
-
+// `dst`, quantized from case `c`'s source, holds what mlx_lm.convert wrote: the same tensors byte
+// for byte, the same `quantization` entries and index metadata, and a layer whose forward equals
+// mlx-lm's module on mlx-lm's output.
+void expect_written_as_mlx_lm(const json& c, const fs::path& dst, const QuantizeReport& report) {
   // The same tensors, byte for byte.
   const auto out = Checkpoint::open(dst.string());
   std::vector<std::string> want_names;
@@ -130,6 +124,40 @@ TEST_P(QuantizeAsMlxLm, WritesWhatMlxLmConvertWrites) {
   ASSERT_EQ(y.shape(), want.shape());
   const testing::MaxDiff d = testing::max_diff(y, want);
   EXPECT_LE(d.err, 1e-5 * d.ref) << "max |y - y_mlx| = " << d.err << ", max |y_mlx| = " << d.ref;
+}
+
+TEST_P(QuantizeAsMlxLm, WritesWhatMlxLmConvertWrites) {
+  const json c = case_named(GetParam());
+  testing::TempDir tmp("quantize");
+  const fs::path src = tmp.path() / "hf", dst = tmp.path() / "mlx";
+  fs::create_directories(src);
+  write_source(c, src);
+  QuantizeOptions opt = options_of(c);
+  opt.slab_values = 3000;  // many slabs per tensor (one expert, head or a few rows each): the same bytes
+  const QuantizeReport report = quantize_checkpoint(src.string(), dst.string(), opt);
+  EXPECT_FALSE(fs::exists(dst.string() + ".partial"));
+  expect_written_as_mlx_lm(c, dst, report);
+}
+
+// A model_type that loads with another family's mlx-lm module (family.hpp's table) is written as
+// that family: the same bytes as the family's own golden.
+TEST(Quantize, AliasesWriteAsTheirFamily) {
+  for (const auto& [name, alias] : {std::pair{"deepseek_v3_q4_g32", "kimi_k2"},
+                                    std::pair{"minimax_q4_g128_router_float", "minimax_m2"}}) {
+    SCOPED_TRACE(alias);
+    json c = case_named(name);
+    testing::TempDir tmp("quantize_alias");
+    const fs::path src = tmp.path() / "hf", dst = tmp.path() / "mlx";
+    fs::create_directories(src);
+    write_source(c, src);
+    json cfg = c.at("config");
+    cfg["model_type"] = alias;
+    testing::write_text(src / "config.json", cfg.dump(2));
+    const QuantizeReport report = quantize_checkpoint(src.string(), dst.string(), options_of(c));
+    EXPECT_EQ(report.model_type, alias);
+    EXPECT_EQ(read_json(dst / "config.json").at("model_type"), alias);
+    expect_written_as_mlx_lm(c, dst, report);
+  }
 }
 
 std::vector<std::string> case_names() {
@@ -233,6 +261,30 @@ TEST(Quantize, RefusesQuantizedAndUnknownCheckpoints) {
     testing::write_text(s.src / "config.json", cfg.dump());
     expect_refused(s, {}, {"deepseek_v32", "not written yet"});
   }
+}
+
+// Every model_type of family.hpp's table that moekit quantize does not lay out is refused with
+// the row's reason and the families it does write, aliases included.
+TEST(Quantize, RefusesFamiliesNotWritten) {
+  int refused = 0;
+  for (const detail::ModelType& t : detail::kModelTypes) {
+    if (!t.mlx_module.empty()) continue;
+    Source s;
+    json cfg = s.c.at("config");
+    cfg["model_type"] = std::string(t.name);
+    // The fields every family's reader needs, so the config parses and quantize decides.
+    cfg["n_routed_experts"] = 4;
+    cfg["num_local_experts"] = 4;
+    cfg["n_group"] = 1;
+    cfg["topk_group"] = 1;
+    testing::write_text(s.src / "config.json", cfg.dump());
+    expect_refused(s, {}, {std::string(t.name) + ": not written yet: " + std::string(t.not_written),
+                           "(families written: deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, minimax, mixtral, olmoe, "
+                           "qwen2_moe, qwen3_moe, kimi_k2, minimax_m2)"});
+    EXPECT_FALSE(fs::exists(s.out()));
+    ++refused;
+  }
+  EXPECT_EQ(refused, 3);  // deepseek_v32, llama4, llama4_text
 }
 
 // Rewrites the source with one tensor changed by `edit` (name -> entry, or erased if it returns false).
