@@ -32,4 +32,34 @@ void for_each_target(Fn fn) {
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());
 }
 
+// Every target Highway compiled the kernels for, whether or not this CPU supports it, best first
+// (the order of SupportedAndGeneratedTargets): the conformance table has rows for each, and
+// skips those this CPU lacks.
+inline std::vector<std::int64_t> compiled_targets() {
+  std::vector<std::int64_t> out;
+  for (std::int64_t left = HWY_TARGETS; left != 0; left &= left - 1)
+    out.push_back(left & ~(left - 1));
+  return out;
+}
+
+inline bool target_supported(std::int64_t target) {
+  return (hwy::SupportedTargets() & target) != 0;
+}
+
+// The kernels dispatch to `target` (which this CPU supports) while this lives, then to the CPU's
+// best again, as for_each_target leaves it.
+class ScopedTarget {
+ public:
+  explicit ScopedTarget(std::int64_t target) {
+    hwy::SetSupportedTargetsForTest(target);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  }
+  ~ScopedTarget() {
+    hwy::SetSupportedTargetsForTest(0);
+    hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  }
+  ScopedTarget(const ScopedTarget&) = delete;
+  ScopedTarget& operator=(const ScopedTarget&) = delete;
+};
+
 }  // namespace moekit::testing
