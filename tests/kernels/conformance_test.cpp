@@ -206,6 +206,26 @@ void expect_bitwise(const std::vector<float>& got, const std::vector<float>& wan
   }
 }
 
+// C [M, N] (rows ldc apart) against the exact (double) sum of a [M, K] · b [N, K]ᵀ:
+// |err| <= K·ε·Σ|a·b|, whatever the order (Higham).
+void expect_within_exact_sum(const std::vector<float>& got, std::int64_t ldc,
+                             const std::vector<float>& a, const Tensor& b, std::int64_t M,
+                             std::int64_t N, std::int64_t K) {
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double exact = 0, mag = 0;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(a[static_cast<std::size_t>(m * K + k)]) *
+                         b.data_as<float>()[n * K + k];
+        exact += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_NEAR(got[static_cast<std::size_t>(m * ldc + n)], exact,
+                  static_cast<double>(K) * 1.2e-7 * mag + 1e-30)
+          << "against the exact sum at " << m << "," << n;
+    }
+}
+
 // A bf16 [M, K] (gathered from 2M+1 rows lda = K + 5 apart), B the format's bf16 [N, K] at
 // ldb = K + 3, C at ldc = N + 2 (the padding columns must stay untouched); the bitwise criterion
 // of the path, and, where the case has no epilogue, within K·2u·Σ|a·b| of the exact (double) sum.
@@ -290,21 +310,7 @@ void check_bf16(const Row& row, const Case& c, std::mt19937& rng) {
     }
   }
   ASSERT_NO_FATAL_FAILURE(expect_bitwise(got, want, row.path.name.c_str()));
-  if (c.row_scale || c.accumulate) return;
-  // Against the exact sum: |err| <= K·ε·Σ|a·b|.
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t n = 0; n < N; ++n) {
-      double exact = 0, mag = 0;
-      for (std::int64_t k = 0; k < K; ++k) {
-        const double p = static_cast<double>(used[static_cast<std::size_t>(m * K + k)]) *
-                         bw.data_as<float>()[n * K + k];
-        exact += p;
-        mag += std::fabs(p);
-      }
-      ASSERT_NEAR(got[static_cast<std::size_t>(m * ldc + n)], exact,
-                  static_cast<double>(K) * 1.2e-7 * mag + 1e-30)
-          << "against the exact sum at " << m << "," << n;
-    }
+  if (!c.row_scale && !c.accumulate) expect_within_exact_sum(got, ldc, used, bw, M, N, K);
 }
 
 // ---- The int8 fast mode: int8_bound, portable_bitwise ------------------------------------------
