@@ -2,14 +2,13 @@
 #include <stdexcept>
 
 #include "moekit/experts.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
 
 DispatchPlan plan_dispatch(const TensorView& ids, std::int64_t num_experts) {
-  if (!ids.defined() || ids.dtype() != DType::i32 || ids.rank() < 1)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::plan_dispatch] ids must be i32 [..., K], got "
-                                           << dtype_name(ids.dtype()) << " " << shape_str(ids.shape())));
+  detail::expect_tensor("plan_dispatch", "ids", ids, {DType::i32}, detail::trailing("K"));
   if (num_experts < 1)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::plan_dispatch] num_experts (" << num_experts << ") must be >= 1"));
   DispatchPlan p;

@@ -4,6 +4,7 @@
 
 #include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
@@ -188,11 +189,7 @@ void check_affine(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
 
 
 void check_bias(const Tensor& b, std::int64_t E, std::int64_t n, const char* what, const char* name) {
-  if (b.rank() != 2 || b.dim(0) != E || b.dim(1) != n || b.dtype() != DType::f32)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what << "." << name << " must be f32 ["
-                                                                       << E << ", " << n << "], got "
-                                                                       << dtype_name(b.dtype()) << " "
-                                                                       << shape_str(b.shape())));
+  detail::expect_tensor("validate_experts", std::string(what) + "." + name, b, {DType::f32}, {E, n});
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
 #include "moekit/threading.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 #include "util/workspace.hpp"
@@ -156,13 +157,8 @@ void prepare_trace(ExpertTrace& trace, std::int64_t rows, std::int64_t F, bool g
 }
 
 void check_xy(const char* fn, const TensorView& x, const TensorView& y, std::int64_t D) {
-  if (!x.defined() || x.rank() != 2 || x.dtype() != DType::f32 || x.dim(1) != D)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] x must be f32 [T, " << D << "], got "
-                                                       << dtype_name(x.dtype()) << " " << shape_str(x.shape())));
-  if (!y.defined() || y.dtype() != DType::f32 || y.shape() != x.shape())
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] y must be f32 " << shape_str(x.shape())
-                                                       << ", got " << dtype_name(y.dtype()) << " "
-                                                       << shape_str(y.shape())));
+  detail::expect_tensor(fn, "x", x, {DType::f32}, {"T", D});
+  detail::expect_tensor(fn, "y", y, {DType::f32}, x.shape());
 }
 
 }  // namespace
@@ -207,16 +203,8 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
   validate_experts(w, body, D, "experts");
   check_xy("run_experts", x, y, D);
   const std::int64_t T = x.dim(0);
-  if (!ids.defined() || ids.rank() != 2 || ids.dim(0) != T || ids.dtype() != DType::i32)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::run_experts] ids must be i32 [" << T << ", K], got "
-                                                                                   << dtype_name(ids.dtype()) << " "
-                                                                                   << shape_str(ids.shape())));
-  if (!weights.defined() || weights.shape() != ids.shape() || weights.dtype() != DType::f32)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::run_experts] weights must be f32 " << shape_str(ids.shape())
-                                                                                       << ", got "
-                                                                                       << dtype_name(weights.dtype())
-                                                                                       << " "
-                                                                                       << shape_str(weights.shape())));
+  detail::expect_tensor("run_experts", "ids", ids, {DType::i32}, {T, "K"});
+  detail::expect_tensor("run_experts", "weights", weights, {DType::f32}, ids.shape());
   DispatchPlan local_plan;
   DispatchPlan& plan = trace ? trace->plan : local_plan;
   plan = plan_dispatch(ids, E);

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "io/checkpoint_files.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
@@ -159,11 +160,8 @@ void save_block_checkpoint(const std::string& dir, const std::string& config_jso
                            const StoredLayout& where, const MoeTensors& params, const Tensor& selection_bias,
                            const BlockTrainingState* training) {
   const std::int64_t E = config.router.num_experts;
-  if (config.router.has_selection_bias &&
-      (selection_bias.dtype() != DType::f32 || selection_bias.shape() != Shape{E}))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::save_block_checkpoint] selection_bias must be f32 [" << E
-                                                                                                        << "], got "
-                                                                                                        << shape_str(selection_bias.shape())));
+  if (config.router.has_selection_bias)
+    detail::expect_tensor("save_block_checkpoint", "selection_bias", selection_bias, {DType::f32}, {E});
   if (training && !training->optimizer)
     throw std::invalid_argument("[moekit::save_block_checkpoint] training state given without an optimizer");
   // Validated as JSON here, before anything is written, so that a bad string never fails a resume.

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "moekit/model.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
@@ -35,10 +36,7 @@ Tensor expert_slice(const Tensor& t, std::int64_t e) {
 }
 
 void expect(const Tensor& t, const Shape& shape, const char* name) {
-  if (t.numel() > 0 && (t.dtype() != DType::f32 || t.shape() != shape))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::stored_tensors] " << name << " must be f32 " << shape_str(shape)
-                                                                       << ", got " << dtype_name(t.dtype()) << " "
-                                                                       << shape_str(t.shape())));
+  if (t.numel() > 0) detail::expect_tensor("stored_tensors", name, t, {DType::f32}, shape);
 }
 
 }  // namespace

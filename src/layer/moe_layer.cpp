@@ -8,6 +8,7 @@
 #include "experts/weight_matrix.hpp"
 #include "kernels/activation.hpp"
 #include "util/error.hpp"
+#include "tensor/expect.hpp"
 #include "util/thread_pool.hpp"
 
 namespace moekit {
@@ -16,10 +17,7 @@ namespace {
 
 void check_vector(const Tensor& t, bool wanted, std::int64_t E, const char* name) {
   const bool present = t.numel() > 0;
-  if (wanted && (!present || t.rank() != 1 || t.dim(0) != E || t.dtype() != DType::f32))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] " << name << " must be f32 [" << E << "], got "
-                                                                 << dtype_name(t.dtype()) << " "
-                                                                 << shape_str(t.shape())));
+  if (wanted) detail::expect_tensor("MoeLayer", name, t, {DType::f32}, {E});
   if (!wanted && present)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] " << name << " given but the config has none"));
 }
@@ -80,13 +78,9 @@ MoeLayer::MoeLayer(MoeConfig config, MoeWeights weights) : config_(std::move(con
   if (w.router_quantized.defined()) {
     if (w.router.defined()) throw std::invalid_argument("[moekit::MoeLayer] both router and router_quantized given");
     validate_matrix(w.router_quantized, 1, E, D, "MoeLayer", "router_quantized");
-  } else if (!w.router.defined() || w.router.rank() != 2 || w.router.dim(0) != E || w.router.dim(1) != D ||
-             (w.router.dtype() != DType::f32 && w.router.dtype() != DType::bf16))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] router must be f32/bf16 [" << E << ", " << D
-                                                                                         << "], got "
-                                                                                         << dtype_name(w.router.dtype())
-                                                                                         << " "
-                                                                                         << shape_str(w.router.shape())));
+  } else {
+    detail::expect_tensor("MoeLayer", "router", w.router, {DType::f32, DType::bf16}, {E, D});
+  }
   check_vector(w.router_bias, config_.router.has_router_bias, E, "router_bias");
   check_vector(w.selection_bias, config_.router.has_selection_bias, E, "selection_bias");
   if (w.selection_bias.numel() > 0) {
@@ -118,12 +112,7 @@ MoeLayer::MoeLayer(MoeConfig config, MoeWeights weights) : config_(std::move(con
   if (config_.shared_gated && w.shared_gate_quantized.defined()) {
     validate_matrix(w.shared_gate_quantized, 1, 1, D, "MoeLayer", "shared_gate_quantized");
   } else if (config_.shared_gated) {
-    if (!w.shared_gate.defined() || w.shared_gate.shape() != Shape{1, D} ||
-        (w.shared_gate.dtype() != DType::f32 && w.shared_gate.dtype() != DType::bf16))
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer] shared_gate must be f32/bf16 [1, " << D << "], got "
-                                                                                                  << shape_str(
-                                                                                                         w.shared_gate
-                                                                                                             .shape())));
+    detail::expect_tensor("MoeLayer", "shared_gate", w.shared_gate, {DType::f32, DType::bf16}, {1, D});
   }
 }
 
@@ -158,12 +147,7 @@ Tensor MoeLayer::forward_train_with(const TensorView& x, SavedForward& saved, co
 Tensor MoeLayer::forward_impl(const TensorView& x, ForwardInfo* info, SavedForward* saved,
                               const RoutedExperts* routed) const {
   const std::int64_t D = config_.hidden_size;
-  if (!x.defined() || x.rank() < 1 || (x.dtype() != DType::f32 && x.dtype() != DType::bf16) || x.dim(-1) != D)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::MoeLayer::forward] x must be f32 or bf16 [..., " << D
-                                                                                                    << "], got "
-                                                                                                    << dtype_name(x.dtype())
-                                                                                                    << " "
-                                                                                                    << shape_str(x.shape())));
+  detail::expect_tensor("MoeLayer::forward", "x", x, {DType::f32, DType::bf16}, detail::trailing(D));
   const std::int64_t T = x.rows();
   // f32 input is used in place; bf16 is widened once.
   Tensor x_owned;

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "kernels/gemm.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 #include "util/splitmix.hpp"
 #include "util/thread_pool.hpp"
@@ -88,10 +89,7 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& inv_rms,
 }
 
 void check_shape(const Tensor& t, const Shape& want, const std::string& name) {
-  if (t.dtype() != DType::f32 || t.shape() != want)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::LanguageModel] " << name << " must be f32 " << shape_str(want)
-                                                                      << ", got " << dtype_name(t.dtype()) << " "
-                                                                      << shape_str(t.shape())));
+  detail::expect_tensor("LanguageModel", name, t, {DType::f32}, want);
 }
 
 // Throws std::invalid_argument unless `batch` has T·N window entries and T targets, all in

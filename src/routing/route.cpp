@@ -12,6 +12,7 @@
 #include "kernels/gemm.hpp"
 #include "moekit/routing.hpp"
 #include "routing/gates.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
@@ -106,26 +107,12 @@ void route_token(const RouterConfig& cfg, const float* z, const float* bias, Scr
 
 void check_inputs(const RouterConfig& cfg, const TensorView& logits, const TensorView& bias) {
   validate(cfg);
-  if (!logits.defined() || logits.rank() < 1)
-    throw std::invalid_argument("[moekit::route] logits must be a tensor of rank >= 1 ([..., E])");
-  if (logits.dtype() != DType::f32)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::route] logits must be f32, got " << dtype_name(logits.dtype())));
-  if (logits.dim(-1) != cfg.num_experts)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::route] logits last dimension (" << logits.dim(-1)
-                                                                                    << ") != num_experts ("
-                                                                                    << cfg.num_experts << "), shape "
-                                                                                    << shape_str(logits.shape())));
+  detail::expect_tensor("route", "logits", logits, {DType::f32}, detail::trailing(cfg.num_experts));
   if (cfg.has_selection_bias) {
     if (!bias.defined())
       throw std::invalid_argument("[moekit::route] config has_selection_bias but no selection_bias was given");
-    if (bias.rank() != 1 || bias.dim(0) != cfg.num_experts)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::route] selection_bias must be [" << cfg.num_experts
-                                                                                       << "], got shape "
-                                                                                       << shape_str(bias.shape())));
-    if (bias.dtype() != DType::f32)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::route] selection_bias must be f32 (a bf16 bias collapses "
-                                             "selections), got "
-                                             << dtype_name(bias.dtype())));
+    detail::expect_tensor("route", "selection_bias", bias, {DType::f32}, {cfg.num_experts},
+                          "a bf16 bias collapses selections");
     const float* b = bias.data_as<const float>();
     for (std::int64_t e = 0; e < cfg.num_experts; ++e)
       if (!std::isfinite(b[e]))
@@ -169,14 +156,8 @@ void route_into(const RouterConfig& cfg, const TensorView& logits, const TensorV
                 const TensorView& ids, const TensorView& weights) {
   check_inputs(cfg, logits, selection_bias);
   const Shape expect = routed_shape(logits, cfg.top_k);
-  if (!ids.defined() || ids.dtype() != DType::i32 || ids.shape() != expect)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::route_into] ids must be i32 " << shape_str(expect) << ", got "
-                                                                                   << dtype_name(ids.dtype()) << " "
-                                                                                   << shape_str(ids.shape())));
-  if (!weights.defined() || weights.dtype() != DType::f32 || weights.shape() != expect)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::route_into] weights must be f32 "
-                                           << shape_str(expect) << ", got " << dtype_name(weights.dtype()) << " "
-                                           << shape_str(weights.shape())));
+  detail::expect_tensor("route_into", "ids", ids, {DType::i32}, expect);
+  detail::expect_tensor("route_into", "weights", weights, {DType::f32}, expect);
   route_checked(cfg, logits, selection_bias, ids.data_as<std::int32_t>(), weights.data_as<float>());
 }
 
@@ -189,22 +170,14 @@ Routing route(const RouterConfig& cfg, const TensorView& logits, const TensorVie
 }
 
 Tensor router_logits(const TensorView& x, const TensorView& w_router, const TensorView& bias) {
-  const auto is_float = [](DType d) { return d == DType::f32 || d == DType::bf16; };
-  if (!x.defined() || x.rank() < 1 || !is_float(x.dtype()))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_logits] x must be f32 or bf16 [..., D], got "
-                                           << dtype_name(x.dtype()) << " " << shape_str(x.shape())));
-  if (!w_router.defined() || w_router.rank() != 2 || !is_float(w_router.dtype()))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_logits] w_router must be f32 or bf16 [E, D], got "
-                                           << dtype_name(w_router.dtype()) << " " << shape_str(w_router.shape())));
+  detail::expect_tensor("router_logits", "x", x, {DType::f32, DType::bf16}, detail::trailing("D"));
+  detail::expect_tensor("router_logits", "w_router", w_router, {DType::f32, DType::bf16}, {"E", "D"});
   const std::int64_t D = x.dim(-1);
   const std::int64_t E = w_router.dim(0);
   if (w_router.dim(1) != D)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::router_logits] x has D = " << D << " but w_router is "
                                                                                << shape_str(w_router.shape())));
-  if (bias.defined() && (bias.rank() != 1 || bias.dim(0) != E || bias.dtype() != DType::f32))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_logits] bias must be f32 [" << E << "], got "
-                                                                                       << dtype_name(bias.dtype()) << " "
-                                                                                       << shape_str(bias.shape())));
+  if (bias.defined()) detail::expect_tensor("router_logits", "bias", bias, {DType::f32}, {E});
   Shape out_shape = x.shape();
   out_shape.back() = E;
   Tensor out(out_shape, DType::f32);
@@ -221,8 +194,7 @@ Tensor router_logits(const TensorView& x, const TensorView& w_router, const Tens
 }
 
 std::vector<std::int64_t> expert_counts(const TensorView& ids, std::int64_t num_experts) {
-  if (ids.dtype() != DType::i32)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::expert_counts] ids must be i32, got " << dtype_name(ids.dtype())));
+  detail::expect_tensor("expert_counts", "ids", ids, {DType::i32}, detail::ShapeSpec({}, true));
   if (num_experts < 1)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::expert_counts] num_experts (" << num_experts << ") must be >= 1"));
   std::vector<std::int64_t> counts(static_cast<std::size_t>(num_experts), 0);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "moekit/train.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
@@ -70,16 +71,9 @@ AuxLosses aux_losses(const RouterConfig& cfg, const TensorView& logits, const Te
     if (!std::isfinite(coef.first) || coef.first < 0)
       throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] " << coef.second << " must be finite and >= 0, got "
                                                                      << coef.first));
-  if (!logits.defined() || logits.dtype() != DType::f32 || logits.rank() != 2 || logits.dim(1) != E)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] logits must be f32 [T, " << E << "], got "
-                                                                                         << dtype_name(logits.dtype())
-                                                                                         << " "
-                                                                                         << shape_str(logits.shape())));
+  detail::expect_tensor("aux_losses", "logits", logits, {DType::f32}, {"T", E});
   const std::int64_t T = logits.dim(0);
-  if (!ids.defined() || ids.dtype() != DType::i32 || ids.shape() != Shape{T, K})
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] ids must be i32 [" << T << ", " << K << "], got "
-                                                                                   << dtype_name(ids.dtype()) << " "
-                                                                                   << shape_str(ids.shape())));
+  detail::expect_tensor("aux_losses", "ids", ids, {DType::i32}, {T, K});
   std::vector<std::int64_t> starts = o.sequence_starts.empty() ? std::vector<std::int64_t>{0} : o.sequence_starts;
   if (starts.front() != 0)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::aux_losses] sequence_starts must begin at 0, got " << starts.front()));

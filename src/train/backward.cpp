@@ -29,6 +29,7 @@
 #include "kernels/gemm.hpp"
 #include "moekit/threading.hpp"
 #include "moekit/train.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 #include "util/workspace.hpp"
@@ -270,10 +271,7 @@ void check_float_weights(const char* fn, const MoeLayer& layer) {
 
 const float* checked_dy(const char* fn, const TensorView& dy_in, const Shape& shape, std::int64_t T, std::int64_t D,
                         std::int64_t E, const BackwardOptions& options, Tensor& owned) {
-  if (!dy_in.defined() || (dy_in.dtype() != DType::f32 && dy_in.dtype() != DType::bf16) || dy_in.shape() != shape)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] dy must be f32 or bf16 " << shape_str(shape)
-                                                       << " (the forward's x), got " << dtype_name(dy_in.dtype())
-                                                       << " " << shape_str(dy_in.shape())));
+  detail::expect_tensor(fn, "dy", dy_in, {DType::f32, DType::bf16}, shape, "the forward's x");
   if (options.extra_dlogits.defined() &&
       (options.extra_dlogits.dtype() != DType::f32 || options.extra_dlogits.numel() != T * E ||
        options.extra_dlogits.dim(-1) != E))
@@ -303,10 +301,7 @@ void check_grads(const char* fn, const MoeLayer& layer, std::int64_t num_experts
       t = Tensor(shape, DType::f32);  // zeroed: accumulating into a fresh buffer starts from 0
       return;
     }
-    if (t.dtype() != DType::f32 || t.shape() != shape)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] grads." << name << " must be f32 "
-                                                         << shape_str(shape) << ", got " << dtype_name(t.dtype())
-                                                         << " " << shape_str(t.shape())));
+    detail::expect_tensor(fn, std::string("grads.") + name, t, {DType::f32}, shape);
   };
   check(g.router, {E, D}, "router");
   if (cfg.router.has_router_bias) check(g.router_bias, {E}, "router_bias");

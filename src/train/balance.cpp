@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "moekit/train.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
@@ -87,11 +88,7 @@ void LoadBalancer::add_counts(const std::vector<std::int64_t>& counts) {
 
 BalanceUpdate LoadBalancer::update(const Tensor& bias, std::int64_t step) {
   const std::int64_t E = num_experts();
-  if (bias.dtype() != DType::f32 || bias.rank() != 1 || bias.dim(0) != E)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::LoadBalancer::update] bias must be f32 [" << E << "], got "
-                                                                                             << dtype_name(bias.dtype())
-                                                                                             << " "
-                                                                                             << shape_str(bias.shape())));
+  detail::expect_tensor("LoadBalancer::update", "bias", bias, {DType::f32}, {E});
   BalanceUpdate u;
   u.load = load_metrics(counts_);
   u.rate = rate_.at(step);

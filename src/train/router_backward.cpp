@@ -10,6 +10,7 @@
 #include "kernels/activation.hpp"
 #include "moekit/train.hpp"
 #include "routing/gates.hpp"
+#include "tensor/expect.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
@@ -96,28 +97,14 @@ Tensor router_backward(const RouterConfig& cfg, const TensorView& logits, const 
                        const TensorView& dweights, const TensorView& selection_bias) {
   validate(cfg);
   const std::int64_t E = cfg.num_experts, K = cfg.top_k;
-  if (!logits.defined() || logits.dtype() != DType::f32 || logits.rank() < 1 || logits.dim(-1) != E)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] logits must be f32 [..., " << E << "], got "
-                                                                                               << dtype_name(logits.dtype())
-                                                                                               << " "
-                                                                                               << shape_str(logits.shape())));
+  detail::expect_tensor("router_backward", "logits", logits, {DType::f32}, detail::trailing(E));
   const std::int64_t T = logits.rows();
   Shape routed = logits.shape();
   routed.back() = K;
-  if (!ids.defined() || ids.dtype() != DType::i32 || ids.shape() != routed)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] ids must be i32 " << shape_str(routed)
-                                                                                      << ", got "
-                                                                                      << dtype_name(ids.dtype()) << " "
-                                                                                      << shape_str(ids.shape())));
-  if (!dweights.defined() || dweights.dtype() != DType::f32 || dweights.shape() != routed)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] dweights must be f32 "
-                                           << shape_str(routed) << ", got " << dtype_name(dweights.dtype()) << " "
-                                           << shape_str(dweights.shape())));
-  if (selection_bias.defined() &&
-      (selection_bias.dtype() != DType::f32 || selection_bias.rank() != 1 || selection_bias.dim(0) != E))
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::router_backward] selection_bias must be f32 ["
-                                           << E << "], got " << dtype_name(selection_bias.dtype()) << " "
-                                           << shape_str(selection_bias.shape())));
+  detail::expect_tensor("router_backward", "ids", ids, {DType::i32}, routed);
+  detail::expect_tensor("router_backward", "dweights", dweights, {DType::f32}, routed);
+  if (selection_bias.defined())
+    detail::expect_tensor("router_backward", "selection_bias", selection_bias, {DType::f32}, {E});
   const std::int32_t* id = ids.data_as<const std::int32_t>();
   for (std::int64_t i = 0; i < T * K; ++i)
     if (id[i] < 0 || id[i] >= E)

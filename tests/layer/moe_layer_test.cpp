@@ -163,7 +163,7 @@ TEST(MoeLayer, Validation) {
     Built bad = b;
     Tensor r({8, 23}, DType::f32);
     bad.w.router = r.view();
-    expect_msg([&] { MoeLayer(bad.cfg, bad.w); }, "router must be f32/bf16 [8, 24]");
+    expect_msg([&] { MoeLayer(bad.cfg, bad.w); }, "router must be f32 or bf16 [8, 24]");
   }
   {
     Built bad = b;

@@ -110,21 +110,21 @@ TEST(RouterValidation, InputsAndOutputsUntouched) {
   };
   // bias not rank-1 [E]
   Tensor bias2({2, 8}, DType::f32);
-  expect_throw_msg([&] { route_into(c, logits, bias2, ids, w); }, "selection_bias must be [16]");
+  expect_throw_msg([&] { route_into(c, logits, bias2, ids, w); }, "selection_bias must be f32 [16]");
   Tensor bias3({15}, DType::f32);
-  expect_throw_msg([&] { route_into(c, logits, bias3, ids, w); }, "selection_bias must be [16]");
+  expect_throw_msg([&] { route_into(c, logits, bias3, ids, w); }, "selection_bias must be f32 [16]");
   Tensor bias_bf16({16}, DType::bf16);
   expect_throw_msg([&] { route_into(c, logits, bias_bf16, ids, w); }, "selection_bias must be f32");
   expect_throw_msg([&] { route_into(c, logits, TensorView{}, ids, w); }, "no selection_bias");
   expect_throw_msg([&] { route_into(softmax_cfg(16, 4), logits, bias, ids, w); }, "has_selection_bias is false");
   // logits shape / dtype
   Tensor wrong_e = random_logits({3, 15}, rng);
-  expect_throw_msg([&] { route_into(c, wrong_e, bias, ids, w); }, "last dimension (15) != num_experts (16)");
+  expect_throw_msg([&] { route_into(c, wrong_e, bias, ids, w); }, "logits must be f32 [..., 16], got f32 (3, 15)");
   Tensor bf = to_dtype(logits, DType::bf16);
   expect_throw_msg([&] { route_into(c, bf, bias, ids, w); }, "logits must be f32");
   // output shapes
   Tensor ids_bad({3, 5}, DType::i32);
-  expect_throw_msg([&] { route_into(c, logits, bias, ids_bad, w); }, "ids must be i32 (3, 4)");
+  expect_throw_msg([&] { route_into(c, logits, bias, ids_bad, w); }, "ids must be i32 [3, 4]");
   // NaN / Inf policy: rejected, naming token and expert
   logits.data_as<float>()[16 + 5] = std::numeric_limits<float>::quiet_NaN();
   expect_throw_msg([&] { route_into(c, logits, bias, ids, w); }, "token 1, expert 5");

@@ -411,7 +411,7 @@ TEST(BackwardErrors, NamedAndGradsUntouched) {
     backward(b.layer, saved, b.dy, wrong);
     ADD_FAILURE();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("grads.up must be f32 (8, 8, 12)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("grads.up must be f32 [8, 8, 12]"), std::string::npos) << e.what();
   }
 }
 

@@ -174,7 +174,7 @@ TEST(Lm, ErrorsNameWhatIsWrong) {
     LanguageModel lm(cfg, bad);
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("head must be f32 (16, 8)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("head must be f32 [16, 8]"), std::string::npos) << e.what();
   }
   const LanguageModel lm(cfg, p);
   LmBatch b = make_lm_batch(text_of(40, 16, 1), {0}, 8, cfg.context);
