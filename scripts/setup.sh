@@ -17,9 +17,10 @@ for arg in "$@"; do
 done
 pkgs=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
       libgtest-dev libgmock-dev libbenchmark-dev libhwy-dev nlohmann-json3-dev libcli11-dev libopenblas-dev
-      llvm python3-matplotlib  # llvm: llvm-symbolizer, so sanitizer and fuzzer reports name functions and lines
+      llvm clang-format python3-matplotlib  # llvm: llvm-symbolizer, so sanitizer and fuzzer reports name functions and lines
       python3 python3-dev python3-venv python3-pip python3-numpy python3-torch
-      openmpi-bin libopenmpi-dev iproute2)  # OpenMPI: the dist layer and its mpirun tests; iproute2: their netns hosts
+      openmpi-bin libopenmpi-dev iproute2)  # OpenMPI: the dist layer and its mpirun tests; iproute2: their netns hosts;
+# clang-format: scripts/format_check.sh
 # torch (Debian's 1.13) is the live autograd oracle of tools/gen_layer_goldens.py and the torch
 # side of the Python module's tests.
 missing=()
