@@ -53,6 +53,13 @@ def pytest_runtest_logreport(report):
         _outcomes["skipped"] += 1
 
 
+def pytest_collectreport(report):
+    if report.skipped:  # a module skipped as a whole (pytest.importorskip / allow_module_level)
+        _outcomes["skipped"] += 1
+
+
 def pytest_sessionfinish(session, exitstatus):
-    if exitstatus == 0 and _outcomes["passed"] == 0 and _outcomes["skipped"] > 0:
+    # 5: nothing collected, which a module skipped as a whole also gives; with no skip it stays a
+    # failure.
+    if exitstatus in (0, 5) and _outcomes["passed"] == 0 and _outcomes["skipped"] > 0:
         session.exitstatus = SKIPPED_ALL
