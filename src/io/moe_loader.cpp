@@ -5,6 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "io/layer_names.hpp"
 #include "moekit/model.hpp"
 #include "moekit/safetensors.hpp"
 #include "kernels/gemm.hpp"
@@ -14,12 +15,7 @@ namespace moekit {
 
 namespace {
 
-std::string replace_layer(std::string pattern, std::int64_t layer) {
-  const std::string key = "{L}";
-  const auto pos = pattern.find(key);
-  if (pos != std::string::npos) pattern.replace(pos, key.size(), std::to_string(layer));
-  return pattern;
-}
+using detail::replace_layer;
 
 // Reads tensors of one block, with messages that name the file, the tensor and the expectation.
 class BlockReader {

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "io/family.hpp"
+#include "io/layer_names.hpp"
 #include "moekit/config.hpp"
 #include "util/error.hpp"
 
@@ -104,12 +105,6 @@ const FamilyRules& rules_for(const std::string& model_type) {
                  " (families written: " + families_written() + ")");
   quantize_bad(model_type + ": moekit quantize does not write this family (families written: " +
                families_written() + ")");
-}
-
-std::string replace_layer(std::string pattern, std::int64_t layer) {
-  const auto pos = pattern.find("{L}");
-  if (pos != std::string::npos) pattern.replace(pos, 3, std::to_string(layer));
-  return pattern;
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {
