@@ -6,9 +6,9 @@
 #include <stdexcept>
 
 #include "io/layer_names.hpp"
+#include "kernels/gemm.hpp"
 #include "moekit/model.hpp"
 #include "moekit/safetensors.hpp"
-#include "kernels/gemm.hpp"
 #include "util/error.hpp"
 
 namespace moekit {
