@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gather.hpp"
 #include "kernels/ref/gemm_ref.hpp"
 #include "kernels/targets.hpp"
 #include "moekit/threading.hpp"
@@ -37,26 +38,6 @@ constexpr double kEps = 1.1920929e-7;
 
 // A gathered, scaled view of `rows` rows out of `src` ([n_src, ld]): indices in a scrambled
 // order with repeats, as the dispatch plan hands them to the kernels.
-struct Gathered {
-  std::vector<std::int32_t> index;
-  std::vector<float> scale;
-  RowSource source(const Tensor& src, bool gather, bool scaled) const {
-    return {src.data_as<const float>(), src.dim(1), gather ? index.data() : nullptr,
-            scaled ? scale.data() : nullptr};
-  }
-};
-
-Gathered make_gather(std::int64_t rows, std::int64_t n_src, std::mt19937& rng) {
-  Gathered g;
-  std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(n_src - 1));
-  std::uniform_real_distribution<float> w(0.1f, 1.5f);
-  for (std::int64_t i = 0; i < rows; ++i) {
-    g.index.push_back(pick(rng));
-    g.scale.push_back(w(rng));
-  }
-  return g;
-}
-
 // Value of a (possibly gathered, scaled) RowSource element as the kernels see it.
 double src_at(const RowSource& s, std::int64_t i, std::int64_t k) {
   const float v = s.row(i)[k];

@@ -2,16 +2,18 @@
 // conformance.hpp, holds every layout, weight dtype and tail to its scalar twin on every target):
 // bitwise independence of how the work is split over tiles and threads, gathered scaled rows as
 // the materialised rows, and that the kernel tests reach every compiled target this CPU supports.
+#include "kernels/gemm.hpp"
+
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
 #include <cstdio>
 #include <cstring>
-#include <hwy/targets.h>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.hpp"
+#include "kernels/gather.hpp"
 #include "kernels/targets.hpp"
 #include "moekit/threading.hpp"
 #include "util/random.hpp"
@@ -23,29 +25,12 @@ using kernels::Output;
 using kernels::RowSource;
 using kernels::WeightMatrix;
 using testing::for_each_target;
+using testing::Gathered;
+using testing::make_gather;
 using testing::randn;
 
 // A gathered, scaled view of `rows` rows out of `src` ([n_src, ld]): indices in a scrambled
 // order with repeats, as the dispatch plan hands them to the kernels.
-struct Gathered {
-  std::vector<std::int32_t> index;
-  std::vector<float> scale;
-  RowSource source(const Tensor& src, bool gather, bool scaled) const {
-    return {src.data_as<const float>(), src.dim(1), gather ? index.data() : nullptr, scaled ? scale.data() : nullptr};
-  }
-};
-
-Gathered make_gather(std::int64_t rows, std::int64_t n_src, std::mt19937& rng) {
-  Gathered g;
-  std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(n_src - 1));
-  std::uniform_real_distribution<float> w(0.1f, 1.5f);
-  for (std::int64_t i = 0; i < rows; ++i) {
-    g.index.push_back(pick(rng));
-    g.scale.push_back(w(rng));
-  }
-  return g;
-}
-
 enum class Layout { nt, nt_panels, nn, nn_panels, tn };
 
 const char* layout_name(Layout l) {
