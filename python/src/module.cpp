@@ -226,7 +226,10 @@ nb::object layer_forward(const MoeLayer& layer, nb::handle x, bool return_routin
                         export_tensor(info.routing.weights, in.framework), export_tensor(info.logits, in.framework));
 }
 
-void bind_core(nb::module_& m) {
+namespace {
+
+// The routing and expert-body enums.
+void bind_enums(nb::module_& m) {
   nb::enum_<ScoreFunc>(m, "ScoreFunc", "How router logits become scores (docs/routing.md, 'The pipeline').")
       .value("softmax", ScoreFunc::softmax)
       .value("sigmoid", ScoreFunc::sigmoid)
@@ -255,7 +258,10 @@ void bind_core(nb::module_& m) {
       .value("mlp_relu", BodyKind::mlp_relu)
       .value("mlp_relu2", BodyKind::mlp_relu2)
       .value("mlp_silu", BodyKind::mlp_silu);
+}
 
+// RouterConfig, MoeConfig and the functions that read or make a MoeConfig.
+void bind_configs(nb::module_& m) {
   nb::class_<RouterConfig>(m, "RouterConfig",
                            "Every routing knob of docs/routing.md, 'The pipeline' as data; defaults are plain softmax top-K.\n\n"
                            "RouterConfig(num_experts=8, top_k=2, score_func=ScoreFunc.sigmoid, ...) sets any field\n"
@@ -327,7 +333,10 @@ void bind_core(nb::module_& m) {
       "The config of a from-scratch block of `family` (its routing, body and shared experts) at these\n"
       "sizes; shared_experts -1 keeps the family's own count. selection_bias adds one to families\n"
       "without (loss-free balancing).");
+}
 
+// The routing functions: route, router_logits, expert_counts, max_violation.
+void bind_routing(nb::module_& m) {
   m.def("route", &py_route, "config"_a, "logits"_a, "selection_bias"_a = nb::none(),
         "(ids [..., K] int32, weights [..., K] float32) for router logits [..., E] float32 under config.");
   m.def("router_logits", &py_router_logits, "x"_a, "w_router"_a, "bias"_a = nb::none(),
@@ -335,7 +344,10 @@ void bind_core(nb::module_& m) {
   m.def("expert_counts", &py_expert_counts, "ids"_a, "num_experts"_a,
         "Per-expert counts of (token, slot) pairs of a routing's ids.");
   m.def("max_violation", &max_violation, "counts"_a, "MaxVio = (max c - mean c) / mean c.");
+}
 
+// The worker threads, and the zero-copy tests' probe.
+void bind_runtime(nb::module_& m) {
   m.def(
       "set_num_threads",
       [](int n) {
@@ -352,7 +364,10 @@ void bind_core(nb::module_& m) {
         return nb::make_tuple(reinterpret_cast<std::uintptr_t>(in.view.data()), in.copy.data() != nullptr);
       },
       "x"_a, "(address moekit reads x at, whether x was copied): the zero-copy tests' probe.");
+}
 
+// MoeLayer: forward, its weights, the compute modes, forward_train and backward.
+void bind_layer(nb::module_& m) {
   nb::class_<MoeLayer>(m, "MoeLayer",
                        "The whole MoE block: router, routed experts, shared experts. Load one with\n"
                        "load_moe_layer(path, layer); forward is safe from several Python threads at once.")
@@ -421,7 +436,10 @@ void bind_core(nb::module_& m) {
           "(dx float32, {name: gradient}) of this layer's parameters ('router', 'experts.gate', ...,\n"
           "stacked [E, out, in]; moekit.stored_tensors maps them to the checkpoint's names) for\n"
           "dL/dy = dy. Raises ValueError for a quantized layer.");
+}
 
+// Loading a MoeLayer from a checkpoint folder, and its report.
+void bind_loading(nb::module_& m) {
   m.def(
       "load_moe_layer",
       [](const std::string& path, std::int64_t layer, const MoeConfig* config) {
@@ -440,6 +458,17 @@ void bind_core(nb::module_& m) {
         return inspect_report(path, layer);
       },
       "path"_a, "layer"_a = -1, "The report `moekit inspect` prints for a checkpoint folder (-1: first MoE layer).");
+}
+
+}  // namespace
+
+void bind_core(nb::module_& m) {
+  bind_enums(m);
+  bind_configs(m);
+  bind_routing(m);
+  bind_runtime(m);
+  bind_layer(m);
+  bind_loading(m);
 }
 
 }  // namespace moekit::py

@@ -151,7 +151,10 @@ nb::tuple backward_tagged(const MoeLayer& layer, std::uint64_t tag, const Saved&
   return nb::make_tuple(export_tensor(std::move(dx), d.framework), g);
 }
 
-void bind_training(nb::module_& m) {
+namespace {
+
+// SavedForward and TrainableMoe: the trainable block, its training forward and backward.
+void bind_trainable(nb::module_& m) {
   nb::class_<Saved>(m, "SavedForward",
                     "What a training forward keeps for the backward (opaque), with its routing.")
       .def_prop_ro("ids", [](const Saved& s) { return export_tensor(s.saved.routing.ids, Framework::numpy); },
@@ -208,7 +211,10 @@ void bind_training(nb::module_& m) {
       .def("backward", &backward, "saved"_a, "dy"_a, "extra_dlogits"_a = nb::none(),
            "(dx float32, {name: gradient}) for dL/dy = dy; extra_dlogits [T, E] float32 is added to\n"
            "dL/dlogits first (auxiliary losses). Bit-identical for any thread count.");
+}
 
+// The loss-free balancer: BalanceRule, LoadBalancer, BalanceUpdate.
+void bind_balancer(nb::module_& m) {
   nb::enum_<BalanceRule>(m, "BalanceRule", "Loss-free balancing rule.")
       .value("sign", BalanceRule::sign)
       .value("proportional", BalanceRule::proportional);
@@ -250,7 +256,10 @@ void bind_training(nb::module_& m) {
       .def_ro("bias_mean", &BalanceUpdate::bias_mean)
       .def_ro("bias_max", &BalanceUpdate::bias_max)
       .def("as_dict", &update_dict);
+}
 
+// The auxiliary losses.
+void bind_aux_losses(nb::module_& m) {
   m.def(
       "aux_losses",
       [](const RouterConfig& cfg, nb::handle logits, nb::handle ids, double switch_coef, double seq_coef,
@@ -278,6 +287,10 @@ void bind_training(nb::module_& m) {
       "sequence_starts"_a = std::vector<std::int64_t>{}, "z_coef"_a = 0.0,
       "({'switch_loss', 'seq_loss', 'z_loss', 'total'}, dL/dlogits [T, E] float32) of one forward's\n"
       "logits [T, E] and ids [T, K] (docs/training.md, 'Auxiliary losses').");
+}
+
+// A block's tensors under a checkpoint's names, and writing a quantized checkpoint.
+void bind_checkpoints(nb::module_& m) {
   m.def(
       "stored_tensors",
       [](const MoeLayer& layer, const nb::dict& tensors) {
@@ -334,12 +347,26 @@ void bind_training(nb::module_& m) {
       "`moekit quantize`: writes out_dir (mlx-lm's quantized folder, byte for byte what\n"
       "mlx_lm.convert -q writes) from the float checkpoint model_dir; returns the report (per\n"
       "tensor errors). recipe: '', 'mixed_2_6', 'mixed_3_4', 'mixed_3_6', 'mixed_4_6'.");
+}
+
+// The load metrics of per-expert counts.
+void bind_load_metrics(nb::module_& m) {
   m.def(
       "load_metrics",
       [](const std::vector<std::int64_t>& counts) {
         return load_dict(load_metrics(counts));
       },
       "counts"_a, "MaxVio, dead experts, entropy and tokens of per-expert counts.");
+}
+
+}  // namespace
+
+void bind_training(nb::module_& m) {
+  bind_trainable(m);
+  bind_balancer(m);
+  bind_aux_losses(m);
+  bind_checkpoints(m);
+  bind_load_metrics(m);
 }
 
 }  // namespace moekit::py
