@@ -17,6 +17,8 @@
 #include <functional>
 #include <numeric>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "dist/mpi_util.hpp"
 #include "experts/expert_rows.hpp"
@@ -314,6 +316,174 @@ void sum_in_rank_order(MPI_Comm comm, Tensor& part) {
   mpi_util::sum_in_rank_order(comm, part.data_as<float>(), part.numel());
 }
 
+// The exchange's two ways, each rank's counts and displacements (in floats) given as the home
+// side (the rank of the tokens) sees them: `home` what it sends out and gets back, `owner` what
+// the experts' side receives and returns.
+void to_owners(MPI_Comm comm, const float* from, float* to, const std::vector<int>& home,
+               const std::vector<int>& home_displ, const std::vector<int>& owner, const std::vector<int>& owner_displ) {
+  MPI_Alltoallv(from, home.data(), home_displ.data(), MPI_FLOAT, to, owner.data(), owner_displ.data(), MPI_FLOAT, comm);
+}
+
+void to_home(MPI_Comm comm, const float* from, float* to, const std::vector<int>& home,
+             const std::vector<int>& home_displ, const std::vector<int>& owner, const std::vector<int>& owner_displ) {
+  MPI_Alltoallv(from, owner.data(), owner_displ.data(), MPI_FLOAT, to, home.data(), home_displ.data(), MPI_FLOAT, comm);
+}
+
+// The owners' R expert-sorted rows (D floats each) back in receive order: sorted row i to row
+// src[i] of `out`.
+void to_receive_order(const float* sorted, const std::int32_t* src, std::int64_t R, std::int64_t D, float* out) {
+  for (std::int64_t i = 0; i < R; ++i)
+    std::memcpy(out + static_cast<std::int64_t>(src[i]) * D, sorted + i * D,
+                static_cast<std::size_t>(D) * sizeof(float));
+}
+
+// One forward's exchange as this rank sees it: the send row of each of its (token, slot) pairs,
+// and the rows (and f32 elements, D per row) it sends to and receives from each rank.
+struct Exchange {
+  Exchange(std::int64_t pairs, std::size_t P, std::size_t Emax)
+      : position(static_cast<std::size_t>(pairs)),
+        send_rows(P, 0),
+        send_displ(P, 0),
+        send_counts(P * std::max<std::size_t>(Emax, 1), 0) {}
+  std::vector<std::int64_t> position;                  // [T·K] pair -> send row
+  std::vector<int> send_rows, send_displ;              // [P] rows to each rank
+  std::vector<std::int64_t> send_counts, recv_counts;  // [P, Emax] rows for each of a rank's experts
+  std::vector<int> recv_rows, recv_displ;              // [P] rows from each rank
+  std::vector<int> sx, sxd, rx, rxd;                   // [P] f32 elements to / from each rank
+  std::int64_t R = 0;                                  // rows received
+};
+
+// This rank's rows and slot weights in send order (destination rank, then its experts ascending,
+// then pair order) into send_x / send_w; the pairs' send rows and the counts per rank and expert
+// into `ex`.
+void pack_rows(const TensorView& x, const Routing& routing, const std::vector<std::vector<std::int64_t>>& owned,
+               std::int64_t E, std::int64_t K, std::int64_t D, std::size_t Emax, std::vector<float>& send_x,
+               std::vector<float>& send_w, Exchange& ex) {
+  const std::int64_t T = x.dim(0);
+  const DispatchPlan plan = plan_dispatch(routing.ids, E);
+  grow(send_x, T * K * D);
+  grow(send_w, T * K);
+  const float* xs = x.data_as<const float>();
+  const float* ws = routing.weights.data_as<const float>();
+  std::int64_t row = 0;
+  for (std::size_t d = 0; d < ex.send_rows.size(); ++d) {
+    const std::int64_t first = row;
+    for (std::size_t i = 0; i < owned[d].size(); ++i) {
+      const std::int64_t e = owned[d][i];
+      for (std::int64_t j = plan.offsets[e]; j < plan.offsets[e + 1]; ++j, ++row) {
+        const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(j)];
+        ex.position[static_cast<std::size_t>(pair)] = row;
+        std::memcpy(send_x.data() + row * D, xs + (pair / K) * D, static_cast<std::size_t>(D) * sizeof(float));
+        send_w[static_cast<std::size_t>(row)] = ws[pair];
+      }
+      ex.send_counts[d * Emax + i] = plan.counts[static_cast<std::size_t>(e)];
+    }
+    ex.send_rows[d] = mpi_count(row - first, "rows to one rank");
+    mpi_count((row - first) * D, "row elements to one rank");
+  }
+}
+
+// Collective: the counts (block d of what rank s sends holds, for each of d's experts, how many
+// rows), then the rows and elements each way with their displacements; `local` this rank's
+// number of experts, `pairs` its rows sent (T·K).
+void exchange_counts(MPI_Comm comm, std::size_t local, std::size_t Emax, std::int64_t D, std::int64_t pairs,
+                     Exchange& ex) {
+  const std::size_t P = ex.send_rows.size();
+  ex.recv_counts.assign(ex.send_counts.size(), 0);  // [P, Emax]: from s, per local expert
+  const int block = static_cast<int>(std::max<std::size_t>(Emax, 1));
+  MPI_Alltoall(ex.send_counts.data(), block, MPI_INT64_T, ex.recv_counts.data(), block, MPI_INT64_T, comm);
+  ex.recv_rows.assign(P, 0);
+  ex.recv_displ.assign(P, 0);
+  for (std::vector<int>* v : {&ex.sx, &ex.sxd, &ex.rx, &ex.rxd}) v->assign(P, 0);
+  std::exception_ptr err;
+  try {
+    for (std::size_t s = 0; s < P; ++s) {
+      std::int64_t n = 0;
+      for (std::size_t i = 0; i < local; ++i) n += ex.recv_counts[s * Emax + i];
+      ex.recv_rows[s] = mpi_count(n, "rows from one rank");
+      mpi_count(n * D, "row elements from one rank");
+      ex.R += n;
+    }
+    for (std::size_t r = 1; r < P; ++r) {
+      ex.send_displ[r] = ex.send_displ[r - 1] + ex.send_rows[r - 1];
+      ex.recv_displ[r] = ex.recv_displ[r - 1] + ex.recv_rows[r - 1];
+    }
+    mpi_count(ex.R * D, "all row elements received");
+    mpi_count(pairs * D, "all row elements sent");
+    for (std::size_t r = 0; r < P; ++r) {
+      ex.sx[r] = static_cast<int>(ex.send_rows[r] * D);
+      ex.sxd[r] = static_cast<int>(ex.send_displ[r] * D);
+      ex.rx[r] = static_cast<int>(ex.recv_rows[r] * D);
+      ex.rxd[r] = static_cast<int>(ex.recv_displ[r] * D);
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  agree(comm, err);
+}
+
+// The received rows in expert order: for each local expert, the blocks of rank 0, 1, ... in turn.
+struct ExpertOrder {
+  std::vector<std::int64_t> offsets;  // [E_local + 1] rows of each local expert
+  std::vector<std::int32_t> src;      // [R] expert-sorted row -> receive row
+  std::vector<float> wt;              // [R] its slot weight
+};
+
+ExpertOrder sort_by_expert(const Exchange& ex, const float* recv_w, std::size_t local, std::size_t Emax) {
+  ExpertOrder o;
+  o.offsets.assign(local + 1, 0);
+  o.src.resize(static_cast<std::size_t>(ex.R));
+  o.wt.resize(static_cast<std::size_t>(ex.R));
+  std::int64_t i = 0;
+  for (std::size_t le = 0; le < local; ++le) {
+    for (std::size_t s = 0; s < ex.recv_displ.size(); ++s) {
+      std::int64_t at = ex.recv_displ[s];
+      for (std::size_t j = 0; j < le; ++j) at += ex.recv_counts[s * Emax + j];
+      for (std::int64_t c = 0; c < ex.recv_counts[s * Emax + le]; ++c, ++i) {
+        o.src[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(at + c);
+        o.wt[static_cast<std::size_t>(i)] = recv_w[at + c];
+      }
+    }
+    o.offsets[le + 1] = i;
+  }
+  return o;
+}
+
+// forward_train keeping the pre-activations: [R, F] in `sv` for the experts to write into
+// ({gate, up}; gate null where the experts have none).
+std::pair<float*, float*> keep_pre_activations(DistSavedForward& sv, std::int64_t R, std::int64_t F, bool gate) {
+  sv.pre_up = Tensor::uninitialized({R, F}, DType::f32);
+  float* keep_up = sv.pre_up.data_as<float>();
+  float* keep_gate = nullptr;
+  if (gate) {
+    sv.pre_gate = Tensor::uninitialized({R, F}, DType::f32);
+    keep_gate = sv.pre_gate.data_as<float>();
+  }
+  return {keep_gate, keep_up};
+}
+
+// What backward() needs of a forward_train: the received rows, their expert order and the exchange.
+void save_exchange(DistSavedForward& sv, const Exchange& ex, const ExpertOrder& order, const float* rows,
+                   std::int64_t T, std::int64_t D) {
+  const std::int64_t R = ex.R;
+  sv.rows = Tensor::uninitialized({R, D}, DType::f32);
+  if (R > 0) std::memcpy(sv.rows.data(), rows, static_cast<std::size_t>(R * D) * sizeof(float));
+  sv.src = order.src;
+  sv.row_weight = order.wt;
+  sv.offsets = order.offsets;
+  sv.position = ex.position;
+  sv.sx = ex.sx;
+  sv.sxd = ex.sxd;
+  sv.rx = ex.rx;
+  sv.rxd = ex.rxd;
+  sv.send_rows = ex.send_rows;
+  sv.send_displ = ex.send_displ;
+  sv.recv_rows = ex.recv_rows;
+  sv.recv_displ = ex.recv_displ;
+  sv.T = T;
+  sv.R = R;
+}
+
 }  // namespace
 
 Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const TensorView& dy,
@@ -356,8 +526,7 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
   for (std::int64_t p = 0; p < T * K; ++p)
     std::memcpy(send_dy.data() + saved.position[static_cast<std::size_t>(p)] * D, dy + (p / K) * D,
                 static_cast<std::size_t>(D) * sizeof(float));
-  MPI_Alltoallv(send_dy.data(), saved.sx.data(), saved.sxd.data(), MPI_FLOAT, recv_dy.data(), saved.rx.data(),
-                saved.rxd.data(), MPI_FLOAT, comm_);
+  to_owners(comm_, send_dy.data(), recv_dy.data(), saved.sx, saved.sxd, saved.rx, saved.rxd);
 
   // The owners: each local expert's backward over its rows, as in one process.
   std::vector<float> back_dx(static_cast<std::size_t>(R * D)), back_dg(static_cast<std::size_t>(R));
@@ -369,11 +538,9 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
                                  saved.pre_up.numel() > 0 ? saved.pre_up.data_as<const float>() : nullptr,
                                  recv_dy.data(), pair_dx.data(), pair_dg.data(), detail::expert_sink(g),
                                  options.accumulate);
-    for (std::int64_t i = 0; i < R; ++i) {
-      const std::int64_t r = saved.src[static_cast<std::size_t>(i)];
-      std::memcpy(back_dx.data() + r * D, pair_dx.data() + i * D, static_cast<std::size_t>(D) * sizeof(float));
-      back_dg[static_cast<std::size_t>(r)] = pair_dg[static_cast<std::size_t>(i)];
-    }
+    to_receive_order(pair_dx.data(), saved.src.data(), R, D, back_dx.data());
+    for (std::int64_t i = 0; i < R; ++i)
+      back_dg[static_cast<std::size_t>(saved.src[static_cast<std::size_t>(i)])] = pair_dg[static_cast<std::size_t>(i)];
   } catch (...) {
     err = std::current_exception();
   }
@@ -381,10 +548,8 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
 
   // dL/d(row) and dL/d(slot weight) back home; the rest of the block there.
   std::vector<float> home_dx(static_cast<std::size_t>(T * K * D)), home_dg(static_cast<std::size_t>(T * K));
-  MPI_Alltoallv(back_dx.data(), saved.rx.data(), saved.rxd.data(), MPI_FLOAT, home_dx.data(), saved.sx.data(),
-                saved.sxd.data(), MPI_FLOAT, comm_);
-  MPI_Alltoallv(back_dg.data(), saved.recv_rows.data(), saved.recv_displ.data(), MPI_FLOAT, home_dg.data(),
-                saved.send_rows.data(), saved.send_displ.data(), MPI_FLOAT, comm_);
+  to_home(comm_, back_dx.data(), home_dx.data(), saved.sx, saved.sxd, saved.rx, saved.rxd);
+  to_home(comm_, back_dg.data(), home_dg.data(), saved.send_rows, saved.send_displ, saved.recv_rows, saved.recv_displ);
   Tensor dx;
   try {
     // One rank: the router and shared gradients straight into g (accumulating as one process
@@ -427,76 +592,25 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
                            })->size();
 
   // Send order: destination rank, then its experts ascending, then pair order.
-  std::vector<std::int64_t> position(static_cast<std::size_t>(T * K));  // pair -> send row
-  std::vector<int> send_rows(P, 0), send_displ(P, 0);
-  std::vector<std::int64_t> send_counts(P * std::max<std::size_t>(Emax, 1), 0);  // [P, Emax]
+  Exchange ex(T * K, P, Emax);
   Buffers& b = buffers_;
   std::exception_ptr err;
   try {
-    const DispatchPlan plan = plan_dispatch(routing.ids, E);
-    grow(b.send_x, T * K * D);
-    grow(b.send_w, T * K);
-    const float* xs = x.data_as<const float>();
-    const float* ws = routing.weights.data_as<const float>();
-    std::int64_t row = 0;
-    for (std::size_t d = 0; d < P; ++d) {
-      const std::int64_t first = row;
-      for (std::size_t i = 0; i < owned_[d].size(); ++i) {
-        const std::int64_t e = owned_[d][i];
-        for (std::int64_t j = plan.offsets[e]; j < plan.offsets[e + 1]; ++j, ++row) {
-          const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(j)];
-          position[static_cast<std::size_t>(pair)] = row;
-          std::memcpy(b.send_x.data() + row * D, xs + (pair / K) * D, static_cast<std::size_t>(D) * sizeof(float));
-          b.send_w[static_cast<std::size_t>(row)] = ws[pair];
-        }
-        send_counts[d * Emax + i] = plan.counts[static_cast<std::size_t>(e)];
-      }
-      send_rows[d] = mpi_count(row - first, "rows to one rank");
-      mpi_count((row - first) * D, "row elements to one rank");
-    }
+    pack_rows(x, routing, owned_, E, K, D, Emax, b.send_x, b.send_w, ex);
   } catch (...) {
     err = std::current_exception();
   }
   agree(comm_, err);
   times_.route = MPI_Wtime() - started_;  // input checks and router included
 
-  // Counts: block d of what rank s sends holds, for each of d's experts, how many rows.
+  // Counts, then the rows and their slot weights to the experts' owners.
   const double t_out = MPI_Wtime();
-  std::vector<std::int64_t> recv_counts(send_counts.size(), 0);  // [P, Emax]: from s, per local expert
-  const int block = static_cast<int>(std::max<std::size_t>(Emax, 1));
-  MPI_Alltoall(send_counts.data(), block, MPI_INT64_T, recv_counts.data(), block, MPI_INT64_T, comm_);
-  std::vector<int> recv_rows(P, 0), recv_displ(P, 0), sx(P), sxd(P), rx(P), rxd(P);
-  std::int64_t R = 0;
-  try {
-    for (std::size_t s = 0; s < P; ++s) {
-      std::int64_t n = 0;
-      for (std::size_t i = 0; i < mine_.size(); ++i) n += recv_counts[s * Emax + i];
-      recv_rows[s] = mpi_count(n, "rows from one rank");
-      mpi_count(n * D, "row elements from one rank");
-      R += n;
-    }
-    for (std::size_t r = 1; r < P; ++r) {
-      send_displ[r] = send_displ[r - 1] + send_rows[r - 1];
-      recv_displ[r] = recv_displ[r - 1] + recv_rows[r - 1];
-    }
-    mpi_count(R * D, "all row elements received");
-    mpi_count(T * K * D, "all row elements sent");
-    for (std::size_t r = 0; r < P; ++r) {
-      sx[r] = static_cast<int>(send_rows[r] * D);
-      sxd[r] = static_cast<int>(send_displ[r] * D);
-      rx[r] = static_cast<int>(recv_rows[r] * D);
-      rxd[r] = static_cast<int>(recv_displ[r] * D);
-    }
-  } catch (...) {
-    err = std::current_exception();
-  }
-  agree(comm_, err);
+  exchange_counts(comm_, mine_.size(), Emax, D, T * K, ex);
+  const std::int64_t R = ex.R;
   grow(b.recv_x, R * D);
   grow(b.recv_w, R);
-  MPI_Alltoallv(b.send_x.data(), sx.data(), sxd.data(), MPI_FLOAT, b.recv_x.data(), rx.data(), rxd.data(), MPI_FLOAT,
-                comm_);
-  MPI_Alltoallv(b.send_w.data(), send_rows.data(), send_displ.data(), MPI_FLOAT, b.recv_w.data(), recv_rows.data(),
-                recv_displ.data(), MPI_FLOAT, comm_);
+  to_owners(comm_, b.send_x.data(), b.recv_x.data(), ex.sx, ex.sxd, ex.rx, ex.rxd);
+  to_owners(comm_, b.send_w.data(), b.recv_w.data(), ex.send_rows, ex.send_displ, ex.recv_rows, ex.recv_displ);
   times_.exchange_out = MPI_Wtime() - t_out;
   times_.rows_sent = T * K;
   times_.rows_received = R;
@@ -507,58 +621,17 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
   const double t_compute = MPI_Wtime();
   grow(b.back, R * D);
   try {
-    std::vector<std::int64_t> offsets(mine_.size() + 1, 0);
-    std::vector<std::int32_t> src(static_cast<std::size_t>(R));
-    std::vector<float> wt(static_cast<std::size_t>(R));
-    std::int64_t i = 0;
-    for (std::size_t le = 0; le < mine_.size(); ++le) {
-      for (std::size_t s = 0; s < P; ++s) {
-        std::int64_t at = recv_displ[s];
-        for (std::size_t j = 0; j < le; ++j) at += recv_counts[s * Emax + j];
-        for (std::int64_t c = 0; c < recv_counts[s * Emax + le]; ++c, ++i) {
-          src[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(at + c);
-          wt[static_cast<std::size_t>(i)] = b.recv_w[static_cast<std::size_t>(at + c)];
-        }
-      }
-      offsets[le + 1] = i;
-    }
+    const ExpertOrder order = sort_by_expert(ex, b.recv_w.data(), mine_.size(), Emax);
     grow(b.out, R * D);
     float* keep_gate = nullptr;
     float* keep_up = nullptr;
-    if (saving_ && keep_pre_) {
-      const std::int64_t F = cfg.expert_width;
-      saving_->pre_up = Tensor::uninitialized({R, F}, DType::f32);
-      keep_up = saving_->pre_up.data_as<float>();
-      if (local_.gate.defined()) {
-        saving_->pre_gate = Tensor::uninitialized({R, F}, DType::f32);
-        keep_gate = saving_->pre_gate.data_as<float>();
-      }
-    }
+    if (saving_ && keep_pre_)
+      std::tie(keep_gate, keep_up) = keep_pre_activations(*saving_, R, cfg.expert_width, local_.gate.defined());
     if (R > 0)
-      run_sorted_rows(local_, layer_->body(), b.recv_x.data(), src.data(), wt.data(), cfg.router.weight_on_input,
-                      offsets, b.out.data(), keep_gate, keep_up);
-    if (saving_) {
-      DistSavedForward& sv = *saving_;
-      sv.rows = Tensor::uninitialized({R, D}, DType::f32);
-      if (R > 0) std::memcpy(sv.rows.data(), b.recv_x.data(), static_cast<std::size_t>(R * D) * sizeof(float));
-      sv.src = src;
-      sv.row_weight = wt;
-      sv.offsets = offsets;
-      sv.position = position;
-      sv.sx = sx;
-      sv.sxd = sxd;
-      sv.rx = rx;
-      sv.rxd = rxd;
-      sv.send_rows = send_rows;
-      sv.send_displ = send_displ;
-      sv.recv_rows = recv_rows;
-      sv.recv_displ = recv_displ;
-      sv.T = T;
-      sv.R = R;
-    }
-    for (std::int64_t r = 0; r < R; ++r)
-      std::memcpy(b.back.data() + static_cast<std::int64_t>(src[static_cast<std::size_t>(r)]) * D,
-                  b.out.data() + r * D, static_cast<std::size_t>(D) * sizeof(float));
+      run_sorted_rows(local_, layer_->body(), b.recv_x.data(), order.src.data(), order.wt.data(),
+                      cfg.router.weight_on_input, order.offsets, b.out.data(), keep_gate, keep_up);
+    if (saving_) save_exchange(*saving_, ex, order, b.recv_x.data(), T, D);
+    to_receive_order(b.out.data(), order.src.data(), R, D, b.back.data());
   } catch (...) {
     err = std::current_exception();
   }
@@ -568,12 +641,11 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
   // Outputs back in the order they came; then the combine in slot order.
   const double t_back = MPI_Wtime();
   grow(b.mine_out, T * K * D);
-  MPI_Alltoallv(b.back.data(), rx.data(), rxd.data(), MPI_FLOAT, b.mine_out.data(), sx.data(), sxd.data(), MPI_FLOAT,
-                comm_);
+  to_home(comm_, b.back.data(), b.mine_out.data(), ex.sx, ex.sxd, ex.rx, ex.rxd);
   times_.exchange_back = MPI_Wtime() - t_back;
   times_.bytes_sent += R * D * 4;
   times_.bytes_received += T * K * D * 4;
-  combine_rows(b.mine_out.data(), position.data(), T, K, D, y.data_as<float>(), false);
+  combine_rows(b.mine_out.data(), ex.position.data(), T, K, D, y.data_as<float>(), false);
 }
 
 }  // namespace moekit::dist
