@@ -115,38 +115,44 @@ std::int64_t resident_kib() {
   return -1;
 }
 
-void run_bench_expert_parallel(const MpiSession& mpi, const Options& o) {
-  std::exception_ptr err;
+// What --expert-parallel's options ask for, parsed and checked.
+struct EpPlan {
   std::vector<const BenchShape*> shapes;
   std::vector<WeightFormat> dtypes;
   std::vector<std::int64_t> tokens;
   int reps = 0, threads = 0;
   std::uint64_t seed = 0;
-  try {
-    shapes = parse_shapes(o.shape);
-    dtypes = parse_dtypes(o.dtype);
-    tokens = parse_int_list(o.tokens, "--tokens", 1, 1 << 20);
-    const std::vector<std::int64_t> t = parse_int_list(o.threads, "--threads", 1, 4096);
-    if (t.size() != 1) throw std::invalid_argument("--expert-parallel takes one --threads value (threads per rank)");
-    threads = static_cast<int>(t[0]);
-    reps = static_cast<int>(parse_int(o.reps, "--reps", 1, 1000));
-    seed = static_cast<std::uint64_t>(parse_int(o.seed, "--seed", 0, INT64_MAX));
-    if (o.mode != "forward") throw std::invalid_argument("--expert-parallel measures the forward only");
-    if (o.output != "md") throw std::invalid_argument("--expert-parallel prints markdown only (-o md)");
-    for (const WeightFormat& d : dtypes)
-      if (d.bf16_act && o.layout != "rows" && o.layout != "panels")
-        throw std::invalid_argument("bad --layout");
-  } catch (...) {
-    err = std::current_exception();
-  }
-  dist::agree(MPI_COMM_WORLD, err);
-  set_num_threads(threads);
+};
+
+EpPlan check_ep_options(const Options& o) {
+  EpPlan p;
+  p.shapes = parse_shapes(o.shape);
+  p.dtypes = parse_dtypes(o.dtype);
+  p.tokens = parse_int_list(o.tokens, "--tokens", 1, 1 << 20);
+  const std::vector<std::int64_t> t = parse_int_list(o.threads, "--threads", 1, 4096);
+  if (t.size() != 1) throw std::invalid_argument("--expert-parallel takes one --threads value (threads per rank)");
+  p.threads = static_cast<int>(t[0]);
+  p.reps = static_cast<int>(parse_int(o.reps, "--reps", 1, 1000));
+  p.seed = static_cast<std::uint64_t>(parse_int(o.seed, "--seed", 0, INT64_MAX));
+  if (o.mode != "forward") throw std::invalid_argument("--expert-parallel measures the forward only");
+  if (o.output != "md") throw std::invalid_argument("--expert-parallel prints markdown only (-o md)");
+  for (const WeightFormat& d : p.dtypes)
+    if (d.bf16_act && o.layout != "rows" && o.layout != "panels") throw std::invalid_argument("bad --layout");
+  return p;
+}
+
+// The header, then the exchange's latency and bandwidth (MPI_Alltoall, and ping-pong between
+// ranks 0 and 1 where there are two).
+void print_exchange(const MpiSession& mpi, const EpPlan& p) {
   const int P = mpi.size;
   if (mpi.rank == 0) {
     std::printf("moekit bench --expert-parallel (commit %s)\n\n", MOEKIT_GIT_COMMIT);
-    std::printf("- machine: %s; %d ranks x %d threads (mpirun); one MPI_COMM_WORLD\n", cpu_model().c_str(), P, threads);
-    std::printf("- each rank routes its own T tokens (data parallel) and owns a contiguous block of experts;\n"
-                "  phase times are the slowest rank's, medians of %d forwards after one warm-up\n\n", reps);
+    std::printf("- machine: %s; %d ranks x %d threads (mpirun); one MPI_COMM_WORLD\n", cpu_model().c_str(), P,
+                p.threads);
+    std::printf(
+        "- each rank routes its own T tokens (data parallel) and owns a contiguous block of experts;\n"
+        "  phase times are the slowest rank's, medians of %d forwards after one warm-up\n\n",
+        p.reps);
     std::printf("| exchange (same run) | bytes per rank pair | time | per-rank bandwidth |\n|---|---|---|---|\n");
   }
   for (const std::size_t b : {std::size_t{8}, std::size_t{4096}, std::size_t{65536}, std::size_t{1} << 20,
@@ -163,55 +169,79 @@ void run_bench_expert_parallel(const MpiSession& mpi, const Options& o) {
         std::printf("| ping-pong rank 0 <-> 1 (half round trip) | %s | %.1f us | %.2f GB/s |\n", format_bytes(b).c_str(),
                     t * 1e6, static_cast<double>(b) / t * 1e-9);
     }
+}
+
+// One row of the phase table: `reps` forwards of T fresh tokens per rank after one warm-up, each
+// phase the slowest rank's, their medians printed by rank 0.
+void time_phases(const MpiSession& mpi, const dist::ExpertParallelLayer& ep, const BenchShape& s, const WeightFormat& d,
+                 std::int64_t T, const EpPlan& p, std::int64_t rss_max) {
+  Tensor x = Tensor::uninitialized({T, s.D}, DType::f32);
+  std::vector<double> phase[6];
+  std::int64_t rows = 0, bytes = 0;
+  for (int r = 0; r < p.reps + 1; ++r) {
+    synth::fill_uniform(x, 1.0f,
+                        p.seed * 1000 + 500 + static_cast<std::uint64_t>(mpi.rank) * 131 + r);  // fresh routing
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    (void)ep.forward(x);
+    const double total = MPI_Wtime() - t0;
+    const dist::PhaseTimes& pt = ep.last_times();
+    double v[6] = {total, pt.route, pt.exchange_out, pt.compute, pt.exchange_back, pt.combine};
+    MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (r == 0) continue;
+    for (int i = 0; i < 6; ++i) phase[i].push_back(v[i]);
+    rows = pt.rows_sent;
+    bytes = pt.bytes_sent;
+  }
+  std::int64_t mx[2] = {rows, bytes};
+  MPI_Allreduce(MPI_IN_PLACE, mx, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (mpi.rank == 0) {
+    double med[6];
+    for (int i = 0; i < 6; ++i) med[i] = median_of(phase[i]) * 1e3;
+    std::printf("| %s | %s | %lld | %s | %s | %s | %s | %s | %s | %.2f | %lld | %.1f | %lld |\n", s.name,
+                d.name().c_str(), static_cast<long long>(T), sig3(med[0]).c_str(), sig3(med[1]).c_str(),
+                sig3(med[2]).c_str(), sig3(med[3]).c_str(), sig3(med[4]).c_str(), sig3(med[5]).c_str(),
+                (med[2] + med[4]) / std::max(1e-9, med[3]), static_cast<long long>(mx[0]),
+                static_cast<double>(mx[1]) * 1e-6, static_cast<long long>(rss_max / 1024));
+  }
+}
+
+// The rows of one shape and dtype: this rank's part of the layer built, the largest resident
+// memory over the ranks, then each T.
+void bench_layer(const MpiSession& mpi, const BenchShape& s, const WeightFormat& d, const EpPlan& p) {
+  const dist::ExpertPlacement placement = dist::ExpertPlacement::contiguous(s.E, mpi.size);
+  std::shared_ptr<MoeLayer> layer;
+  std::exception_ptr err;
+  try {
+    layer = build_rank_layer(s, d, p.seed, placement, mpi.rank);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  dist::agree(MPI_COMM_WORLD, err);
+  const std::int64_t rss = resident_kib();
+  std::int64_t rss_max = 0;
+  MPI_Reduce(&rss, &rss_max, 1, MPI_INT64_T, MPI_MAX, 0, MPI_COMM_WORLD);
+  const dist::ExpertParallelLayer ep(layer, placement, MPI_COMM_WORLD);
+  for (const std::int64_t T : p.tokens) time_phases(mpi, ep, s, d, T, p, rss_max);
+}
+
+void run_bench_expert_parallel(const MpiSession& mpi, const Options& o) {
+  std::exception_ptr err;
+  EpPlan p;
+  try {
+    p = check_ep_options(o);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  dist::agree(MPI_COMM_WORLD, err);
+  set_num_threads(p.threads);
+  print_exchange(mpi, p);
   if (mpi.rank == 0)
     std::printf("\n| shape | dtype | T per rank | total ms | route | exchange out | experts | exchange back | "
                 "combine + shared | exchange / compute | rows sent per rank | MB sent per rank | resident MiB per rank |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const BenchShape* s : shapes)
-    for (const WeightFormat& d : dtypes) {
-      const dist::ExpertPlacement placement = dist::ExpertPlacement::contiguous(s->E, P);
-      std::shared_ptr<MoeLayer> layer;
-      try {
-        layer = build_rank_layer(*s, d, seed, placement, mpi.rank);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      dist::agree(MPI_COMM_WORLD, err);
-      const std::int64_t rss = resident_kib();
-      std::int64_t rss_max = 0;
-      MPI_Reduce(&rss, &rss_max, 1, MPI_INT64_T, MPI_MAX, 0, MPI_COMM_WORLD);
-      const dist::ExpertParallelLayer ep(layer, placement, MPI_COMM_WORLD);
-      for (const std::int64_t T : tokens) {
-        Tensor x = Tensor::uninitialized({T, s->D}, DType::f32);
-        std::vector<double> phase[6];
-        std::int64_t rows = 0, bytes = 0;
-        for (int r = 0; r < reps + 1; ++r) {
-          synth::fill_uniform(x, 1.0f, seed * 1000 + 500 + static_cast<std::uint64_t>(mpi.rank) * 131 + r);  // fresh routing
-          MPI_Barrier(MPI_COMM_WORLD);
-          const double t0 = MPI_Wtime();
-          (void)ep.forward(x);
-          const double total = MPI_Wtime() - t0;
-          const dist::PhaseTimes& pt = ep.last_times();
-          double v[6] = {total, pt.route, pt.exchange_out, pt.compute, pt.exchange_back, pt.combine};
-          MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-          if (r == 0) continue;
-          for (int i = 0; i < 6; ++i) phase[i].push_back(v[i]);
-          rows = pt.rows_sent;
-          bytes = pt.bytes_sent;
-        }
-        std::int64_t mx[2] = {rows, bytes};
-        MPI_Allreduce(MPI_IN_PLACE, mx, 2, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-        if (mpi.rank == 0) {
-          double med[6];
-          for (int i = 0; i < 6; ++i) med[i] = median_of(phase[i]) * 1e3;
-          std::printf("| %s | %s | %lld | %s | %s | %s | %s | %s | %s | %.2f | %lld | %.1f | %lld |\n", s->name,
-                      d.name().c_str(), static_cast<long long>(T), sig3(med[0]).c_str(), sig3(med[1]).c_str(),
-                      sig3(med[2]).c_str(), sig3(med[3]).c_str(), sig3(med[4]).c_str(), sig3(med[5]).c_str(),
-                      (med[2] + med[4]) / std::max(1e-9, med[3]), static_cast<long long>(mx[0]),
-                      static_cast<double>(mx[1]) * 1e-6, static_cast<long long>(rss_max / 1024));
-        }
-      }
-    }
+  for (const BenchShape* s : p.shapes)
+    for (const WeightFormat& d : p.dtypes) bench_layer(mpi, *s, d, p);
   if (mpi.rank == 0)
     std::printf("\nexchange / compute = (exchange out + back) / experts. Resident: the largest VmRSS over the "
                 "ranks after building (router, shared experts and 1/N of the routed experts).\n");
