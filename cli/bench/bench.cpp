@@ -38,13 +38,19 @@ struct Timing {
   Tensor last_ids;         // forward: the last timed call's routing
 };
 
+// Throws where `copies` times the layer's weight bytes, plus 256 MB to spare, exceed `avail`
+// (MemAvailable; -1 where unknown: no check).
+void check_memory(const BenchShape& s, const WeightFormat& format, int copies, double avail) {
+  const double needed = layer_weight_bytes(s, format);
+  if (avail >= 0 && needed * copies + 256e6 > avail)
+    throw std::runtime_error("out of memory: " + std::string(s.name) + " " + format.name() + " needs " + gb(needed) +
+                             " of weights but only " + gb(avail) + " is available");
+}
+
 std::unique_ptr<MoeLayer> build_checked(const BenchShape& s, const WeightFormat& format, bool panels,
                                         std::uint64_t seed, bool progress) {
   const double needed = layer_weight_bytes(s, format);
-  const double avail = available_memory();
-  if (avail >= 0 && needed + 256e6 > avail)
-    throw std::runtime_error("out of memory: " + std::string(s.name) + " " + format.name() + " needs " + gb(needed) +
-                             " of weights but only " + gb(avail) + " is available");
+  check_memory(s, format, 1, available_memory());
   if (progress)
     std::fprintf(stderr, "moekit bench: building %s %s (%s)...\n", s.name, format.name().c_str(), gb(needed).c_str());
   try {
@@ -53,6 +59,14 @@ std::unique_ptr<MoeLayer> build_checked(const BenchShape& s, const WeightFormat&
     throw std::runtime_error("out of memory building " + std::string(s.name) + " " + format.name() + " (" +
                              gb(needed) + " of weights)");
   }
+}
+
+// Adds the expert bytes a call touched: the experts with rows in its routing (`counts` per
+// expert) plus the shared experts.
+void add_touched(Timing& t, const std::vector<std::int64_t>& counts, const BenchShape& s, double per_expert) {
+  std::int64_t active = 0;
+  for (const std::int64_t c : counts) active += c > 0;
+  t.touched += per_expert * static_cast<double>(active + s.shared);
 }
 
 // Inference: one warm-up call, then `reps` timed calls on the cycled inputs.
@@ -66,10 +80,8 @@ Timing time_forward(MoeLayer& layer, const std::vector<Tensor>& inputs, int reps
     const auto t0 = Clock::now();
     y = layer.forward(inputs[next++ % inputs.size()], &info);
     t.secs.push_back(seconds_since(t0));
-    std::int64_t active = 0;
-    for (const std::int64_t c : expert_counts(info.routing.ids, s.E)) active += c > 0;
     t.last_ids = info.routing.ids;
-    t.touched += per_expert * static_cast<double>(active + s.shared);
+    add_touched(t, expert_counts(info.routing.ids, s.E), s, per_expert);
   }
   return t;
 }
@@ -92,9 +104,7 @@ Timing time_train(MoeLayer& layer, const std::vector<Tensor>& inputs, int reps, 
     if (r < 0) continue;
     t.secs.push_back(dt);
     t.saved_bytes = static_cast<double>(saved.nbytes()) / static_cast<double>(T);
-    std::int64_t active = 0;
-    for (const std::int64_t c : saved.routed.plan.counts) active += c > 0;
-    t.touched += per_expert * static_cast<double>(active + s.shared);
+    add_touched(t, saved.routed.plan.counts, s, per_expert);
   }
   return t;
 }
@@ -203,11 +213,7 @@ Plan check_options(const Options& o) {
     throw std::invalid_argument("-o '" + o.output + "' is not an output format (expected md, csv or json)");
   const double avail = available_memory();
   for (const BenchShape* s : p.shapes)
-    for (const WeightFormat& d : p.dtypes)
-      if (avail >= 0 && layer_weight_bytes(*s, d) * (p.train ? 3 : 1) + 256e6 > avail)
-        throw std::runtime_error("out of memory: " + std::string(s->name) + " " + d.name() + " needs " +
-                                 gb(layer_weight_bytes(*s, d)) + " of weights but only " + gb(avail) +
-                                 " is available");
+    for (const WeightFormat& d : p.dtypes) check_memory(*s, d, p.train ? 3 : 1, avail);
   return p;
 }
 
