@@ -37,15 +37,15 @@ std::shared_ptr<MoeLayer> build_rank_layer(const BenchShape& s, const WeightForm
     ExpertMatrix all = m;
     all.experts.assign(static_cast<std::size_t>(E), m.experts[0]);
     if (m.quantized()) {
-      all.affine.scales.assign(static_cast<std::size_t>(E), m.affine.scales[0]);
-      all.affine.biases.assign(static_cast<std::size_t>(E), m.affine.biases[0]);
+      all.scales.assign(static_cast<std::size_t>(E), m.scales[0]);
+      all.biases.assign(static_cast<std::size_t>(E), m.biases[0]);
     }
     for (std::size_t i = 0; i < mine.size(); ++i) {
       const auto e = static_cast<std::size_t>(mine[i]);
       all.experts[e] = m.experts[i];
       if (m.quantized()) {
-        all.affine.scales[e] = m.affine.scales[i];
-        all.affine.biases[e] = m.affine.biases[i];
+        all.scales[e] = m.scales[i];
+        all.biases[e] = m.biases[i];
       }
     }
     return all;

@@ -12,6 +12,7 @@
 
 #include "moekit/config.hpp"
 #include "moekit/tensor.hpp"
+#include "moekit/weight_format.hpp"
 
 namespace moekit {
 
@@ -40,27 +41,25 @@ struct ExpertMatrix {
   /// rows: as above, read in place. Else repacked by pack_panels(), in `dtype`; row_stride is
   /// then unused.
   MatrixLayout layout = MatrixLayout::rows;
-  /// MLX affine quantization (docs/formats.md), bits != 0: `experts` point at each expert's
-  /// packed codes (dtype u32, row_stride counted in uint32 words, cols · bits / 32 per row) and
-  /// scales / biases at its [rows, cols / group_size] scales and biases (scale_dtype f32, bf16 or
-  /// f16, scale_stride elements between rows). Used in place; never expanded to float.
-  struct Affine {
-    int bits = 0;
-    int group_size = 0;
-    DType scale_dtype = DType::f32;
-    std::int64_t scale_stride = 0;
-    std::vector<const void*> scales, biases;
-    /// Compute with int8-quantized activations where the fast kernel applies (4/8 bits, few
-    /// rows per expert); MoeLayer::set_int8_activations sets it. Default: exact.
-    bool int8_activations = false;
-  } affine;
+  /// How the elements encode the weights (moekit/weight_format.hpp). Plain (the default): `dtype`
+  /// is f32, bf16 or f16. Quantized: `experts` point at each expert's container (MLX affine: its
+  /// packed codes, dtype u32, row_stride counted in uint32 words, cols · bits / 32 per row), and
+  /// `scales` / `biases` at its [ceil(rows / block_rows), ceil(cols / block_cols)] scales and
+  /// biases (format.scale_dtype, scale_stride elements between rows; biases empty where the format
+  /// has none). Used in place; never expanded to float.
+  WeightFormat format;
+  std::vector<const void*> scales, biases;
+  std::int64_t scale_stride = 0;
+  /// Compute with int8-quantized activations where the fast kernel applies (4/8-bit MLX affine,
+  /// few rows per expert); MoeLayer::set_int8_activations sets it. Default: exact.
+  bool int8_activations = false;
 
-  bool quantized() const noexcept { return affine.bits != 0; }
+  bool quantized() const noexcept { return format.quantized(); }
   bool packed() const noexcept { return layout != MatrixLayout::rows; }
   /// Bytes of every expert's matrix as stored now (codes + scales + biases when quantized).
   std::size_t nbytes() const noexcept;
   /// "bf16", or "4-bit affine, group 64, bf16 scales" (inspect, messages).
-  std::string format() const;
+  std::string describe() const;
   std::int64_t num_experts() const noexcept { return static_cast<std::int64_t>(experts.size()); }
   bool defined() const noexcept { return !experts.empty(); }
   /// A stacked, contiguous [E, rows, cols] tensor (or one [rows, cols] matrix: E = 1) viewed as

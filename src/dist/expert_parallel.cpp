@@ -133,13 +133,13 @@ ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int6
     ExpertMatrix s = m;
     if (!m.defined()) return s;
     s.experts.clear();
-    s.affine.scales.clear();
-    s.affine.biases.clear();
+    s.scales.clear();
+    s.biases.clear();
     for (const std::int64_t e : ids) {
       s.experts.push_back(m.experts[static_cast<std::size_t>(e)]);
       if (m.quantized()) {
-        s.affine.scales.push_back(m.affine.scales[static_cast<std::size_t>(e)]);
-        s.affine.biases.push_back(m.affine.biases[static_cast<std::size_t>(e)]);
+        s.scales.push_back(m.scales[static_cast<std::size_t>(e)]);
+        s.biases.push_back(m.biases[static_cast<std::size_t>(e)]);
       }
     }
     return s;

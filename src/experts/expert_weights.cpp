@@ -2,6 +2,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/experts.hpp"
 #include "tensor/expect.hpp"
@@ -38,38 +39,27 @@ ExpertMatrix ExpertMatrix::stacked_affine(const TensorView& codes, const TensorV
                                            << shape_str(biases.shape()) << " disagree for " << bits
                                            << " bits, group " << group_size));
   m.cols = m.cols * 32 / bits;  // row_stride stays the words per row
-  m.affine.bits = bits;
-  m.affine.group_size = group_size;
-  m.affine.scale_dtype = scales.dtype();
-  m.affine.scale_stride = s.cols;
-  m.affine.scales = s.experts;
-  m.affine.biases = b.experts;
+  m.format = WeightFormat::mlx_affine(bits, group_size, scales.dtype());
+  m.scale_stride = s.cols;
+  m.scales = s.experts;
+  m.biases = b.experts;
   return m;
 }
 
 namespace {
 // Bytes of one matrix of every expert in `layout`.
 std::size_t matrix_bytes(const ExpertMatrix& m, MatrixLayout layout) {
-  if (m.quantized()) {
-    const std::int64_t codes = m.rows * kernels::affine_words(m.cols, m.affine.bits) * 4;
-    const std::int64_t groups = 2 * m.rows * (m.cols / m.affine.group_size) *
-                                static_cast<std::int64_t>(dtype_size(m.affine.scale_dtype));
-    return static_cast<std::size_t>(m.num_experts() * (codes + groups));
-  }
-  const std::int64_t per = layout == MatrixLayout::panels      ? kernels::panel_elements(m.rows, m.cols)
-                          : layout == MatrixLayout::amx_tiles ? kernels::amx_tile_elements(m.rows, m.cols)
-                                                              : m.rows * m.cols;
+  if (m.quantized() || layout == MatrixLayout::rows)
+    return static_cast<std::size_t>(m.num_experts()) * kernels::formats::matrix_bytes(m.format, m.dtype, m.rows, m.cols);
+  const std::int64_t per = layout == MatrixLayout::panels ? kernels::panel_elements(m.rows, m.cols)
+                                                          : kernels::amx_tile_elements(m.rows, m.cols);
   return static_cast<std::size_t>(m.num_experts() * per) * dtype_size(m.dtype);
 }
 }  // namespace
 
 std::size_t ExpertMatrix::nbytes() const noexcept { return matrix_bytes(*this, layout); }
 
-std::string ExpertMatrix::format() const {
-  if (!quantized()) return dtype_name(dtype);
-  return MOEKIT_MSG(affine.bits << "-bit affine, group " << affine.group_size << ", " << dtype_name(affine.scale_dtype)
-                                << " scales");
-}
+std::string ExpertMatrix::describe() const { return kernels::formats::describe(format, dtype); }
 
 std::size_t ExpertWeights::nbytes() const noexcept {
   std::size_t n = 0;
@@ -110,7 +100,7 @@ void validate_bf16_activations(const ExpertWeights& w, const char* what) {
       throw std::invalid_argument(MOEKIT_MSG("[moekit] the bf16 compute mode multiplies bf16 weights read in rows "
                                              "layout, but "
                                              << what << "." << item.second << " is "
-                                             << (m.packed() ? "packed in panels, " : "") << m.format()));
+                                             << (m.packed() ? "packed in panels, " : "") << m.describe()));
   }
 }
 
@@ -161,32 +151,37 @@ void pack_panels(ExpertWeights& w) {
 
 namespace {
 
+// A quantized matrix: the format's own rules (kernels/formats/), then the container and scale
+// arrays every format has.
 template <typename Fail>
-void check_affine(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
-  const ExpertMatrix::Affine& q = m.affine;
-  const int b = q.bits;
-  if (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8) fail(MOEKIT_MSG("bits " << b << " not in 2-6, 8"));
-  if (q.group_size < 16 || q.group_size % 16 != 0 || m.cols % q.group_size != 0)
-    fail(MOEKIT_MSG("group_size " << q.group_size << " does not divide cols " << m.cols << " in multiples of 16"));
-  if (m.dtype != DType::u32) fail(MOEKIT_MSG("quantized codes must be u32, got " << dtype_name(m.dtype)));
+void check_quantized(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
+  if (!kernels::formats::known(m.format.element))
+    fail(MOEKIT_MSG("unknown weight format (element " << static_cast<int>(m.format.element) << ")"));
+  const kernels::formats::FormatTraits& t = kernels::formats::traits(m.format.element);
+  if (const std::string why = t.check(m.format, m.rows, m.cols); !why.empty()) fail(why);
+  if (m.dtype != t.container)
+    fail(MOEKIT_MSG(t.name << " elements are stored as " << dtype_name(t.container) << ", got "
+                           << dtype_name(m.dtype)));
   if (m.packed()) fail("a quantized matrix cannot be in a packed float layout (panels, AMX tiles)");
-  if (m.row_stride < kernels::affine_words(m.cols, b))
-    fail(MOEKIT_MSG("row_stride " << m.row_stride << " words < " << kernels::affine_words(m.cols, b)));
-  if (!is_float(q.scale_dtype)) fail(MOEKIT_MSG("scale dtype " << dtype_name(q.scale_dtype) << " is not a float"));
-  if (q.scale_stride < m.cols / q.group_size)
-    fail(MOEKIT_MSG("scale_stride " << q.scale_stride << " < groups " << m.cols / q.group_size));
-  if (static_cast<std::int64_t>(q.scales.size()) != E || static_cast<std::int64_t>(q.biases.size()) != E)
-    fail("needs scales and biases for every expert");
+  const std::int64_t per_row = t.row_elements(m.format, m.cols);
+  if (m.row_stride < per_row)
+    fail(MOEKIT_MSG("row_stride " << m.row_stride << " " << dtype_name(t.container) << " < " << per_row));
+  const std::int64_t groups = kernels::formats::scale_cols(m.format, m.cols);
+  if (m.scale_stride < groups) fail(MOEKIT_MSG("scale_stride " << m.scale_stride << " < groups " << groups));
+  const auto count = [](const std::vector<const void*>& v) { return static_cast<std::int64_t>(v.size()); };
+  if (count(m.scales) != E || count(m.biases) != (m.format.has_bias ? E : 0))
+    fail(m.format.has_bias ? "needs scales and biases for every expert" : "needs scales (and no biases) for every expert");
+  const std::size_t sa = dtype_size(m.format.scale_dtype);
   for (std::int64_t e = 0; e < E; ++e) {
-    if (m.experts[e] == nullptr || q.scales[e] == nullptr || q.biases[e] == nullptr)
+    const auto i = static_cast<std::size_t>(e);
+    const void* bias = m.format.has_bias ? m.biases[i] : m.scales[i];
+    if (m.experts[i] == nullptr || m.scales[i] == nullptr || bias == nullptr)
       fail(MOEKIT_MSG("expert " << e << " has no data"));
-    if (reinterpret_cast<std::uintptr_t>(m.experts[e]) % 4 != 0 ||
-        reinterpret_cast<std::uintptr_t>(q.scales[e]) % dtype_size(q.scale_dtype) != 0 ||
-        reinterpret_cast<std::uintptr_t>(q.biases[e]) % dtype_size(q.scale_dtype) != 0)
+    if (reinterpret_cast<std::uintptr_t>(m.experts[i]) % dtype_size(m.dtype) != 0 ||
+        reinterpret_cast<std::uintptr_t>(m.scales[i]) % sa != 0 || reinterpret_cast<std::uintptr_t>(bias) % sa != 0)
       fail(MOEKIT_MSG("expert " << e << " is not aligned"));
   }
 }
-
 
 void check_bias(const Tensor& b, std::int64_t E, std::int64_t n, const char* what, const char* name) {
   detail::expect_tensor("validate_experts", std::string(what) + "." + name, b, {DType::f32}, {E, n});
@@ -203,7 +198,7 @@ void validate_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, s
   if (m.rows != rows || m.cols != cols)
     fail(MOEKIT_MSG("is [" << m.rows << ", " << m.cols << "] per expert, expected [" << rows << ", " << cols << "]"));
   if (m.quantized()) {
-    check_affine(m, E, fail);
+    check_quantized(m, E, fail);
     return;
   }
   if (!m.packed() && m.row_stride < m.cols) fail(MOEKIT_MSG("row_stride " << m.row_stride << " < cols " << m.cols));

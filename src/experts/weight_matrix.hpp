@@ -1,5 +1,5 @@
-// An ExpertMatrix's expert e as the kernel layer's WeightMatrix (float rows or panels, or MLX
-// affine codes with their scales and biases). Internal.
+// An ExpertMatrix's expert e as the kernel layer's WeightMatrix: the same format descriptor, the
+// expert's pointers. Internal.
 #pragma once
 
 #include "kernels/gemm.hpp"
@@ -17,15 +17,13 @@ inline kernels::WeightLayout layout(MatrixLayout l) {
 }
 
 inline kernels::WeightMatrix weight_matrix(const ExpertMatrix& m, std::int64_t e) {
-  kernels::WeightMatrix w{m.experts[e], m.dtype, m.row_stride, layout(m.layout)};
+  kernels::WeightMatrix w{m.experts[e], m.dtype, m.row_stride, layout(m.layout), m.format};
   if (m.quantized()) {
-    w.affine.bits = m.affine.bits;
-    w.affine.group_size = m.affine.group_size;
-    w.affine.scale_dtype = m.affine.scale_dtype;
-    w.affine.scales = m.affine.scales[e];
-    w.affine.biases = m.affine.biases[e];
-    w.affine.scale_ld = m.affine.scale_stride;
-    w.affine.int8_activations = m.affine.int8_activations;
+    const auto i = static_cast<std::size_t>(e);
+    w.scales = m.scales[i];
+    w.biases = m.biases.empty() ? nullptr : m.biases[i];
+    w.scale_ld = m.scale_stride;
+    w.int8_activations = m.int8_activations;
   }
   return w;
 }

@@ -22,13 +22,13 @@ static std::string matrix_formats(const ExpertWeights& w) {
   ms.emplace_back("down", &w.down);
   bool same = true, quantized = false;
   for (const auto& m : ms) {
-    same = same && m.second->format() == ms.front().second->format();
+    same = same && m.second->describe() == ms.front().second->describe();
     quantized = quantized || m.second->quantized();
   }
-  if (same && !quantized) return ms.front().second->format();
+  if (same && !quantized) return ms.front().second->describe();
   std::ostringstream os;
   for (std::size_t i = 0; i < ms.size(); ++i)
-    os << (i ? "; " : "") << ms[i].first << " " << ms[i].second->format() << " ("
+    os << (i ? "; " : "") << ms[i].first << " " << ms[i].second->describe() << " ("
        << format_bytes(ms[i].second->nbytes()) << ")";
   return os.str();
 }
@@ -84,7 +84,7 @@ std::string inspect_report(const std::string& path, std::int64_t layer_index) {
     out << "  layout: " << (w.layout.empty() ? "(unnamed)" : w.layout) << ", "
         << (w.mapped ? "mapped (used in place)" : "copied") << "\n";
     if (w.router_quantized.defined()) {
-      out << "  router: " << w.router_quantized.format() << " "
+      out << "  router: " << w.router_quantized.describe() << " "
           << shape_str({w.router_quantized.rows, w.router_quantized.cols}) << " ("
           << format_bytes(w.router_quantized.nbytes()) << ")";
     } else {
@@ -119,7 +119,7 @@ std::string inspect_report(const std::string& path, std::int64_t layer_index) {
       out << "  shared gate: " << dtype_name(w.shared_gate.dtype()) << " "
           << shape_str(w.shared_gate.shape()) << "\n";
     if (w.shared_gate_quantized.defined())
-      out << "  shared gate: " << w.shared_gate_quantized.format() << " " << shape_str({1, cfg.hidden_size}) << "\n";
+      out << "  shared gate: " << w.shared_gate_quantized.describe() << " " << shape_str({1, cfg.hidden_size}) << "\n";
     const std::size_t total =
         w.experts.nbytes() + ((w.shared.num_experts() > 0) ? w.shared.nbytes() : 0);
     out << "  expert weight bytes: " << format_bytes(total) << " (routed + shared)\n";

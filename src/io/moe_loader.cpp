@@ -152,17 +152,17 @@ void append_expert(ExpertMatrix& all, const ExpertMatrix& part, const std::strin
     all = part;
     return;
   }
-  if (part.format() != all.format())
+  if (part.describe() != all.describe())
     throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": " << what << " mixes "
                                                                     << (part.quantized() || all.quantized() ? "formats"
                                                                                                              : "dtypes")
-                                                                    << " across experts (expert 0: " << all.format()
+                                                                    << " across experts (expert 0: " << all.describe()
                                                                     << ", expert " << all.num_experts() << ": "
-                                                                    << part.format() << ")"));
+                                                                    << part.describe() << ")"));
   all.experts.push_back(part.experts.front());
   if (part.quantized()) {
-    all.affine.scales.push_back(part.affine.scales.front());
-    all.affine.biases.push_back(part.affine.biases.front());
+    all.scales.push_back(part.scales.front());
+    all.biases.push_back(part.biases.front());
   }
 }
 

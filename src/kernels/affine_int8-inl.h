@@ -17,7 +17,7 @@
 template <int kBits, int MR, int NR>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B, const Output& C,
                                                   std::int64_t m, std::int64_t n) {
-  const int gs = B.affine.group_size;
+  const int gs = B.format.block_cols;
   const std::uint8_t* rows[NR];
   for (int j = 0; j < NR; ++j) rows[j] = row_bytes(B, n + j);
   // The next tile's rows, prefetched one block at a time as this tile walks its own: each row
@@ -84,9 +84,9 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
       }
     }
     for (int j = 0; j < NR; ++j) {
-      const std::int64_t sg = (n + j) * B.affine.scale_ld + g;
-      const float s = load_f32(B.affine.scales, B.affine.scale_dtype, sg);
-      const float b = load_f32(B.affine.biases, B.affine.scale_dtype, sg);
+      const std::int64_t sg = (n + j) * B.scale_ld + g;
+      const float s = load_f32(B.scales, B.format.scale_dtype, sg);
+      const float b = load_f32(B.biases, B.format.scale_dtype, sg);
       for (int i = 0; i < MR; ++i) {
         const std::size_t gi = static_cast<std::size_t>((m + i) * qa.groups + g);
         acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]), _mm256_set1_ps(s * qa.d[gi]), acc[i][j]);

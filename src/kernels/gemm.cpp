@@ -5,11 +5,14 @@
 // thread count) never changes a bit.
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/amx.hpp"
+#include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/threading.hpp"
+#include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
 namespace moekit::kernels {
@@ -54,13 +57,15 @@ Output block_of(const Output& C, std::int64_t m0, std::int64_t n0) {
 // Rows [first, ...) of an [N, K] weight matrix; in panels `first` is a multiple of kPanelRows.
 WeightMatrix rows_of(const WeightMatrix& B, std::int64_t first, std::int64_t K) {
   WeightMatrix b = B;
-  // k = 0: the row's start in any layout, affine codes (rows of packed words, ld in words) included.
+  // k = 0: the row's start in any layout; a quantized format's rows hold `ld` container elements.
   b.data = static_cast<const char*>(B.data) +
            weight_offset(B.layout, first, 0, K, B.ld) * static_cast<std::int64_t>(dtype_size(B.dtype));
   if (B.quantized()) {
-    const std::int64_t step = first * B.affine.scale_ld * static_cast<std::int64_t>(dtype_size(B.affine.scale_dtype));
-    b.affine.scales = static_cast<const char*>(B.affine.scales) + step;
-    b.affine.biases = static_cast<const char*>(B.affine.biases) + step;
+    // Whole scale rows: `first` is a multiple of block_rows (every format so far has 1).
+    const std::int64_t step =
+        first / B.format.block_rows * B.scale_ld * static_cast<std::int64_t>(dtype_size(B.format.scale_dtype));
+    b.scales = static_cast<const char*>(B.scales) + step;
+    if (B.biases) b.biases = static_cast<const char*>(B.biases) + step;
   }
   return b;
 }
@@ -108,6 +113,24 @@ void with_staggered_rows(const RowSource& A, std::int64_t M, std::int64_t K, con
   }
 }
 
+// The weights a kernel family handles, else a named error (never a silent read of other bytes as
+// f32): plain f32 / bf16 / f16 in any layout, and — where `quantized_ok` — a quantized format of
+// the list (kernels/formats/table.hpp) in rows layout.
+void check_weights(const char* fn, const WeightMatrix& B, bool quantized_ok) {
+  if (!B.quantized()) {
+    if (is_float(B.dtype)) return;
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::kernels::" << fn << "] plain weights of dtype "
+                                                                << dtype_name(B.dtype) << " (expected f32, bf16 or f16)"));
+  }
+  if (!formats::known(B.format.element))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::kernels::" << fn << "] unknown weight format (element "
+                                                                << static_cast<int>(B.format.element) << ")"));
+  if (!quantized_ok || B.layout != WeightLayout::rows)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::kernels::" << fn << "] does not compute on "
+                                                                << formats::describe(B.format, B.dtype)
+                                                                << " weights (decode them first)"));
+}
+
 }  // namespace
 
 namespace {
@@ -129,6 +152,7 @@ void pack_typed(const T* src, std::int64_t ld, std::int64_t N, std::int64_t K, T
 }  // namespace
 
 void pack_panels(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* dst) {
+  check_weights("pack_panels", B, false);
   // Bit patterns are moved, never converted: 2-byte dtypes as uint16, f32 as uint32.
   if (dtype_size(B.dtype) == 2) {
     pack_typed(static_cast<const std::uint16_t*>(B.data), B.ld, N, K, static_cast<std::uint16_t*>(dst));
@@ -149,6 +173,7 @@ void pack_amx_tiles(const WeightMatrix& B, std::int64_t N, std::int64_t K, void*
 
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads) {
+  check_weights("gemm_nt", B, true);
   // The fast mode is decided on the whole call (never on a thread's share of its rows); with
   // many rows on AMX-INT8 its driver quantizes the rows once and splits in whole tiles.
   const bool int8 = B.quantized() && detail::int8_activations_apply(B, M);
@@ -161,7 +186,7 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
     // The panels kernel packs A's rows itself (its own copy serves as the staggered one).
     if (panels)
       return detail::gemm_nt_panel_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
-    const auto kernel = B.quantized() ? detail::gemm_nt_affine_kernel : detail::gemm_nt_kernel;
+    const auto kernel = B.quantized() ? detail::gemm_nt_quant_kernel : detail::gemm_nt_kernel;
     with_staggered_rows(A.from(m0), m1 - m0, K, [&](const RowSource& a, std::int64_t r0, std::int64_t r1) {
       kernel(a, rows_of(B, n0, K), block_of(C, m0 + r0, n0), r1 - r0, n1 - n0, K);
     });
@@ -170,6 +195,7 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
 
 void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                   std::int64_t K, Threads threads) {
+  check_weights("gemm_nt_bf16", B, false);
   if (A.path == Bf16Path::f32_fma) return gemm_nt({static_cast<const float*>(A.data), A.ld}, B, C, M, N, K, threads);
   if (A.path == Bf16Path::amx) {
     // Split in whole pairs of activation panels (kAmxRows rows each, the packed form's unit) or
@@ -194,6 +220,7 @@ void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output&
 
 void gemm_nn(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads) {
+  check_weights("gemm_nn", B, false);
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
     if (B.layout == WeightLayout::panels) {
       // Column n0 of a panel-packed [K, N]: its 16 k of panel 0 start at n0 · 16.

@@ -1,5 +1,7 @@
 // The GEMM kernel layer: every matrix product of the MoE block, forward and backward.
-// Internal. Kernels validate nothing (callers do) and throw nothing but std::bad_alloc: besides
+// Internal. Kernels validate nothing (callers do) and throw nothing but std::bad_alloc — except
+// that a driver given weights its kernels do not handle (a dtype or format, kernels/formats/)
+// throws std::invalid_argument naming them instead of reading the bytes as f32. Besides
 // fixed-size stack tiles, some keep per-thread scratch (`thread_local` vectors: staggered or
 // packed activation rows, gemm_nn's partial sums, unpacked codes, dequantized weight blocks, int8
 // activations) that grows to the largest call a thread has made and is reused after;
@@ -29,6 +31,7 @@
 #include <optional>
 
 #include "moekit/tensor.hpp"
+#include "moekit/weight_format.hpp"
 
 namespace moekit::kernels {
 
@@ -92,40 +95,31 @@ enum class WeightLayout { rows, panels, amx_tiles };
 constexpr std::int64_t kPanelRows = 16;
 inline std::int64_t amx_padded_k(std::int64_t K) { return (K + 31) / 32 * 32; }
 
-/// MLX affine quantization of a weight matrix [N, K] (docs/formats.md): each row holds K codes
-/// of `bits` bits packed little-endian into K · bits / 32 uint32 words (element 0 in the lowest
-/// bits; 3-, 5- and 6-bit codes one continuous bit stream), and each group of `group_size`
-/// consecutive elements of a row shares a scale and a bias (f32, bf16 or f16, [N, K / group_size]
-/// with `scale_ld` elements between rows). The weight is w = fma(scale, q, bias) in fp32: the
-/// exact affine value rounded once.
-struct AffineQuant {
-  int bits = 0;  ///< 0: not quantized; else 2, 3, 4, 5, 6 or 8
-  int group_size = 0;  ///< 32, 64 or 128 (any multiple of 16 the kernels accept)
-  DType scale_dtype = DType::f32;
-  const void* scales = nullptr;
-  const void* biases = nullptr;
-  std::int64_t scale_ld = 0;
-  /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit codes and at most kInt8MaxRows rows
-  /// of A, the activations are quantized to int8 per group and multiplied as integers (error
-  /// bound: docs/numerics.md); otherwise, and by default, the exact kernels.
-  bool int8_activations = false;
-};
-
 /// Rows of A up to which the fast mode's kernel runs (beyond, the exact prefill path is faster:
 /// it dequantizes a weight block once for all rows, where the int8 kernel unpacks the codes again
 /// for every one or two rows).
 constexpr std::int64_t kInt8MaxRows = 8;
 
-/// A weight matrix: dtype f32, bf16 or f16, in one of the layouts above; or, with affine.bits
-/// set, MLX affine codes (dtype u32, rows layout, `ld` counted in uint32 words).
+/// A weight matrix [N, K] as stored (one expert's slice of an ExpertMatrix): a plain float matrix
+/// (dtype f32, bf16 or f16) in one of the layouts above, or a quantized one in rows layout, its
+/// container of dtype `format`'s container (formats/table.hpp) with `ld` container elements
+/// between rows, and its scales (and biases) at [ceil(N / block_rows), ceil(K / block_cols)],
+/// `scale_ld` elements between scale rows. The format's rules: src/kernels/formats/.
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::f32;
   std::int64_t ld = 0;
   WeightLayout layout = WeightLayout::rows;
-  AffineQuant affine{};
+  WeightFormat format{};
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  std::int64_t scale_ld = 0;
+  /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit MLX affine codes and at most
+  /// kInt8MaxRows rows of A, the activations are quantized to int8 per group and multiplied as
+  /// integers (error bound: docs/numerics.md); otherwise, and by default, the exact kernels.
+  bool int8_activations = false;
 
-  bool quantized() const noexcept { return affine.bits != 0; }
+  bool quantized() const noexcept { return format.quantized(); }
 };
 
 /// Element i of an f32, bf16 or f16 array, widened to f32 (scales, biases, scalar paths).
@@ -140,8 +134,6 @@ inline float load_f32(const void* base, DType dtype, std::int64_t i) {
   return static_cast<const float*>(base)[i];
 }
 
-/// uint32 words of one row of K codes of `bits` bits (K · bits must be a multiple of 32).
-inline std::int64_t affine_words(std::int64_t K, int bits) { return K * bits / 32; }
 
 /// Dequantizes rows [n0, n0 + rows) of an affine-quantized [N, K] matrix into dst [rows, K] f32,
 /// with exactly the values the kernels multiply by (w = fma(scale, q, bias)).
@@ -299,7 +291,7 @@ namespace detail {
 // The single-threaded kernels behind the drivers, one per micro-kernel family.
 void gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
-void gemm_nt_affine_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+void gemm_nt_quant_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                            std::int64_t N, std::int64_t K);
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);

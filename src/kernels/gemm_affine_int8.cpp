@@ -145,7 +145,7 @@ void store(const Output& C, std::int64_t m, std::int64_t n, float v) {
 // Columns [n0, N) of C.
 void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                    std::int64_t n0 = 0) {
-  const int gs = B.affine.group_size, bits = B.affine.bits;
+  const int gs = B.format.block_cols, bits = B.format.bits;
   for (std::int64_t n = n0; n < N; ++n) {
     const std::uint8_t* row = row_bytes(B, n);
     for (std::int64_t m = 0; m < M; ++m) {
@@ -153,9 +153,9 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
       for (std::int64_t g = 0; g < qa.groups; ++g) {
         std::int32_t isum = 0;
         for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) isum += block_dot_scalar(qa, m, row, k, bits);
-        const std::int64_t sg = n * B.affine.scale_ld + g;
-        const float s = load_f32(B.affine.scales, B.affine.scale_dtype, sg);
-        const float b = load_f32(B.affine.biases, B.affine.scale_dtype, sg);
+        const std::int64_t sg = n * B.scale_ld + g;
+        const float s = load_f32(B.scales, B.format.scale_dtype, sg);
+        const float b = load_f32(B.biases, B.format.scale_dtype, sg);
         const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
         acc = std::fma(static_cast<float>(isum), s * qa.d[gi], acc);
         bacc = std::fma(b, qa.xsum[gi], bacc);
@@ -390,9 +390,9 @@ MOEKIT_AMX8 void amx8_block(const AmxQuantA& qa, const CodeRows* w, const Weight
       for (int t = 0; t < NT; ++t) {
         const int i = 2 * t + u;
         for (std::int64_t r = 0; r < w[t].rows; ++r) {
-          const std::int64_t sg = (n0 + 16 * t + r) * B.affine.scale_ld + g;
-          const __m512 s = _mm512_set1_ps(load_f32(B.affine.scales, B.affine.scale_dtype, sg));
-          const __m512 b = _mm512_set1_ps(load_f32(B.affine.biases, B.affine.scale_dtype, sg));
+          const std::int64_t sg = (n0 + 16 * t + r) * B.scale_ld + g;
+          const __m512 s = _mm512_set1_ps(load_f32(B.scales, B.format.scale_dtype, sg));
+          const __m512 b = _mm512_set1_ps(load_f32(B.biases, B.format.scale_dtype, sg));
           const __m512 is = _mm512_cvtepi32_ps(_mm512_load_si512(isum[i] + r * 16));
           _mm512_store_ps(acc[i] + r * 16, _mm512_fmadd_ps(is, _mm512_mul_ps(s, d), _mm512_load_ps(acc[i] + r * 16)));
           _mm512_store_ps(bacc[i] + r * 16, _mm512_fmadd_ps(b, xs, _mm512_load_ps(bacc[i] + r * 16)));
@@ -419,7 +419,7 @@ MOEKIT_AMX8 void amx8_run(const AmxQuantA& qa, const WeightMatrix& B, const Outp
   _tile_loadconfig(&config);
   const auto* codes = static_cast<const std::uint8_t*>(B.data);
   const std::int64_t stride = B.ld * 4;
-  const int gs = B.affine.group_size;
+  const int gs = B.format.block_cols;
   for (std::int64_t pair = c0; pair < c1; ++pair) {
     const std::int64_t n0 = pair * 32;
     CodeRows w[2];
@@ -439,7 +439,7 @@ MOEKIT_AMX8 void amx8_run(const AmxQuantA& qa, const WeightMatrix& B, const Outp
 
 void amx8_split(const AmxQuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t N, Threads threads) {
   split_amx(qa.panels, (N + 31) / 32, threads, [&](std::int64_t q0, std::int64_t q1, std::int64_t c0, std::int64_t c1) {
-    if (B.affine.bits == 4) return amx8_run<4>(qa, B, C, N, q0, q1, c0, c1);
+    if (B.format.bits == 4) return amx8_run<4>(qa, B, C, N, q0, q1, c0, c1);
     amx8_run<8>(qa, B, C, N, q0, q1, c0, c1);
   });
 }
@@ -459,11 +459,11 @@ bool amx_int8_allowed() noexcept {
 }  // namespace
 
 bool detail::amx_int8_takes(const WeightMatrix& B) noexcept {
-  return amx_int8_allowed() && (B.affine.bits == 4 || B.affine.bits == 8) && B.affine.group_size % 64 == 0;
+  return amx_int8_allowed() && B.format.element == Element::affine && (B.format.bits == 4 || B.format.bits == 8) && B.format.block_cols % 64 == 0;
 }
 
 bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M) {
-  return B.affine.int8_activations && (B.affine.bits == 4 || B.affine.bits == 8) && B.affine.group_size % 32 == 0 &&
+  return B.int8_activations && B.format.element == Element::affine && (B.format.bits == 4 || B.format.bits == 8) && B.format.block_cols % 32 == 0 &&
          (M <= kInt8MaxRows || amx_int8_takes(B));
 }
 
@@ -489,7 +489,7 @@ void detail::gemm_nt_affine_int8_amx(const RowSource& A, const WeightMatrix& B, 
   if (M <= 0 || N <= 0) return;
 #if MOEKIT_X86
   thread_local AmxQuantA aq;
-  quantize_amx(A, M, K, B.affine.group_size, B.affine.bits, aq);
+  quantize_amx(A, M, K, B.format.block_cols, B.format.bits, aq);
   amx8_split(aq, B, C, N, threads);
 #else
   (void)A, (void)B, (void)C, (void)K, (void)threads;
@@ -503,17 +503,17 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
 #if MOEKIT_X86
   if (path == Int8Path::amx) return gemm_nt_affine_int8_amx(A, B, C, M, N, K, Threads::caller);
   if (path == Int8Path::best) path = best_path();
-  quantize_a(A, M, K, B.affine.group_size, B.affine.bits, path == Int8Path::avx512vnni, qa);
+  quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, qa);
   if (path == Int8Path::avx512vnni) {
-    if (B.affine.bits == 4) return kernel_vnni<4>(qa, B, C, M, N);
+    if (B.format.bits == 4) return kernel_vnni<4>(qa, B, C, M, N);
     return kernel_vnni<8>(qa, B, C, M, N);
   }
   if (path == Int8Path::avx2) {
-    if (B.affine.bits == 4) return kernel_avx2<4>(qa, B, C, M, N);
+    if (B.format.bits == 4) return kernel_avx2<4>(qa, B, C, M, N);
     return kernel_avx2<8>(qa, B, C, M, N);
   }
 #else
-  quantize_a(A, M, K, B.affine.group_size, B.affine.bits, false, qa);
+  quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, qa);
 #endif
   kernel_scalar(qa, B, C, M, N);
 }

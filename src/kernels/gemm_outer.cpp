@@ -208,9 +208,13 @@ void GemmNn(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t 
       return NnTyped(A, static_cast<const hwy::bfloat16_t*>(B.data), B.ld, C, M, N, K);
     case DType::f16:
       return NnTyped(A, static_cast<const hwy::float16_t*>(B.data), B.ld, C, M, N, K);
-    default:
+    case DType::f32:
       return NnTyped(A, static_cast<const float*>(B.data), B.ld, C, M, N, K);
+    default:
+      break;
   }
+  // Not reached: the drivers (gemm.cpp) refuse other weights with a named error first.
+  HWY_ABORT("moekit: float GEMM kernel reached with weights of dtype %s", dtype_name(B.dtype));
 }
 
 // dW = Aᵀ·B writes an [M, N] result from a short reduction (the rows routed to one expert): few

@@ -191,9 +191,13 @@ void GemmNtPanels(const RowSource& A, const WeightMatrix& B, const Output& C, in
       return PanelTyped(A, static_cast<const hwy::bfloat16_t*>(B.data), C, M, N, K);
     case DType::f16:
       return PanelTyped(A, static_cast<const hwy::float16_t*>(B.data), C, M, N, K);
-    default:
+    case DType::f32:
       return PanelTyped(A, static_cast<const float*>(B.data), C, M, N, K);
+    default:
+      break;
   }
+  // Not reached: the drivers (gemm.cpp) refuse other weights with a named error first.
+  HWY_ABORT("moekit: float GEMM kernel reached with weights of dtype %s", dtype_name(B.dtype));
 }
 
 }  // namespace moekit::kernels::HWY_NAMESPACE

@@ -69,7 +69,7 @@ HWY_INLINE void PackStrip(const RowSource& A, int64_t m, int64_t r, int64_t k0, 
   }
 }
 
-// A vector of A's row i at p as the dot products see it (gemm_nt.cpp, gemm_affine.cpp). The row
+// A vector of A's row i at p as the dot products see it (dot-inl.h). The row
 // scale is a template flag: an unscaled product must not pay a multiply per load.
 template <bool kScaled, int MR>
 HWY_INLINE hn::Vec<DF> LoadA(DF df, const ARows<MR>& a, int i, const float* p) {
@@ -78,7 +78,7 @@ HWY_INLINE hn::Vec<DF> LoadA(DF df, const ARows<MR>& a, int i, const float* p) {
   return v;
 }
 
-// The epilogue of a dot-product tile (gemm_nt.cpp on float weights, gemm_affine.cpp on quantized
+// The epilogue of a dot-product tile (dot-inl.h, on float weights and on quantized
 // ones): each accumulator reduced by SumOfLanes, × the row's factor, stored or added. One copy, so
 // the two kernels round their results alike.
 template <int MR, int NR>

@@ -42,7 +42,7 @@ void MoeLayer::pack_weights() {
 void MoeLayer::set_int8_activations(bool on) {
   for (ExpertWeights* w : {&weights_.experts, &weights_.shared})
     for (ExpertMatrix* m : {&w->gate, &w->up, &w->down})
-      if (m->quantized()) m->affine.int8_activations = on;
+      if (m->quantized()) m->int8_activations = on;
 }
 
 void MoeLayer::set_bf16_activations(bool on) {

@@ -121,7 +121,7 @@ MoeTensors trainable_parameters(const MoeLayer& layer) {
     for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down})
       if (m->quantized())
         throw std::invalid_argument(MOEKIT_MSG("[moekit::trainable_parameters] the layer's experts are quantized ("
-                                               << m->format() << "); training needs float weights"));
+                                               << m->describe() << "); training needs float weights"));
   if (w.router_quantized.defined() || w.shared_gate_quantized.defined())
     throw std::invalid_argument("[moekit::trainable_parameters] the layer's router or shared gate is quantized; "
                                 "training needs float weights");

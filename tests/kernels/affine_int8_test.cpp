@@ -30,13 +30,11 @@ struct Case {
 
 WeightMatrix weights_of(const testing::Quantized& q, const Case& c, bool fast) {
   WeightMatrix w{q.codes.data(), DType::u32, c.K * c.bits / 32};
-  w.affine.bits = c.bits;
-  w.affine.group_size = c.group;
-  w.affine.scale_dtype = c.scale_dtype;
-  w.affine.scales = q.scales.data();
-  w.affine.biases = q.biases.data();
-  w.affine.scale_ld = c.K / c.group;
-  w.affine.int8_activations = fast;
+  w.format = WeightFormat::mlx_affine(c.bits, c.group, c.scale_dtype);
+  w.scales = q.scales.data();
+  w.biases = q.biases.data();
+  w.scale_ld = c.K / c.group;
+  w.int8_activations = fast;
   return w;
 }
 
@@ -124,19 +122,18 @@ TEST(AffineInt8, NonFiniteActivationsGiveNaNNotGarbage) {
 
 TEST(AffineInt8, AppliesOnlyWhereItPays) {
   WeightMatrix w{nullptr, DType::u32, 0};
-  w.affine.bits = 4;
-  w.affine.group_size = 64;
+  w.format = WeightFormat::mlx_affine(4, 64, DType::f32);
   EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1)) << "off by default";
-  w.affine.int8_activations = true;
+  w.int8_activations = true;
   EXPECT_TRUE(kernels::detail::int8_activations_apply(w, 1));
   EXPECT_TRUE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows));
   // More rows: only where AMX-INT8 takes the codes (group a multiple of 64).
   EXPECT_EQ(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1), kernels::detail::amx_int8_takes(w));
   EXPECT_EQ(kernels::detail::amx_int8_takes(w), kernels::detail::int8_path_supported(kernels::detail::Int8Path::amx));
-  w.affine.group_size = 32;
+  w.format.block_cols = 32;
   EXPECT_FALSE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1));
-  w.affine.group_size = 64;
-  w.affine.bits = 3;
+  w.format.block_cols = 64;
+  w.format.bits = 3;
   EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1)) << "3-bit codes stay exact";
 }
 

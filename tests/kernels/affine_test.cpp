@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/gemm.hpp"
+#include "kernels/formats/affine.hpp"
 #include "kernels/ref/gemm_ref.hpp"
 #include "moekit/threading.hpp"
 #include "util/affine.hpp"
@@ -30,17 +31,17 @@ struct QuantMatrix {
   QuantMatrix(std::int64_t N, std::int64_t K, int bits, int group, DType sdt, std::mt19937& rng) {
     std::uniform_int_distribution<std::uint32_t> code(0, (1u << bits) - 1u);
     for (std::int64_t i = 0; i < N * K; ++i) codes.push_back(code(rng));
-    const std::int64_t ld = kernels::affine_words(K, bits) + 1, groups = K / group, sld = groups + 2;
+    const std::int64_t ld = kernels::formats::affine::words(K, bits) + 1, groups = K / group, sld = groups + 2;
     words = pack_codes(codes, N, K, bits, ld);
     scales = to_dtype(randn({N, sld}, rng, 0.02f), sdt);
     biases = to_dtype(randn({N, sld}, rng, 0.1f), sdt);
     w = {words.data(), DType::u32, ld, kernels::WeightLayout::rows,
-         {bits, group, sdt, scales.data(), biases.data(), sld}};
+         WeightFormat::mlx_affine(bits, group, sdt), scales.data(), biases.data(), sld};
   }
   // The materialised dequantized matrix, [N, K] f32, from the scalar reference.
   Tensor dense(std::int64_t N, std::int64_t K) const {
     Tensor d({N, K}, DType::f32);
-    kernels::ref::dequantize_affine(w, N, K, d.data_as<float>());
+    kernels::ref::dequantize(w, N, K, d.data_as<float>());
     return d;
   }
 };
@@ -54,7 +55,7 @@ TEST(Affine, CodesUnpackAsTheBitStreamSays) {
     QuantMatrix q(N, K, bits, 32, DType::f32, rng);
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t k = 0; k < K; ++k)
-        ASSERT_EQ(kernels::ref::affine_code(q.words.data() + n * q.w.ld, k, bits),
+        ASSERT_EQ(kernels::formats::affine::code(q.words.data() + n * q.w.ld, k, bits),
                   q.codes[static_cast<std::size_t>(n * K + k)])
             << bits << " bits, row " << n << ", code " << k;
   }
@@ -65,11 +66,11 @@ TEST(Affine, ValueIsOneRoundingOfScaleTimesCodePlusBias) {
   QuantMatrix q(2, 64, 4, 32, DType::bf16, rng);
   for (std::int64_t n = 0; n < 2; ++n)
     for (std::int64_t k = 0; k < 64; ++k) {
-      const std::int64_t g = n * q.w.affine.scale_ld + k / 32;
+      const std::int64_t g = n * q.w.scale_ld + k / 32;
       const double s = bf16_to_f32(q.scales.data_as<std::uint16_t>()[g]);
       const double b = bf16_to_f32(q.biases.data_as<std::uint16_t>()[g]);
       const double exact = s * q.codes[static_cast<std::size_t>(n * 64 + k)] + b;  // exact in double
-      ASSERT_EQ(kernels::ref::affine_value(q.w, n, k), static_cast<float>(exact));
+      ASSERT_EQ(kernels::formats::affine::decode(q.w, n, k), static_cast<float>(exact));
     }
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "kernels/conformance.hpp"
+#include "kernels/formats/affine.hpp"
 #include "kernels/ref/gemm_ref.hpp"
 #include "kernels/targets.hpp"
 #include "util/affine.hpp"
@@ -415,7 +416,7 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
   f->name = "q" + std::to_string(bits) + "g" + std::to_string(group) + dtype_name(scale_dtype);
   f->make = [=](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
     const Quantized q = quantize_affine(randn({rows, cols}, rng, 0.05f), bits, group, scale_dtype);
-    const std::int64_t words = ld > 0 ? ld : kernels::affine_words(cols, bits) + 1,
+    const std::int64_t words = ld > 0 ? ld : kernels::formats::affine::words(cols, bits) + 1,
                        groups = cols / group, sld = groups + 2;
     Weights w;
     std::vector<std::uint32_t> padded(static_cast<std::size_t>(rows * words));
@@ -423,7 +424,7 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
     w.data = u32_tensor({rows, words}, padded);
     w.scales = to_dtype(randn({rows, sld}, rng), scale_dtype);
     w.biases = to_dtype(randn({rows, sld}, rng), scale_dtype);
-    const std::size_t code_bytes = static_cast<std::size_t>(kernels::affine_words(cols, bits)) * 4,
+    const std::size_t code_bytes = static_cast<std::size_t>(kernels::formats::affine::words(cols, bits)) * 4,
                       group_bytes = static_cast<std::size_t>(groups) * dtype_size(scale_dtype);
     for (std::int64_t n = 0; n < rows; ++n) {
       std::memcpy(w.data.data_as<std::uint32_t>() + n * words,
@@ -441,12 +442,15 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
            DType::u32,
            words,
            kernels::WeightLayout::rows,
-           {bits, group, scale_dtype, w.scales.data(), w.biases.data(), sld}};
+           moekit::WeightFormat::mlx_affine(bits, group, scale_dtype),
+           w.scales.data(),
+           w.biases.data(),
+           sld};
     return w;
   };
   f->decode = [](const WeightMatrix& w, std::int64_t rows, std::int64_t cols) {
     Tensor d({rows, cols}, DType::f32);
-    kernels::ref::dequantize_affine(w, rows, cols, d.data_as<float>());
+    kernels::ref::dequantize(w, rows, cols, d.data_as<float>());
     return d;
   };
   f->runs = {{Mode::f32,

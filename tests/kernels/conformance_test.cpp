@@ -311,9 +311,9 @@ void check_int8(const Row& row, const Case& c, std::mt19937& rng) {
   const Weights q = row.format->make(N, K, c.ld, rng);
   const Tensor dense = row.format->decode(q.w, N, K);
   WeightMatrix exact_w = q.w, fast_w = q.w;
-  exact_w.affine.int8_activations = false;
-  fast_w.affine.int8_activations = true;
-  const int bits = q.w.affine.bits, group = q.w.affine.group_size;
+  exact_w.int8_activations = false;
+  fast_w.int8_activations = true;
+  const int bits = q.w.format.bits, group = q.w.format.block_cols;
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<std::size_t>(M * K));
   for (float& v : x) v = nd(rng) * (rng() % 7 == 0 ? 8.0f : 1.0f);  // outliers widen some groups
@@ -372,7 +372,7 @@ void check_int8_amx(const Row& row, const Case& c, std::mt19937& rng) {
   const std::int64_t M = c.M, N = c.N, K = c.K;
   const Weights q = row.format->make(N, K, c.ld, rng);
   WeightMatrix fast_w = q.w;
-  fast_w.affine.int8_activations = true;
+  fast_w.int8_activations = true;
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> xs(static_cast<std::size_t>((2 * M + 1) * K));
   for (float& v : xs) v = nd(rng) * (rng() % 7 == 0 ? 8.0f : 1.0f);

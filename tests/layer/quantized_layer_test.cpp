@@ -214,10 +214,10 @@ TEST(QuantizedLayer, EveryProjectionQuantizedMixedRecipe) {
   const MoeLayer ql = load_moe_layer(tq.path().string(), 0), fl = load_moe_layer(tf.path().string(), 0);
   const MoeWeights& w = ql.weights();
   EXPECT_TRUE(w.router_quantized.defined());
-  EXPECT_EQ(w.router_quantized.affine.bits, 8);
-  EXPECT_EQ(w.router_quantized.affine.group_size, 64);
-  EXPECT_EQ(w.experts.down.affine.bits, 8);
-  EXPECT_EQ(w.experts.up.affine.bits, 4);
+  EXPECT_EQ(w.router_quantized.format.bits, 8);
+  EXPECT_EQ(w.router_quantized.format.block_cols, 64);
+  EXPECT_EQ(w.experts.down.format.bits, 8);
+  EXPECT_EQ(w.experts.up.format.bits, 4);
   EXPECT_TRUE(w.shared.down.quantized());
   EXPECT_TRUE(w.shared_gate_quantized.defined());
   EXPECT_TRUE(w.mapped);

@@ -2,14 +2,13 @@
 
 #include <cmath>
 
+#include "kernels/formats/table.hpp"
+
 namespace moekit::kernels::ref {
 
 namespace {
 
-float load(const WeightMatrix& B, std::int64_t row, std::int64_t col) {
-  if (B.quantized()) return affine_value(B, row, col);
-  return load_f32(B.data, B.dtype, row * B.ld + col);
-}
+float load(const WeightMatrix& B, std::int64_t row, std::int64_t col) { return formats::decode(B, row, col); }
 
 // A's element (row i, column k) as the kernels see it: the row's value times its scale.
 float at(const RowSource& A, std::int64_t i, std::int64_t k) {
@@ -110,27 +109,10 @@ void gemm_nt_bf16_dpbf16(const Bf16Rows& A, const WeightMatrix& B, const Output&
   }
 }
 
-std::uint32_t affine_code(const std::uint32_t* row, std::int64_t i, int bits) {
-  const std::int64_t bit = i * bits;
-  const std::int64_t word = bit / 32, off = bit % 32;
-  std::uint64_t v = row[word] >> off;
-  if (off + bits > 32) v |= static_cast<std::uint64_t>(row[word + 1]) << (32 - off);
-  return static_cast<std::uint32_t>(v & ((1u << bits) - 1u));
-}
-
-float affine_value(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
-  const AffineQuant& q = B.affine;
-  const std::int64_t g = n * q.scale_ld + k / q.group_size;
-  const auto* row = static_cast<const std::uint32_t*>(B.data) + n * B.ld;
-  return std::fma(load_f32(q.scales, q.scale_dtype, g), static_cast<float>(affine_code(row, k, q.bits)),
-                  load_f32(q.biases, q.scale_dtype, g));
-}
-
-void dequantize_affine(const WeightMatrix& B, std::int64_t N, std::int64_t K, float* dst) {
+void dequantize(const WeightMatrix& B, std::int64_t N, std::int64_t K, float* dst) {
   for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t k = 0; k < K; ++k) dst[n * K + k] = affine_value(B, n, k);
+    for (std::int64_t k = 0; k < K; ++k) dst[n * K + k] = formats::decode(B, n, k);
 }
-
 
 float tdpbf16_chunk(float acc, const float a[32], const float b[32]) {
   float even = 0.0f, odd = 0.0f;

@@ -50,11 +50,8 @@ float tdpbf16_chunk(float acc, const float a[32], const float b[32]);
 void gemm_nt_bf16_tdpbf16(const Bf16Rows& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
 
-/// Code i of one row of MLX affine codes (`bits` bits per code, little-endian bit stream).
-std::uint32_t affine_code(const std::uint32_t* row, std::int64_t i, int bits);
-/// The f32 value of element (n, k) of an affine-quantized matrix: std::fma(scale, q, bias).
-float affine_value(const WeightMatrix& B, std::int64_t n, std::int64_t k);
-/// Materialises an affine-quantized [N, K] matrix into dst [N, K] f32, element by element.
-void dequantize_affine(const WeightMatrix& B, std::int64_t N, std::int64_t K, float* dst);
+/// Materialises a quantized [N, K] matrix (any format, rows layout) into dst [N, K] f32, element by
+/// element through the format's scalar reference decode (kernels/formats/).
+void dequantize(const WeightMatrix& B, std::int64_t N, std::int64_t K, float* dst);
 
 }  // namespace moekit::kernels::ref

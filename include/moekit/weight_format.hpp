@@ -1,0 +1,46 @@
+// How a weight matrix is stored: one descriptor for the public API (ExpertMatrix) and the
+// kernels (kernels::WeightMatrix) alike (docs/formats.md, "The weight-format layer").
+//
+// A matrix W [rows, cols] = [out, in] is an array of stored elements (the container, of dtype
+// `container_dtype()`), read row by row, plus — for a quantized format — scales, one per block of
+// block_rows × block_cols weights, and, where the format has one, a bias beside each scale. Each
+// format's rules (which shapes it takes, its bytes, its description, how one weight is decoded)
+// live in one file under src/kernels/formats/.
+#pragma once
+
+#include <cstdint>
+
+#include "moekit/tensor.hpp"
+
+namespace moekit {
+
+/// How the stored elements encode a weight.
+enum class Element : std::uint8_t {
+  /// Not quantized: the elements are the matrix's float dtype (f32, bf16 or f16), no scales.
+  plain,
+  /// MLX affine: unsigned codes of `bits` bits (2, 3, 4, 5, 6 or 8) packed little-endian into
+  /// uint32 words, one continuous bit stream per row (element 0 in the lowest bits); each group of
+  /// block_cols consecutive inputs of a row has a scale s and a bias b; w = fma(s, q, b) in fp32.
+  affine,
+};
+
+/// A weight format. Plain float matrices use the default (Element::plain).
+struct WeightFormat {
+  Element element = Element::plain;
+  int bits = 0;        ///< bits per stored element (quantized formats)
+  int block_rows = 1;  ///< outputs (rows) one scale covers
+  int block_cols = 0;  ///< inputs (columns) one scale covers: the group size; 0 without scales
+  DType scale_dtype = DType::f32;  ///< how a scale (and a bias) is stored
+  bool has_bias = false;           ///< a bias beside every scale (MLX affine)
+
+  bool quantized() const noexcept { return element != Element::plain; }
+  bool operator==(const WeightFormat&) const = default;
+
+  /// MLX affine codes of `bits` bits, groups of `group_size` inputs, scales and biases in
+  /// `scale_dtype` (the format mlx-lm writes; docs/formats.md).
+  static WeightFormat mlx_affine(int bits, int group_size, DType scale_dtype) {
+    return {Element::affine, bits, 1, group_size, scale_dtype, true};
+  }
+};
+
+}  // namespace moekit

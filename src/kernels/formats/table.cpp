@@ -1,0 +1,59 @@
+#include "kernels/formats/table.hpp"
+
+#include <stdexcept>
+
+#include "kernels/formats/affine.hpp"
+#include "util/error.hpp"
+
+namespace moekit::kernels::formats {
+
+bool known(Element element) noexcept {
+  switch (element) {
+#define MOEKIT_FORMAT_KNOWN(f) \
+  case Element::f:             \
+    return true;
+    MOEKIT_QUANTIZED_FORMATS(MOEKIT_FORMAT_KNOWN)
+#undef MOEKIT_FORMAT_KNOWN
+    case Element::plain:
+      break;
+  }
+  return false;
+}
+
+const FormatTraits& traits(Element element) {
+  switch (element) {
+#define MOEKIT_FORMAT_TRAITS(f) \
+  case Element::f:              \
+    return f::kTraits;
+    MOEKIT_QUANTIZED_FORMATS(MOEKIT_FORMAT_TRAITS)
+#undef MOEKIT_FORMAT_TRAITS
+    case Element::plain:
+      break;
+  }
+  throw std::invalid_argument(MOEKIT_MSG("[moekit::formats] element " << static_cast<int>(element)
+                                                                      << " is not a quantized weight format"));
+}
+
+DType container_dtype(const WeightFormat& f, DType plain) {
+  return f.quantized() ? traits(f.element).container : plain;
+}
+
+std::size_t matrix_bytes(const WeightFormat& f, DType dtype, std::int64_t rows, std::int64_t cols) {
+  if (!f.quantized()) return static_cast<std::size_t>(rows * cols) * dtype_size(dtype);
+  const FormatTraits& t = traits(f.element);
+  const std::int64_t stored = rows * t.row_elements(f, cols) * static_cast<std::int64_t>(dtype_size(t.container));
+  const std::int64_t scales = scale_rows(f, rows) * scale_cols(f, cols) * (f.has_bias ? 2 : 1) *
+                              static_cast<std::int64_t>(dtype_size(f.scale_dtype));
+  return static_cast<std::size_t>(stored + scales);
+}
+
+std::string describe(const WeightFormat& f, DType dtype) {
+  return f.quantized() ? traits(f.element).describe(f) : dtype_name(dtype);
+}
+
+float decode(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
+  if (B.quantized()) return traits(B.format.element).decode(B, n, k);
+  return load_f32(B.data, B.dtype, n * B.ld + k);
+}
+
+}  // namespace moekit::kernels::formats

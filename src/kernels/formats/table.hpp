@@ -1,0 +1,61 @@
+// The weight-format table: what the code outside the kernels asks of a format (validation,
+// bytes, a description, the scalar reference decode), one entry per quantized Element. Each
+// format's rules live in its own file here (affine.hpp, ...); MOEKIT_QUANTIZED_FORMATS lists
+// them, and both this table and the SIMD dispatch (gemm_quant.cpp) are generated from that list.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/gemm.hpp"
+#include "moekit/weight_format.hpp"
+
+// X(element): one line per quantized format; `element` names both the Element enumerator and the
+// format's namespace (kernels::formats::element, and kernels::HWY_NAMESPACE::element for SIMD).
+#define MOEKIT_QUANTIZED_FORMATS(X) X(affine)
+
+namespace moekit::kernels::formats {
+
+/// One quantized format's rules.
+struct FormatTraits {
+  const char* name;  ///< "affine"
+  DType container;   ///< dtype of the stored elements (what ExpertMatrix::experts point at)
+  /// Container elements per row of `cols` weights.
+  std::int64_t (*row_elements)(const WeightFormat& f, std::int64_t cols);
+  /// Why `f` cannot store a [rows, cols] matrix (bits, block shape, scale dtype), or "" if it can.
+  std::string (*check)(const WeightFormat& f, std::int64_t rows, std::int64_t cols);
+  /// "4-bit affine, group 64, bf16 scales" (inspect, messages).
+  std::string (*describe)(const WeightFormat& f);
+  /// Weight (n, k) of B, decoded exactly as the format's reference code decodes it, in fp32.
+  float (*decode)(const WeightMatrix& B, std::int64_t n, std::int64_t k);
+};
+
+/// Whether `element` is one of the quantized formats of the list.
+bool known(Element element) noexcept;
+
+/// The rules of a quantized format. Throws std::invalid_argument for Element::plain or a value
+/// outside the enumeration (a corrupt descriptor), naming it.
+const FormatTraits& traits(Element element);
+
+/// Rows and columns of a quantized matrix's scale (and bias) array.
+inline std::int64_t scale_rows(const WeightFormat& f, std::int64_t rows) {
+  return (rows + f.block_rows - 1) / f.block_rows;
+}
+inline std::int64_t scale_cols(const WeightFormat& f, std::int64_t cols) {
+  return (cols + f.block_cols - 1) / f.block_cols;
+}
+
+/// The dtype `experts` / WeightMatrix::data hold in format `f` (`plain`: the float dtype itself).
+DType container_dtype(const WeightFormat& f, DType plain);
+
+/// Bytes of one [rows, cols] matrix in format `f` stored densely (container rows, scales, biases).
+std::size_t matrix_bytes(const WeightFormat& f, DType dtype, std::int64_t rows, std::int64_t cols);
+
+/// "bf16" for a plain matrix, else the format's description.
+std::string describe(const WeightFormat& f, DType dtype);
+
+/// Weight (n, k) of B in fp32, any format (plain: its element widened); B in rows layout.
+float decode(const WeightMatrix& B, std::int64_t n, std::int64_t k);
+
+}  // namespace moekit::kernels::formats
