@@ -86,7 +86,7 @@ def bf16_round(a):
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """tensors: list of (name, np.ndarray float32, st_dtype 'F32'|'BF16'); written in name order."""
+    """tensors: list of (name, np.ndarray, st_dtype 'F32'|'BF16'|'F16'|'I32'|'U32'|'U8'); in name order."""
     header = {}
     blobs = []
     off = 0
@@ -101,6 +101,8 @@ def write_safetensors(path, tensors, metadata=None):
             raw = np.ascontiguousarray(arr, dtype="<u4").tobytes()
         elif dt == "F16":
             raw = np.ascontiguousarray(arr, dtype="<f2").tobytes()
+        elif dt == "U8":
+            raw = np.ascontiguousarray(arr, dtype="u1").tobytes()
         else:
             raise ValueError(dt)
         header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(raw)]}

@@ -33,23 +33,10 @@ std::shared_ptr<MoeLayer> build_rank_layer(const BenchShape& s, const WeightForm
   std::uint64_t stream = seed * 1000 + 1 + static_cast<std::uint64_t>(rank) * 7919;
   std::uint64_t shared_stream = seed * 1000 + 1;  // router, biases, shared experts: the same on every rank
   MoeWeights w = synth::random_router(cfg, format.spec(), shared_stream);
-  const auto spread = [&](ExpertMatrix m) {
-    ExpertMatrix all = m;
-    all.experts.assign(static_cast<std::size_t>(E), m.experts[0]);
-    if (m.quantized()) {
-      all.scales.assign(static_cast<std::size_t>(E), m.scales[0]);
-      all.biases.assign(static_cast<std::size_t>(E), m.biases[0]);
-    }
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-      const auto e = static_cast<std::size_t>(mine[i]);
-      all.experts[e] = m.experts[i];
-      if (m.quantized()) {
-        all.scales[e] = m.scales[i];
-        all.biases[e] = m.biases[i];
-      }
-    }
-    return all;
-  };
+  // Expert e of the layer is matrix expert `slot[e]`: its own where this rank owns e, else the first.
+  std::vector<std::int64_t> slot(static_cast<std::size_t>(E), 0);
+  for (std::size_t i = 0; i < mine.size(); ++i) slot[static_cast<std::size_t>(mine[i])] = static_cast<std::int64_t>(i);
+  const auto spread = [&](const ExpertMatrix& m) { return m.select(slot); };
   w.experts.gate = spread(synth::random_matrix(format.spec(), n, s.F, D, stream, w.experts.keep_alive));
   w.experts.up = spread(synth::random_matrix(format.spec(), n, s.F, D, stream, w.experts.keep_alive));
   w.experts.down = spread(synth::random_matrix(format.spec(), n, D, s.F, stream, w.experts.keep_alive));

@@ -69,6 +69,9 @@ struct QuantParams {
 /// `group_size` of null means 64, as mlx's QuantizedLinear defaults).
 struct QuantConfig {
   bool present = false;
+  /// `quantization_config.quant_method` of a Hugging Face release ("mxfp4": GPT-OSS as OpenAI ships
+  /// it); empty for mlx-lm's configs. The loader refuses a method it does not read, naming it.
+  std::string method;
   QuantParams defaults;
   std::map<std::string, QuantParams> modules;
 

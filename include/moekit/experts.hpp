@@ -61,6 +61,15 @@ struct ExpertMatrix {
   /// "bf16", or "4-bit affine, group 64, bf16 scales" (inspect, messages).
   std::string describe() const;
   std::int64_t num_experts() const noexcept { return static_cast<std::int64_t>(experts.size()); }
+  /// Stored elements (of `dtype`) per row: cols when plain; MLX affine cols · bits / 32 words;
+  /// MXFP4 cols / 2 bytes.
+  std::int64_t row_elements() const;
+  /// Rows and columns of one expert's scale (and bias) array; 0 when not quantized.
+  std::int64_t scale_rows() const;
+  std::int64_t scale_cols() const;
+  /// The same matrix over experts `ids` (expert i of the result is expert ids[i] of this one, with
+  /// its scales and biases): a view, nothing copied. Ids must be in [0, num_experts()).
+  ExpertMatrix select(const std::vector<std::int64_t>& ids) const;
   bool defined() const noexcept { return !experts.empty(); }
   /// A stacked, contiguous [E, rows, cols] tensor (or one [rows, cols] matrix: E = 1) viewed as
   /// an ExpertMatrix.

@@ -14,8 +14,10 @@ namespace moekit {
 
 /// Element types moekit stores. f32 is the compute type; bf16/f16 are storage types;
 /// i32 carries expert ids; u8 carries raw bytes (npy files); u32 carries packed quantized codes
-/// (MLX affine weights, docs/formats.md).
-enum class DType : std::uint8_t { f32, bf16, f16, i32, u8, u32 };
+/// (MLX affine weights, docs/formats.md); f8_e4m3 (OCP E4M3FN: bias 7, no infinities, max 448)
+/// and f8_e8m0 (a power of two 2^(e − 127), 0xFF NaN) are the 8-bit elements and scales of the
+/// FP8 and microscaling formats, read (widened exactly to f32), never computed in.
+enum class DType : std::uint8_t { f32, bf16, f16, i32, u8, u32, f8_e4m3, f8_e8m0 };
 
 /// Bytes per element.
 std::size_t dtype_size(DType dtype) noexcept;
@@ -40,6 +42,11 @@ std::uint16_t f32_to_bf16(float value) noexcept;
 float bf16_to_f32(std::uint16_t bits) noexcept;
 std::uint16_t f32_to_f16(float value) noexcept;
 float f16_to_f32(std::uint16_t bits) noexcept;
+/// Exact widenings of the 8-bit float encodings (every value is an f32).
+float e4m3_to_f32(std::uint8_t bits) noexcept;
+float e8m0_to_f32(std::uint8_t bits) noexcept;
+/// Whether `dtype` is one of the 8-bit float encodings (read, widened to f32; never written).
+constexpr bool is_f8(DType dtype) noexcept { return dtype == DType::f8_e4m3 || dtype == DType::f8_e8m0; }
 
 /// A non-owning view of contiguous row-major memory. Cheap to copy. A default-constructed view
 /// is empty (`data() == nullptr`, `defined() == false`).

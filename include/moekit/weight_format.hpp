@@ -22,6 +22,9 @@ enum class Element : std::uint8_t {
   /// uint32 words, one continuous bit stream per row (element 0 in the lowest bits); each group of
   /// block_cols consecutive inputs of a row has a scale s and a bias b; w = fma(s, q, b) in fp32.
   affine,
+  /// e2m1 (FP4): nibbles, two per byte, element 2j in the low nibble of byte j; each group of
+  /// block_cols inputs shares a scale (MXFP4: group 32, f8_e8m0 2^(s − 127)); w = value × scale.
+  e2m1,
 };
 
 /// A weight format. Plain float matrices use the default (Element::plain).
@@ -41,6 +44,8 @@ struct WeightFormat {
   static WeightFormat mlx_affine(int bits, int group_size, DType scale_dtype) {
     return {Element::affine, bits, 1, group_size, scale_dtype, true};
   }
+  /// MXFP4: e2m1 nibbles, groups of 32 inputs, e8m0 scales (GPT-OSS's release, mlx's mxfp4 mode).
+  static WeightFormat mxfp4() { return {Element::e2m1, 4, 1, 32, DType::f8_e8m0, false}; }
 };
 
 }  // namespace moekit

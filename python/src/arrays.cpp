@@ -21,7 +21,9 @@ dl::dtype to_dlpack(DType dtype, Framework framework) {
       if (framework == Framework::numpy) return nb::dtype<std::uint16_t>();
       return dl::dtype{static_cast<std::uint8_t>(dl::dtype_code::Bfloat), 16, 1};
     case DType::i32: return nb::dtype<std::int32_t>();
-    case DType::u8: return nb::dtype<std::uint8_t>();
+    case DType::u8:
+    case DType::f8_e4m3:  // raw bytes: numpy and DLPack consumers read the encoding from the name
+    case DType::f8_e8m0: return nb::dtype<std::uint8_t>();
     case DType::u32: return nb::dtype<std::uint32_t>();
   }
   throw std::invalid_argument("[moekit] unknown dtype");
@@ -74,6 +76,8 @@ const char* python_dtype_name(DType dtype) noexcept {
     case DType::i32: return "int32";
     case DType::u8: return "uint8";
     case DType::u32: return "uint32";
+    case DType::f8_e4m3: return "float8_e4m3fn";
+    case DType::f8_e8m0: return "float8_e8m0fnu";
   }
   return "unknown";
 }

@@ -155,10 +155,11 @@ void add_matrix(nb::dict& out, const std::string& name, const ExpertMatrix& m, n
     }
   };
   if (m.quantized()) {
-    const std::int64_t words = m.cols * m.format.bits / 32, groups = m.cols / m.format.block_cols;
-    add(name, m.experts, DType::u32, {m.rows, words}, {m.row_stride, 1});
-    add(name + ".scales", m.scales, m.format.scale_dtype, {m.rows, groups}, {m.scale_stride, 1});
-    add(name + ".biases", m.biases, m.format.scale_dtype, {m.rows, groups}, {m.scale_stride, 1});
+    // The container as stored (MLX affine: U32 words; MXFP4: bytes), and the scales (and biases).
+    const std::int64_t srows = m.scale_rows(), groups = m.scale_cols();
+    add(name, m.experts, m.dtype, {m.rows, m.row_elements()}, {m.row_stride, 1});
+    add(name + ".scales", m.scales, m.format.scale_dtype, {srows, groups}, {m.scale_stride, 1});
+    if (m.format.has_bias) add(name + ".biases", m.biases, m.format.scale_dtype, {srows, groups}, {m.scale_stride, 1});
   } else if (m.layout == MatrixLayout::panels) {
     add(name, m.experts, m.dtype, {(m.rows + 15) / 16, m.cols, 16}, {m.cols * 16, 16, 1});
   } else if (m.layout == MatrixLayout::amx_tiles) {

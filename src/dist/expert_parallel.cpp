@@ -130,19 +130,7 @@ ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int6
                                                                                    << ")"));
   ExpertWeights out;
   const auto pick = [&](const ExpertMatrix& m) {
-    ExpertMatrix s = m;
-    if (!m.defined()) return s;
-    s.experts.clear();
-    s.scales.clear();
-    s.biases.clear();
-    for (const std::int64_t e : ids) {
-      s.experts.push_back(m.experts[static_cast<std::size_t>(e)]);
-      if (m.quantized()) {
-        s.scales.push_back(m.scales[static_cast<std::size_t>(e)]);
-        s.biases.push_back(m.biases[static_cast<std::size_t>(e)]);
-      }
-    }
-    return s;
+    return m.defined() ? m.select(ids) : m;
   };
   const auto rows_of = [&](const Tensor& b) {
     if (b.numel() == 0) return Tensor();

@@ -57,6 +57,25 @@ std::size_t matrix_bytes(const ExpertMatrix& m, MatrixLayout layout) {
 }
 }  // namespace
 
+std::int64_t ExpertMatrix::row_elements() const {
+  return quantized() ? kernels::formats::traits(format.element).row_elements(format, cols) : cols;
+}
+std::int64_t ExpertMatrix::scale_rows() const { return quantized() ? kernels::formats::scale_rows(format, rows) : 0; }
+std::int64_t ExpertMatrix::scale_cols() const { return quantized() ? kernels::formats::scale_cols(format, cols) : 0; }
+
+ExpertMatrix ExpertMatrix::select(const std::vector<std::int64_t>& ids) const {
+  ExpertMatrix s = *this;
+  const auto pick = [&](const std::vector<const void*>& from, std::vector<const void*>& to) {
+    to.clear();
+    if (from.empty()) return;
+    for (const std::int64_t e : ids) to.push_back(from[static_cast<std::size_t>(e)]);
+  };
+  pick(experts, s.experts);
+  pick(scales, s.scales);
+  pick(biases, s.biases);
+  return s;
+}
+
 std::size_t ExpertMatrix::nbytes() const noexcept { return matrix_bytes(*this, layout); }
 
 std::string ExpertMatrix::describe() const { return kernels::formats::describe(format, dtype); }

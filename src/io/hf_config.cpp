@@ -349,6 +349,17 @@ QuantConfig parse_quantization(const json& root, const std::string& model_type) 
     if (q == nullptr && root.contains(key) && root.at(key).is_object() &&
         (std::string(key) == "quantization" || root.at(key).contains("bits")))
       q = &root.at(key);
+  if (root.contains("quantization_config") && root.at("quantization_config").is_object()) {
+    const json& hf = root.at("quantization_config");
+    if (hf.contains("quant_method") && !hf.at("quant_method").is_null()) {
+      if (!hf.at("quant_method").is_string())
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type
+                                                                            << ": quantization_config.quant_method "
+                                                                               "must be a string, got "
+                                                                            << hf.at("quant_method").dump()));
+      qc.method = hf.at("quant_method").get<std::string>();
+    }
+  }
   if (q == nullptr) return qc;
   qc.present = true;
   qc.defaults = quant_entry(*q, model_type, "", QuantParams{});

@@ -72,6 +72,37 @@ class BlockReader {
 
   const std::shared_ptr<const Checkpoint>& checkpoint() const { return ckpt_; }
 
+  // MXFP4 as OpenAI ships GPT-OSS: `<rel>_blocks` U8 [E, out, in / 32, 16] (two e2m1 per byte, low
+  // nibble first) and `<rel>_scales` U8 [E, out, in / 32] (e8m0), used in place.
+  ExpertMatrix mxfp4(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in) const {
+    const std::string blocks = rel + "_blocks", scales = rel + "_scales";
+    if (in % 32 != 0)
+      fail(blocks, MOEKIT_MSG("has input dimension " << in << ", not a multiple of MXFP4's group of 32"));
+    const auto u8 = [&](const std::string& t, const Shape& shape) {
+      const std::string name = full(t);
+      if (!ckpt_->contains(name))
+        fail(t, MOEKIT_MSG("is missing, expected U8 " << shape_str(shape) << " (MXFP4, quant_method mxfp4)"));
+      const TensorInfo& info = ckpt_->info(name);
+      if (info.shape != shape) fail(t, MOEKIT_MSG("has shape " << shape_str(info.shape) << ", expected " << shape_str(shape)));
+      if (info.dtype_name != "U8") fail(t, "has dtype " + info.dtype_name + ", expected U8 (MXFP4)");
+      return ckpt_->view(name);
+    };
+    const TensorView b = u8(blocks, {E, out, in / 32, 16});
+    const TensorView s = u8(scales, {E, out, in / 32});
+    const auto* e8 = static_cast<const std::uint8_t*>(s.data());
+    for (std::int64_t i = 0; i < s.numel(); ++i)
+      if (e8[i] == 0xFF)
+        fail(scales, MOEKIT_MSG("has the e8m0 NaN (0xFF) at flat index " << i << " (expert " << i / (out * in / 32)
+                                                                       << ", row " << i / (in / 32) % out << ", group "
+                                                                       << i % (in / 32) << ")"));
+    ExpertMatrix m = ExpertMatrix::stacked(TensorView(b.data(), {E, out, in / 2}, DType::u8));
+    m.cols = in;  // row_stride stays the bytes per row
+    m.format = WeightFormat::mxfp4();
+    m.scales = ExpertMatrix::stacked(TensorView(s.data(), {E, out, in / 32}, DType::f8_e8m0)).experts;
+    m.scale_stride = in / 32;
+    return m;
+  }
+
   // Projection module `rel` (relative to the block, without ".weight") of E experts stacked
   // [E, out, in] (E > 0) or one [out, in] matrix (E == 0): float as stored, or MLX
   // affine-quantized when `<rel>.scales` exists (codes, scales and biases used in place).
@@ -160,33 +191,183 @@ void append_expert(ExpertMatrix& all, const ExpertMatrix& part, const std::strin
                                                                     << ", expert " << all.num_experts() << ": "
                                                                     << part.describe() << ")"));
   all.experts.push_back(part.experts.front());
-  if (part.quantized()) {
-    all.scales.push_back(part.scales.front());
-    all.biases.push_back(part.biases.front());
+  if (part.quantized()) all.scales.push_back(part.scales.front());
+  if (!part.biases.empty()) all.biases.push_back(part.biases.front());
+}
+
+// The quantization a Hugging Face release declares (quant_method) against the tensors present:
+// a method moekit does not read, blocks without the method, or the method without blocks, is a
+// named error before anything else is read.
+void check_release_quantization(const BlockReader& r, const MoeConfig& c) {
+  const std::string& method = c.quantization.method;
+  const std::string blocks = c.names.experts + ".gate_up_proj_blocks";
+  const std::string& file = r.checkpoint()->path();
+  if (!method.empty() && method != "mxfp4")
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": config.json's quantization_config "
+                                                                    << "has quant_method '" << method
+                                                                    << "', which moekit does not read (supported: "
+                                                                       "mxfp4; and mlx-lm's 'quantization')"));
+  if (r.has(blocks) && method != "mxfp4")
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": '" << r.full(blocks)
+                                                                    << "' holds MXFP4 blocks, but config.json's "
+                                                                       "quantization_config has no quant_method "
+                                                                       "'mxfp4'"));
+  if (method == "mxfp4" && !r.has(blocks))
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] "
+                                        << file << ": config.json quantizes the experts (quant_method mxfp4), but '"
+                                        << r.full(blocks) << "' is missing"));
+}
+
+// mlx-lm stacks experts [E, out, in] under "switch_mlp" (or under "experts" for GPT-OSS, with
+// stacked biases [E, out]); float or MLX-quantized, used in place.
+void load_stacked(const BlockReader& r, const MoeConfig& c, const std::string& stacked, ExpertWeights& ex,
+                  bool& copied) {
+  const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width;
+  const bool gated = is_gated(c.body);
+  const std::string s = stacked + ".";
+  if (gated) ex.gate = r.matrix(s + "gate_proj", E, F, D, ex.keep_alive, copied);
+  ex.up = r.matrix(s + "up_proj", E, F, D, ex.keep_alive, copied);
+  ex.down = r.matrix(s + "down_proj", E, D, F, ex.keep_alive, copied);
+  if (c.expert_bias) {
+    if (gated) ex.gate_bias = r.get_f32(s + "gate_proj.bias", {E, F});
+    ex.up_bias = r.get_f32(s + "up_proj.bias", {E, F});
+    ex.down_bias = r.get_f32(s + "down_proj.bias", {E, D});
   }
 }
 
-// MXFP4 experts (GPT-OSS as OpenAI ships it) are recognised and refused before anything else is read.
-void reject_mxfp4(const BlockReader& r, const WeightNames& n) {
-  for (const std::string& q : {n.experts + ".gate_up_proj_blocks", n.experts + ".gate_up_proj_scales"})
-    if (r.has(q))
-      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path() << ": '" << r.full(q)
-                                                                      << "' marks an MXFP4 checkpoint, which this "
-                                                                         "version cannot load (experts must be F32, "
-                                                                         "BF16, F16 or MLX affine-quantized)"));
+// The gate and up halves of a fused [E] x [2F, in] matrix as two [E] x [F, in] views of the same
+// memory: interleaved rows (gate = 0, 2, 4, ...: twice the row and scale strides) or gate rows
+// first. Quantized matrices keep their scales alongside.
+void split_gate_up(const ExpertMatrix& gu, bool interleaved, std::int64_t F, ExpertMatrix& gate, ExpertMatrix& up) {
+  gate = up = gu;
+  gate.rows = up.rows = F;
+  const std::int64_t row_step = interleaved ? gu.row_stride : F * gu.row_stride;
+  const std::int64_t scale_step = interleaved ? gu.scale_stride : F * gu.scale_stride;
+  if (interleaved) {
+    gate.row_stride = up.row_stride = 2 * gu.row_stride;
+    gate.scale_stride = up.scale_stride = 2 * gu.scale_stride;
+  }
+  const auto advance = [](const void* p, std::int64_t elements, DType dtype) {
+    return static_cast<const void*>(static_cast<const unsigned char*>(p) +
+                                    static_cast<std::size_t>(elements) * dtype_size(dtype));
+  };
+  for (std::size_t e = 0; e < gu.experts.size(); ++e) {
+    up.experts[e] = advance(gu.experts[e], row_step, gu.dtype);
+    if (gu.quantized()) up.scales[e] = advance(gu.scales[e], scale_step, gu.format.scale_dtype);
+    if (!gu.biases.empty()) up.biases[e] = advance(gu.biases[e], scale_step, gu.format.scale_dtype);
+  }
 }
 
-void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
+// Biases of a fused gate_up (gate and up interleaved or in halves) and of down, as f32 [E, F] /
+// [E, D].
+void load_fused_biases(const BlockReader& r, const MoeConfig& c, const std::string& gu_name,
+                       const std::string& dn_name, ExpertWeights& ex) {
   const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width;
+  const bool il = c.names.fused_interleaved;
+  const Tensor gub = r.get_f32(gu_name + "_bias", {E, 2 * F});
+  ex.gate_bias = Tensor({E, F}, DType::f32);
+  ex.up_bias = Tensor({E, F}, DType::f32);
+  const float* b = gub.data_as<const float>();
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t f = 0; f < F; ++f) {
+      ex.gate_bias.data_as<float>()[e * F + f] = b[e * 2 * F + (il ? 2 * f : f)];
+      ex.up_bias.data_as<float>()[e * F + f] = b[e * 2 * F + (il ? 2 * f + 1 : F + f)];
+    }
+  ex.down_bias = r.get_f32(dn_name + "_bias", {E, D});
+}
+
+// Hugging Face's fused experts: gate_up_proj [E, 2F, D] used in place (gate rows first), or
+// [E, D, 2F] (Llama-4, GPT-OSS; gate/up interleaved for GPT-OSS) copied once into [E, out, in].
+std::string load_fused(const BlockReader& r, const MoeConfig& c, ExpertWeights& ex, bool& copied) {
+  const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width;
+  const WeightNames& n = c.names;
+  const std::string gu_name = n.experts + ".gate_up_proj", dn_name = n.experts + ".down_proj";
+  std::string layout;
+  if (!n.fused_transposed) {
+    layout = "fused_gate_up";
+    split_gate_up(ExpertMatrix::stacked(r.get_aligned(gu_name, {E, 2 * F, D}, ex.keep_alive, copied)), false, F,
+                  ex.gate, ex.up);
+    ex.down = ExpertMatrix::stacked(r.get_aligned(dn_name, {E, D, F}, ex.keep_alive, copied));
+  } else {
+    layout = n.fused_interleaved ? "fused_gate_up_transposed_interleaved" : "fused_gate_up_transposed";
+    copied = true;
+    const TensorView gu = r.get(gu_name, {E, D, 2 * F});
+    const bool il = n.fused_interleaved;
+    auto gate = std::make_shared<Tensor>(gather_copy(gu, E, F, D, [&](std::int64_t e, std::int64_t f, std::int64_t d) {
+      return (e * D + d) * 2 * F + (il ? 2 * f : f);
+    }));
+    auto up = std::make_shared<Tensor>(gather_copy(gu, E, F, D, [&](std::int64_t e, std::int64_t f, std::int64_t d) {
+      return (e * D + d) * 2 * F + (il ? 2 * f + 1 : F + f);
+    }));
+    const TensorView dn = r.get(dn_name, {E, F, D});
+    auto down = std::make_shared<Tensor>(gather_copy(dn, E, D, F, [&](std::int64_t e, std::int64_t d, std::int64_t f) {
+      return (e * F + f) * D + d;
+    }));
+    ex.gate = ExpertMatrix::stacked(*gate);
+    ex.up = ExpertMatrix::stacked(*up);
+    ex.down = ExpertMatrix::stacked(*down);
+    ex.keep_alive.insert(ex.keep_alive.end(), {gate, up, down});
+  }
+  if (c.expert_bias) load_fused_biases(r, c, gu_name, dn_name, ex);
+  return layout;
+}
+
+// GPT-OSS as OpenAI ships it (quant_method mxfp4): gate_up_proj_blocks / _scales [E, 2F, D / 32, ..]
+// with gate and up rows interleaved, down_proj_blocks / _scales [E, D, F / 32, ..], float biases.
+// Used in place: the gate and up halves are views of the interleaved rows.
+void load_mxfp4(const BlockReader& r, const MoeConfig& c, ExpertWeights& ex) {
+  const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width;
+  const std::string gu_name = c.names.experts + ".gate_up_proj", dn_name = c.names.experts + ".down_proj";
+  split_gate_up(r.mxfp4(gu_name, E, 2 * F, D), c.names.fused_interleaved, F, ex.gate, ex.up);
+  ex.down = r.mxfp4(dn_name, E, D, F);
+  if (c.expert_bias) load_fused_biases(r, c, gu_name, dn_name, ex);
+}
+
+// One tensor per expert and projection (`experts.{e}.gate_proj.weight`, ...), float or
+// MLX-quantized, used in place.
+void load_per_expert(const BlockReader& r, const MoeConfig& c, ExpertWeights& ex, bool& copied) {
+  const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width;
+  const WeightNames& n = c.names;
+  const bool gated = is_gated(c.body);
+  const std::string e0 = n.experts + ".0.";
+  const std::string first = e0 + (gated ? n.gate_proj : n.up_proj) + ".weight";
+  if (!r.has(e0 + n.gate_proj + ".weight") && !r.has(e0 + n.up_proj + ".weight") && !r.has(e0 + n.down_proj + ".weight"))
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path()
+                                                                    << ": no routed experts found; tried '"
+                                                                    << r.full(first) << "' (per_expert), '"
+                                                                    << r.full(n.experts + ".gate_up_proj")
+                                                                    << "' (fused) and '"
+                                                                    << r.full("switch_mlp.up_proj.weight")
+                                                                    << "' (switch_mlp)"));
+  const std::string& file = r.checkpoint()->path();
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::string p = n.experts + "." + std::to_string(e) + ".";
+    if (gated) append_expert(ex.gate, r.matrix(p + n.gate_proj, 0, F, D, ex.keep_alive, copied), "gate", file);
+    append_expert(ex.up, r.matrix(p + n.up_proj, 0, F, D, ex.keep_alive, copied), "up", file);
+    append_expert(ex.down, r.matrix(p + n.down_proj, 0, D, F, ex.keep_alive, copied), "down", file);
+  }
+  if (!c.expert_bias) return;
+  ex.up_bias = Tensor({E, F}, DType::f32);
+  ex.down_bias = Tensor({E, D}, DType::f32);
+  if (gated) ex.gate_bias = Tensor({E, F}, DType::f32);
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::string p = n.experts + "." + std::to_string(e) + ".";
+    const auto copy_row = [&](const std::string& rel, std::int64_t len, Tensor& dst) {
+      const Tensor b = r.get_f32(rel, {len});
+      std::memcpy(dst.data_as<float>() + e * len, b.data(), static_cast<std::size_t>(len) * 4);
+    };
+    copy_row(p + n.up_proj + ".bias", F, ex.up_bias);
+    copy_row(p + n.down_proj + ".bias", D, ex.down_bias);
+    if (gated) copy_row(p + n.gate_proj + ".bias", F, ex.gate_bias);
+  }
+}
+
+// The routed experts, in whichever layout the tensors present say (docs/formats.md, "Expert layouts").
+void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
   const WeightNames& n = c.names;
   ExpertWeights& ex = w.experts;
   ex.keep_alive.push_back(r.checkpoint());
   bool copied = false;
-  const bool gated = is_gated(c.body);
-
-
-  // mlx-lm stacks experts [E, out, in] under "switch_mlp" (or under "experts" for GPT-OSS,
-  // with stacked biases [E, out]).
   std::string stacked;
   for (const std::string& container : {std::string("switch_mlp"), n.experts})
     if (stacked.empty() && r.has(container + ".up_proj.weight") &&
@@ -195,101 +376,15 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
   if (!stacked.empty()) {
     w.layout = "switch_mlp";
     w.stacked_container = stacked;
-    const std::string s = stacked + ".";
-    if (gated) ex.gate = r.matrix(s + "gate_proj", E, F, D, ex.keep_alive, copied);
-    ex.up = r.matrix(s + "up_proj", E, F, D, ex.keep_alive, copied);
-    ex.down = r.matrix(s + "down_proj", E, D, F, ex.keep_alive, copied);
-    if (c.expert_bias) {
-      if (gated) ex.gate_bias = r.get_f32(s + "gate_proj.bias", {E, F});
-      ex.up_bias = r.get_f32(s + "up_proj.bias", {E, F});
-      ex.down_bias = r.get_f32(s + "down_proj.bias", {E, D});
-    }
+    load_stacked(r, c, stacked, ex, copied);
+  } else if (r.has(n.experts + ".gate_up_proj_blocks")) {
+    w.layout = "mxfp4_interleaved";
+    load_mxfp4(r, c, ex);
   } else if (r.has(n.experts + ".gate_up_proj")) {
-    const std::string gu_name = n.experts + ".gate_up_proj", dn_name = n.experts + ".down_proj";
-    if (!n.fused_transposed) {
-      // [E, 2F, D], gate rows first: both halves used in place with per-expert pointers.
-      w.layout = "fused_gate_up";
-      const TensorView gu = r.get_aligned(gu_name, {E, 2 * F, D}, ex.keep_alive, copied);
-      const std::size_t es = dtype_size(gu.dtype());
-      ex.gate.dtype = ex.up.dtype = gu.dtype();
-      ex.gate.rows = ex.up.rows = F;
-      ex.gate.cols = ex.up.cols = D;
-      ex.gate.row_stride = ex.up.row_stride = D;
-      for (std::int64_t e = 0; e < E; ++e) {
-        const auto* base = static_cast<const unsigned char*>(gu.data()) + static_cast<std::size_t>(e * 2 * F * D) * es;
-        ex.gate.experts.push_back(base);
-        ex.up.experts.push_back(base + static_cast<std::size_t>(F * D) * es);
-      }
-      ex.down = ExpertMatrix::stacked(r.get_aligned(dn_name, {E, D, F}, ex.keep_alive, copied));
-    } else {
-      // [E, D, 2F] (+ [E, F, D] down): transposed, copied once into [E, out, in] in the stored dtype.
-      w.layout = n.fused_interleaved ? "fused_gate_up_transposed_interleaved" : "fused_gate_up_transposed";
-      copied = true;
-      const TensorView gu = r.get(gu_name, {E, D, 2 * F});
-      const bool il = n.fused_interleaved;
-      auto gate = std::make_shared<Tensor>(gather_copy(gu, E, F, D, [&](std::int64_t e, std::int64_t f, std::int64_t d) {
-        return (e * D + d) * 2 * F + (il ? 2 * f : f);
-      }));
-      auto up = std::make_shared<Tensor>(gather_copy(gu, E, F, D, [&](std::int64_t e, std::int64_t f, std::int64_t d) {
-        return (e * D + d) * 2 * F + (il ? 2 * f + 1 : F + f);
-      }));
-      const TensorView dn = r.get(dn_name, {E, F, D});
-      auto down = std::make_shared<Tensor>(gather_copy(dn, E, D, F, [&](std::int64_t e, std::int64_t d, std::int64_t f) {
-        return (e * F + f) * D + d;
-      }));
-      ex.gate = ExpertMatrix::stacked(*gate);
-      ex.up = ExpertMatrix::stacked(*up);
-      ex.down = ExpertMatrix::stacked(*down);
-      ex.keep_alive.insert(ex.keep_alive.end(), {gate, up, down});
-    }
-    if (c.expert_bias) {
-      const Tensor gub = r.get_f32(gu_name + "_bias", {E, 2 * F});
-      ex.gate_bias = Tensor({E, F}, DType::f32);
-      ex.up_bias = Tensor({E, F}, DType::f32);
-      const float* b = gub.data_as<const float>();
-      for (std::int64_t e = 0; e < E; ++e)
-        for (std::int64_t f = 0; f < F; ++f) {
-          const bool il = n.fused_interleaved;
-          ex.gate_bias.data_as<float>()[e * F + f] = b[e * 2 * F + (il ? 2 * f : f)];
-          ex.up_bias.data_as<float>()[e * F + f] = b[e * 2 * F + (il ? 2 * f + 1 : F + f)];
-        }
-      ex.down_bias = r.get_f32(dn_name + "_bias", {E, D});
-    }
+    w.layout = load_fused(r, c, ex, copied);
   } else {
-    const std::string e0 = n.experts + ".0.";
-    const std::string first = e0 + (gated ? n.gate_proj : n.up_proj) + ".weight";
-    if (!r.has(e0 + n.gate_proj + ".weight") && !r.has(e0 + n.up_proj + ".weight") &&
-        !r.has(e0 + n.down_proj + ".weight"))
-      throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path()
-                                                                      << ": no routed experts found; tried '"
-                                                                      << r.full(first) << "' (per_expert), '"
-                                                                      << r.full(n.experts + ".gate_up_proj")
-                                                                      << "' (fused) and '"
-                                                                      << r.full("switch_mlp.up_proj.weight")
-                                                                      << "' (switch_mlp)"));
     w.layout = "per_expert";
-    const std::string& file = r.checkpoint()->path();
-    for (std::int64_t e = 0; e < E; ++e) {
-      const std::string p = n.experts + "." + std::to_string(e) + ".";
-      if (gated) append_expert(ex.gate, r.matrix(p + n.gate_proj, 0, F, D, ex.keep_alive, copied), "gate", file);
-      append_expert(ex.up, r.matrix(p + n.up_proj, 0, F, D, ex.keep_alive, copied), "up", file);
-      append_expert(ex.down, r.matrix(p + n.down_proj, 0, D, F, ex.keep_alive, copied), "down", file);
-    }
-    if (c.expert_bias) {
-      ex.up_bias = Tensor({E, F}, DType::f32);
-      ex.down_bias = Tensor({E, D}, DType::f32);
-      if (gated) ex.gate_bias = Tensor({E, F}, DType::f32);
-      for (std::int64_t e = 0; e < E; ++e) {
-        const std::string p = n.experts + "." + std::to_string(e) + ".";
-        const auto copy_row = [&](const std::string& rel, std::int64_t len, Tensor& dst) {
-          const Tensor b = r.get_f32(rel, {len});
-          std::memcpy(dst.data_as<float>() + e * len, b.data(), static_cast<std::size_t>(len) * 4);
-        };
-        copy_row(p + n.up_proj + ".bias", F, ex.up_bias);
-        copy_row(p + n.down_proj + ".bias", D, ex.down_bias);
-        if (gated) copy_row(p + n.gate_proj + ".bias", F, ex.gate_bias);
-      }
-    }
+    load_per_expert(r, c, ex, copied);
   }
   w.mapped = !copied;
 }
@@ -334,7 +429,7 @@ MoeLayer load_moe_layer(std::shared_ptr<const Checkpoint> ckpt, const MoeConfig&
                                                                     << ".weight' (the router of layer " << layer
                                                                     << "), expected shape " << shape_str({E, D})));
   const BlockReader r(ckpt, block, config.quantization);
-  reject_mxfp4(r, n);
+  check_release_quantization(r, config);
   MoeWeights w;
   w.keep_alive.push_back(ckpt);
   w.block = block;

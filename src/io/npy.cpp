@@ -230,6 +230,8 @@ const char* descr_of(DType dtype) {
       return "|u1";
     case DType::bf16:
     case DType::u32:
+    case DType::f8_e4m3:
+    case DType::f8_e8m0:
       break;
   }
   return nullptr;

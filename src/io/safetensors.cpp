@@ -39,7 +39,7 @@ constexpr std::uint64_t kMaxHeader = 100'000'000;
 // A valid header nests 3 deep (root object -> entry -> shape array); anything much deeper is
 // garbage, and bounding it keeps the DOM small and error printing cheap.
 constexpr int kMaxDepth = 8;
-constexpr const char* kComputable = "F32, BF16, F16, I32, U8, U32";
+constexpr const char* kComputable = "F32, BF16, F16, I32, U8, U32, F8_E4M3, F8_E8M0";
 
 struct DTypeSpec {
   const char* name;
@@ -50,7 +50,7 @@ struct DTypeSpec {
 const std::vector<DTypeSpec>& dtype_specs() {
   static const std::vector<DTypeSpec> kSpecs = {
       {"BOOL", 8, std::nullopt},    {"U8", 8, DType::u8},         {"I8", 8, std::nullopt},
-      {"F8_E5M2", 8, std::nullopt}, {"F8_E4M3", 8, std::nullopt}, {"F8_E8M0", 8, std::nullopt},
+      {"F8_E5M2", 8, std::nullopt}, {"F8_E4M3", 8, DType::f8_e4m3}, {"F8_E8M0", 8, DType::f8_e8m0},
       {"I16", 16, std::nullopt},    {"U16", 16, std::nullopt},    {"F16", 16, DType::f16},
       {"BF16", 16, DType::bf16},    {"I32", 32, DType::i32},      {"U32", 32, DType::u32},
       {"F32", 32, DType::f32},      {"F64", 64, std::nullopt},    {"I64", 64, std::nullopt},

@@ -122,7 +122,8 @@ struct WeightMatrix {
   bool quantized() const noexcept { return format.quantized(); }
 };
 
-/// Element i of an f32, bf16 or f16 array, widened to f32 (scales, biases, scalar paths).
+/// Element i of an f32, bf16, f16, f8_e8m0 or f8_e4m3 array, widened to f32 (scales, biases,
+/// scalar paths).
 inline float load_f32(const void* base, DType dtype, std::int64_t i) {
   if (dtype == DType::bf16) {  // the top half of an f32, inlined (kernels call this per group)
     const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(base)[i]) << 16;
@@ -131,6 +132,8 @@ inline float load_f32(const void* base, DType dtype, std::int64_t i) {
     return f;
   }
   if (dtype == DType::f16) return f16_to_f32(static_cast<const std::uint16_t*>(base)[i]);
+  if (dtype == DType::f8_e8m0) return e8m0_to_f32(static_cast<const std::uint8_t*>(base)[i]);
+  if (dtype == DType::f8_e4m3) return e4m3_to_f32(static_cast<const std::uint8_t*>(base)[i]);
   return static_cast<const float*>(base)[i];
 }
 

@@ -1,4 +1,4 @@
-// The fast mode of gemm_nt on MLX affine weights (AffineQuant::int8_activations): activations
+// The fast mode of gemm_nt on MLX affine weights (WeightMatrix::int8_activations): activations
 // quantized to int8 per weight group, integer dot products with the 4- or 8-bit codes, one float
 // multiply-add per group. For few rows of A (decode and small batches), where the exact kernel's
 // per-weight unpack-convert-dequantize is the cost and the weights are streamed once; where the

@@ -21,6 +21,8 @@ std::size_t dtype_size(DType dtype) noexcept {
     case DType::f16:
       return 2;
     case DType::u8:
+    case DType::f8_e4m3:
+    case DType::f8_e8m0:
       return 1;
   }
   return 1;
@@ -40,8 +42,36 @@ const char* dtype_name(DType dtype) noexcept {
       return "u8";
     case DType::u32:
       return "u32";
+    case DType::f8_e4m3:
+      return "f8_e4m3";
+    case DType::f8_e8m0:
+      return "f8_e8m0";
   }
   return "?";
+}
+
+float e4m3_to_f32(std::uint8_t bits) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x80u) << 24;
+  const std::uint32_t e = (bits >> 3) & 0xFu, m = bits & 0x7u;
+  if (e == 0xFu && m == 0x7u) return std::numeric_limits<float>::quiet_NaN();  // E4M3FN's only NaN (±)
+  // Subnormal: m · 2^-9, an exact f32; normal: (1 + m/8) · 2^(e − 7), rebiased into f32's fields.
+  float v;
+  if (e == 0) {
+    v = static_cast<float>(m) * 0x1p-9f;
+  } else {
+    const std::uint32_t f = ((e + 120u) << 23) | (m << 20);
+    std::memcpy(&v, &f, 4);
+  }
+  return sign ? -v : v;
+}
+
+float e8m0_to_f32(std::uint8_t bits) noexcept {
+  if (bits == 0xFFu) return std::numeric_limits<float>::quiet_NaN();
+  // 2^(e − 127): e = 0 is 2^-127, an f32 subnormal (mantissa bit 22); otherwise exponent field e.
+  const std::uint32_t f = bits == 0 ? 0x00400000u : static_cast<std::uint32_t>(bits) << 23;
+  float v;
+  std::memcpy(&v, &f, 4);
+  return v;
 }
 
 std::int64_t shape_numel(const Shape& shape) {
@@ -236,6 +266,8 @@ namespace {
 // address), and a typed load there is undefined behaviour.
 float load_float(const void* base, DType d, std::int64_t i) {
   const auto* bytes = static_cast<const unsigned char*>(base);
+  if (d == DType::f8_e4m3) return e4m3_to_f32(bytes[i]);
+  if (d == DType::f8_e8m0) return e8m0_to_f32(bytes[i]);
   if (d == DType::f32) {
     float v;
     std::memcpy(&v, bytes + 4 * i, 4);
@@ -266,7 +298,7 @@ void convert(const TensorView& src, const TensorView& dst) {
     if (src.nbytes() != 0 && src.data() != dst.data()) std::memmove(dst.data(), src.data(), src.nbytes());
     return;
   }
-  if (!is_float(src.dtype()) || !is_float(dst.dtype())) {
+  if (!(is_float(src.dtype()) || is_f8(src.dtype())) || !is_float(dst.dtype())) {
     throw std::invalid_argument(MOEKIT_MSG("[moekit::convert] unsupported conversion " << dtype_name(src.dtype()) << " -> "
                                                                                      << dtype_name(dst.dtype())));
   }

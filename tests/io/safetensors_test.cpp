@@ -127,12 +127,13 @@ TEST(SafetensorsTest, NonComputableDtypeListedButViewThrows) {
   const std::string name = "fp8.safetensors";
   const auto f = SafetensorsFile::from_bytes(
       safetensors_image({{"a", "F32", {1}, to_bytes(std::vector<float>{1})},
-                         {"w8", "F8_E4M3", {2, 2}, {1, 2, 3, 4}},
+                         {"w8", "F8_E5M2", {2, 2}, {1, 2, 3, 4}},
+                         {"e4m3", "F8_E4M3", {2}, {0x38, 0xC4}},
                          {"packed", "F4", {6}, {0x12, 0x34, 0x56}},
                          {"c", "C64", {1}, std::vector<std::uint8_t>(8)}}),
       name);
   const TensorInfo& info = f->info("w8");
-  EXPECT_EQ(info.dtype_name, "F8_E4M3");
+  EXPECT_EQ(info.dtype_name, "F8_E5M2");
   EXPECT_FALSE(info.dtype.has_value());
   EXPECT_EQ(info.element_size, 1u);
   EXPECT_EQ(f->bytes("w8")[3], 4);
@@ -143,10 +144,15 @@ TEST(SafetensorsTest, NonComputableDtypeListedButViewThrows) {
     ADD_FAILURE() << "expected runtime_error";
   } catch (const std::runtime_error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "[moekit::safetensors] fp8.safetensors: tensor 'w8' has dtype F8_E4M3, which moekit "
+              "[moekit::safetensors] fp8.safetensors: tensor 'w8' has dtype F8_E5M2, which moekit "
               "cannot compute on "
-              "(supported: F32, BF16, F16, I32, U8, U32)");
+              "(supported: F32, BF16, F16, I32, U8, U32, F8_E4M3, F8_E8M0)");
   }
+  // E4M3 (the FP8 releases' weights) is read: 0x38 = 1.0, 0xC4 = -3.0.
+  const TensorView e4m3 = f->view("e4m3");
+  EXPECT_EQ(e4m3.dtype(), DType::f8_e4m3);
+  EXPECT_EQ(to_dtype(e4m3, DType::f32).data_as<float>()[0], 1.0f);
+  EXPECT_EQ(to_dtype(e4m3, DType::f32).data_as<float>()[1], -3.0f);
   expect_runtime_error([&] { f->view("packed"); }, {name, "'packed'", "F4"});
 }
 

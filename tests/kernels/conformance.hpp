@@ -6,8 +6,8 @@
 // skipped with the reason, never passed.
 //
 // How to add a weight format
-//   1. Write its descriptor, a WeightFormat (float_format and affine_format in
-//      conformance_table.cpp are the two there are):
+//   1. Write its descriptor, a WeightFormat (float_format, affine_format and mxfp4_format in
+//      conformance_table.cpp are the ones there are):
 //        name    letters and digits, the first word of its rows' names ("q4g64bf16");
 //        make    random weights [rows, cols] in the format, rows layout, `ld` apart (0: the
 //                format's own padded stride), owning their storage;
@@ -35,12 +35,12 @@
 namespace moekit::testing::conformance {
 
 /// What the activations are: f32 (the exact mode), the bf16 compute mode (gemm_nt_bf16) or the
-/// int8 fast mode on affine weights (AffineQuant::int8_activations).
+/// int8 fast mode on affine weights (WeightMatrix::int8_activations).
 enum class Mode { f32, bf16, int8 };
 
 /// How the weights lie in memory: kernels::WeightLayout's rows, panels and amx_tiles, or MLX
-/// affine codes (rows of packed codes with their scales and biases).
-enum class Layout { rows, panels, amx_tiles, affine };
+/// a quantized format's rows (its stored elements with their scales, and biases where it has them).
+enum class Layout { rows, panels, amx_tiles, quant };
 
 /// gemm_nt C = A·Bᵀ (forward), gemm_nn C = A·B (backward data), gemm_tn C = Aᵀ·B (weight gradient;
 /// B is f32 rows, not a weight matrix).
@@ -55,7 +55,7 @@ enum class Criterion {
   /// One FMA chain over k: bit for bit the std::fma twin (ref::gemm_nt_fma, gemm_nn, gemm_tn)
   /// where the target fuses (testing::fused), else dot_bound (nt on panels, nn on rows, tn).
   fma_chain,
-  /// MLX affine, exact mode: dequantize_rows gives the reference decode's bits, and gemm_nt
+  /// A quantized format, exact mode: dequantize_rows gives the reference decode's bits, and gemm_nt
   /// gives gemm_nt's bits on that decoded matrix in rows layout.
   dense_bitwise,
   /// The bf16 compute mode on avx512bf16 and amx: the path's scalar twin

@@ -41,8 +41,8 @@ const char* name_of(Layout layout) {
       return "panels";
     case Layout::amx_tiles:
       return "amxtiles";
-    case Layout::affine:
-      return "affine";
+    case Layout::quant:
+      return "quant";
   }
   return "?";
 }
@@ -295,9 +295,9 @@ std::vector<Shapes> bf16_amx_sets() {
   return sets;
 }
 
-// Affine, exact mode: rows 1..4 (the in-register path, up to 3 rows), 7 and 40 (a dequantized
+// A quantized format, exact mode: rows 1..4 (the in-register path, up to 3 rows), 7 and 40 (a dequantized
 // block in scratch); columns 1, 6, 13; K one and three groups; the four variants in turn.
-Shapes affine_tails(int group) {
+Shapes exact_tails(int group) {
   std::vector<Case> cases;
   int i = 0;
   for (const std::int64_t M : {1, 2, 3, 4, 7, 40})
@@ -454,11 +454,11 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
     return d;
   };
   f->runs = {{Mode::f32,
-              Layout::affine,
+              Layout::quant,
               Op::nt,
               Criterion::dense_bitwise,
               highway_paths(),
-              {affine_tails(group)}}};
+              {exact_tails(group)}}};
   if (bits == 4 || bits == 8) {  // the fast mode's codes
     std::vector<Shapes> sets = {int8_tails(group)};
     if (group == 64 &&
@@ -470,15 +470,46 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
     for (const Int8Path p :
          {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni, Int8Path::best})
       paths.push_back(int8_path(p));
-    f->runs.push_back({Mode::int8, Layout::affine, Op::nt, Criterion::int8_bound, paths, sets});
+    f->runs.push_back({Mode::int8, Layout::quant, Op::nt, Criterion::int8_bound, paths, sets});
     if (group % 64 == 0)  // AMX-INT8 takes groups of whole 64-byte tile rows
       f->runs.push_back({Mode::int8,
-                         Layout::affine,
+                         Layout::quant,
                          Op::nt,
                          Criterion::portable_bitwise,
                          {int8_path(Int8Path::amx)},
                          {int8_amx_tails(group)}});
   }
+  return f;
+}
+
+// MXFP4 (e2m1 nibbles, groups of 32, e8m0 scales): every byte value in the blocks, scales around
+// 2^-5 with a few at the extremes (2^-127, an f32 subnormal, and 2^3); rows three bytes and scale
+// rows two entries longer than needed, the padding random.
+std::shared_ptr<const WeightFormat> mxfp4_format() {
+  auto f = std::make_shared<WeightFormat>();
+  f->name = "mxfp4";
+  f->make = [](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
+    const std::int64_t bytes = ld > 0 ? ld : cols / 2 + 3, groups = cols / 32, sld = groups + 2;
+    Weights w;
+    w.data = Tensor({rows, bytes}, DType::u8);
+    w.scales = Tensor({rows, sld}, DType::f8_e8m0);
+    auto* d = w.data.data_as<std::uint8_t>();
+    auto* s = static_cast<std::uint8_t*>(w.scales.data());
+    for (std::int64_t i = 0; i < w.data.numel(); ++i) d[i] = static_cast<std::uint8_t>(rng());
+    for (std::int64_t i = 0; i < w.scales.numel(); ++i) {
+      const std::uint32_t r = rng() % 64;
+      s[i] = static_cast<std::uint8_t>(r == 0 ? 0 : r == 1 ? 130 : 119 + r % 6);
+    }
+    w.w = {w.data.data(), DType::u8, bytes, kernels::WeightLayout::rows, moekit::WeightFormat::mxfp4(),
+           w.scales.data(), nullptr, sld};
+    return w;
+  };
+  f->decode = [](const WeightMatrix& w, std::int64_t rows, std::int64_t cols) {
+    Tensor d({rows, cols}, DType::f32);
+    kernels::ref::dequantize(w, rows, cols, d.data_as<float>());
+    return d;
+  };
+  f->runs = {{Mode::f32, Layout::quant, Op::nt, Criterion::dense_bitwise, highway_paths(), {exact_tails(32)}}};
   return f;
 }
 
@@ -494,6 +525,7 @@ const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
       for (const int group : {32, 64, 128, 256})
         for (const DType scale_dtype : {DType::bf16, DType::f16, DType::f32})
           out.push_back(affine_format(bits, group, scale_dtype));
+    out.push_back(mxfp4_format());
     return out;
   }();
   return formats;

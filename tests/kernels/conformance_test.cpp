@@ -137,9 +137,9 @@ void check_exact(const Row& row, const Case& c, std::mt19937& rng) {
   }
 }
 
-// ---- The exact mode on MLX affine weights: dense_bitwise ---------------------------------------
+// ---- The exact mode on quantized weights: dense_bitwise ---------------------------------------
 
-void check_affine_exact(const Row& row, const Case& c, std::mt19937& rng) {
+void check_quantized_exact(const Row& row, const Case& c, std::mt19937& rng) {
   const std::int64_t M = c.M, N = c.N, K = c.K;
   const Weights q = row.format->make(N, K, c.ld, rng);
   const Tensor dense = row.format->decode(q.w, N, K);
@@ -412,7 +412,7 @@ void run_case(const Row& row, const Case& c, std::mt19937& rng) {
     case Criterion::fma_chain:
       return check_exact(row, c, rng);
     case Criterion::dense_bitwise:
-      return check_affine_exact(row, c, rng);
+      return check_quantized_exact(row, c, rng);
     case Criterion::twin_bitwise:
     case Criterion::rounded_rows_bitwise:
       return check_bf16(row, c, rng);
@@ -498,8 +498,8 @@ TEST(Conformance, EveryPathHasRows) {
     })) << "no tn rows on "
         << hwy::TargetName(t);
     EXPECT_TRUE(has([&](const Row& r) {
-      return r.mode == Mode::f32 && r.path.target == t && r.layout == Layout::affine;
-    })) << "no affine rows on "
+      return r.mode == Mode::f32 && r.path.target == t && r.layout == Layout::quant;
+    })) << "no quantized rows on "
         << hwy::TargetName(t);
     EXPECT_TRUE(has([&](const Row& r) {
       return r.mode == Mode::bf16 && r.path.target == t && r.path.bf16 == Bf16Path::f32_fma;

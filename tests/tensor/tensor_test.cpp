@@ -100,3 +100,35 @@ TEST(Convert, FloatDtypes) {
 
 }  // namespace
 }  // namespace moekit
+
+namespace moekit {
+namespace {
+
+// Every byte of the two 8-bit float encodings against their definitions, written with ldexp:
+// E4M3FN (OCP): bias 7, subnormals m·2^-9, no infinities, S.1111.111 the only NaN; E8M0:
+// 2^(e − 127), 0xFF NaN.
+TEST(Tensor, Fp8EncodingsWidenExactly) {
+  for (int b = 0; b < 256; ++b) {
+    const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    const float e4m3 = e4m3_to_f32(static_cast<std::uint8_t>(b));
+    if (e == 15 && m == 7) {
+      EXPECT_TRUE(std::isnan(e4m3)) << b;
+    } else {
+      const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+      EXPECT_EQ(e4m3, static_cast<float>(s ? -mag : mag)) << b;
+      EXPECT_EQ(std::signbit(e4m3), s == 1) << b;  // -0 stays -0
+    }
+    const float e8m0 = e8m0_to_f32(static_cast<std::uint8_t>(b));
+    if (b == 255) {
+      EXPECT_TRUE(std::isnan(e8m0));
+    } else {
+      EXPECT_EQ(e8m0, std::ldexp(1.0f, b - 127)) << b;
+    }
+  }
+  EXPECT_EQ(e4m3_to_f32(0x7E), 448.0f);  // the largest finite E4M3
+  EXPECT_EQ(dtype_size(DType::f8_e4m3), 1u);
+  EXPECT_STREQ(dtype_name(DType::f8_e8m0), "f8_e8m0");
+}
+
+}  // namespace
+}  // namespace moekit

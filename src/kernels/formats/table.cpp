@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "kernels/formats/affine.hpp"
+#include "kernels/formats/e2m1.hpp"
 #include "util/error.hpp"
 
 namespace moekit::kernels::formats {

@@ -1,0 +1,90 @@
+// e2m1 (MXFP4) weights in registers (per-target Highway header; the format's rules: e2m1.hpp).
+//
+// E2m1B is the format's view for dot-inl.h's tiles: a vector of nibbles is unpacked from the row
+// (codes-inl.h, as 4-bit codes), its magnitude (bits 0-2) looked up in a table of the 8 values,
+// its sign (bit 3) set as the float's sign bit, and the result multiplied by the group's scale —
+// every step exact, so the tiles see exactly the reference decode's values. The view exists on
+// targets of at least 8 lanes (the table is one vector); elsewhere DequantRows decodes element by
+// element.
+#if defined(MOEKIT_KERNELS_FORMATS_E2M1_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MOEKIT_KERNELS_FORMATS_E2M1_INL_H_
+#undef MOEKIT_KERNELS_FORMATS_E2M1_INL_H_
+#else
+#define MOEKIT_KERNELS_FORMATS_E2M1_INL_H_
+#endif
+
+#include "kernels/dot-inl.h"
+#include "kernels/formats/codes-inl.h"
+#include "kernels/formats/e2m1.hpp"
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::kernels::HWY_NAMESPACE::e2m1 {
+
+constexpr bool kInRegisters = kUnpacks<4> && kLanes >= 8;
+
+struct E2m1B {
+  static constexpr bool kGrouped = true;
+  using Row = const std::uint8_t*;
+  struct Scale {
+    float s;
+  };
+  const WeightMatrix& B;
+
+  Row row(int64_t n) const { return static_cast<const std::uint8_t*>(B.data) + n * B.ld; }
+  int64_t group() const { return B.format.block_cols; }
+  int64_t row_bytes(int64_t K) const { return K / 2; }
+  NextRows next(int64_t, int64_t, int64_t, int64_t) const { return {}; }  // GroupedTile prefetches
+  Scale scale(int64_t n, int64_t k) const {
+    return {load_f32(B.scales, B.format.scale_dtype, n * B.scale_ld + k / B.format.block_cols)};
+  }
+  void prefetch(Row r, int rows_ahead, int64_t g0) const { hwy::Prefetch(r + rows_ahead * B.ld + g0 / 2); }
+  hn::Vec<DF> decode(DF df, Row r, int64_t k, int64_t K, Scale s) const {
+    const DU du;
+    const hn::RebindToSigned<DF> di;
+    // The 8 magnitudes, twice over, so a table of any width ≥ 8 lanes holds them at indices 0-7.
+    HWY_ALIGN static constexpr float kMagnitudes[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                                        0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const auto q = CodeBits<4>(r, k, K);
+    const auto index = hn::BitCast(di, hn::And(q, hn::Set(du, 7u)));
+    const auto magnitude = hn::TableLookupLanes(hn::Load(df, kMagnitudes), hn::IndicesFromVec(df, index));
+    const auto sign = hn::ShiftLeft<28>(hn::And(q, hn::Set(du, 8u)));
+    return hn::Mul(hn::Or(magnitude, hn::BitCast(df, sign)), hn::Set(df, s.s));
+  }
+};
+
+// gemm_nt with few rows of A, the weights decoded in registers; false where the target cannot.
+inline bool GemmInRegisters(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N,
+                            int64_t K) {
+  if constexpr (!kInRegisters) {
+    return false;
+  } else {
+    if (B.format.block_cols % static_cast<int64_t>(hn::Lanes(DF())) != 0) return false;
+    GemmBlocks(A, E2m1B{B}, C, M, N, K);
+    return true;
+  }
+}
+
+// Rows [n0, n0 + rows) of B decoded into dst [rows, K] with the tiles' values.
+inline void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
+  const bool simd = kInRegisters && B.format.block_cols % static_cast<int64_t>(hn::Lanes(DF())) == 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * K;
+    const int64_t n = n0 + r;
+    if constexpr (kInRegisters) {
+      if (simd) {
+        const E2m1B view{B};
+        DecodeRow(view, n, view.row(n), K, d);
+        continue;
+      }
+    }
+    for (int64_t k = 0; k < K; ++k) d[k] = formats::e2m1::decode(B, n, k);
+  }
+  (void)simd;
+}
+
+}  // namespace moekit::kernels::HWY_NAMESPACE::e2m1
+HWY_AFTER_NAMESPACE();
+
+#endif  // MOEKIT_KERNELS_FORMATS_E2M1_INL_H_

@@ -1,0 +1,176 @@
+// Released weight formats, decoded by the references' own code (tools/gen_format_goldens.py,
+// tests/goldens/formats/): moekit loads each folder as released, its decode of every weight is the
+// reference's bit for bit (the scalar reference and the kernels' own decoding), and the block's
+// forward matches the reference to 1e-5 relative. Then each way a file can be wrong, one named
+// error each.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "experts/weight_matrix.hpp"
+#include "kernels/gemm.hpp"
+#include "kernels/ref/gemm_ref.hpp"
+#include "moekit/model.hpp"
+#include "moekit/npy.hpp"
+#include "moekit/safetensors.hpp"
+#include "util/compare.hpp"
+
+namespace moekit {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kDir = std::string(MOEKIT_TEST_DATA_DIR) + "/formats";
+const std::string kMxfp4 = kDir + "/mxfp4_gpt_oss";
+const std::string kExperts = "model.layers.1.mlp.experts";
+
+TEST(Mxfp4Golden, LoadsInPlaceAndMatchesTransformers) {
+  const MoeLayer layer = load_moe_layer(kMxfp4, 1);
+  const ExpertWeights& ex = layer.weights().experts;
+  for (const ExpertMatrix* m : {&ex.gate, &ex.up, &ex.down}) {
+    EXPECT_EQ(m->format, WeightFormat::mxfp4());
+    EXPECT_EQ(m->describe(), "mxfp4 (e2m1, group 32, f8_e8m0 scales)");
+  }
+  EXPECT_TRUE(layer.weights().mapped) << "MXFP4 experts are used in place";
+  EXPECT_EQ(layer.weights().layout, "mxfp4_interleaved");
+  // Codes and scales only: 4.25 bits per weight.
+  const std::int64_t E = 8, D = 64, F = 32;
+  EXPECT_EQ(ex.nbytes(), static_cast<std::size_t>(3 * E * F * D / 2 + 3 * E * F * D / 32));
+  const Tensor x = read_npy(kMxfp4 + "/input.npy");
+  const Tensor want = read_npy(kMxfp4 + "/output.npy");
+  const Tensor y = layer.forward(x);
+  ASSERT_EQ(y.shape(), want.shape());
+  const testing::MaxDiff d = testing::max_diff(y, want);
+  EXPECT_LE(d.err, 1e-5 * d.ref) << "max |y - y_ref| = " << d.err << ", max |y_ref| = " << d.ref;
+  RecordProperty("rel_err", std::to_string(d.err / d.ref));
+}
+
+// One expert's [rows, cols] decoded by the format's scalar reference and by the kernels, each
+// compared bit for bit (−0 included) with the reference's rows `first, first + step, ...`.
+void expect_decoded(const ExpertMatrix& m, std::int64_t e, const TensorView& ref, std::int64_t first,
+                    std::int64_t step, const char* what) {
+  const std::int64_t rows = m.rows, cols = m.cols;
+  const kernels::WeightMatrix w = weight_matrix(m, e);
+  std::vector<float> scalar(static_cast<std::size_t>(rows * cols)), simd(scalar.size());
+  kernels::ref::dequantize(w, rows, cols, scalar.data());
+  kernels::dequantize_rows(w, 0, rows, cols, simd.data());
+  const float* r = ref.data_as<const float>() + e * ref.dim(1) * cols;
+  for (std::int64_t n = 0; n < rows; ++n) {
+    const float* want = r + (first + n * step) * cols;
+    ASSERT_EQ(std::memcmp(scalar.data() + n * cols, want, static_cast<std::size_t>(cols) * 4), 0)
+        << what << " expert " << e << " row " << n << ": scalar decode differs from the reference";
+    ASSERT_EQ(std::memcmp(simd.data() + n * cols, want, static_cast<std::size_t>(cols) * 4), 0)
+        << what << " expert " << e << " row " << n << ": the kernels' decode differs from the reference";
+  }
+}
+
+TEST(Mxfp4Golden, DecodesEveryWeightAsTransformersDoes) {
+  const MoeLayer layer = load_moe_layer(kMxfp4, 1);
+  const ExpertWeights& ex = layer.weights().experts;
+  const auto decoded = Checkpoint::open(kMxfp4 + "/decoded.safetensors");
+  const TensorView gate_up = decoded->view(kExperts + ".gate_up_proj");  // [E, 2F, D], gate/up interleaved
+  const TensorView down = decoded->view(kExperts + ".down_proj");        // [E, D, F]
+  for (std::int64_t e = 0; e < ex.num_experts(); ++e) {
+    expect_decoded(ex.gate, e, gate_up, 0, 2, "gate");
+    expect_decoded(ex.up, e, gate_up, 1, 2, "up");
+    expect_decoded(ex.down, e, down, 0, 1, "down");
+  }
+}
+
+// ---- bad files -----------------------------------------------------------------------------
+
+// A copy of the golden folder with its config and tensors changed by `edit_config` / `edit`
+// (which may change a tensor's bytes, shape or dtype, or drop it by clearing its name).
+struct Stored {
+  std::string name, dtype;
+  Shape shape;
+  std::vector<std::uint8_t> bytes;
+};
+
+std::string mutated(const std::string& tag, const std::function<void(nlohmann::json&)>& edit_config,
+                    const std::function<void(Stored&)>& edit) {
+  const fs::path dir = fs::temp_directory_path() / ("moekit_mxfp4_" + tag);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kMxfp4 + "/config.json"));
+  edit_config(cfg);
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  const auto ckpt = Checkpoint::open(kMxfp4 + "/model.safetensors");
+  std::vector<Stored> tensors;
+  for (const std::string& name : ckpt->names()) {
+    const TensorInfo& info = ckpt->info(name);
+    const std::uint8_t* p = ckpt->bytes(name);
+    Stored s{name, info.dtype_name, info.shape, std::vector<std::uint8_t>(p, p + (info.end - info.begin))};
+    edit(s);
+    if (!s.name.empty()) tensors.push_back(std::move(s));
+  }
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const Stored& s : tensors) entries.push_back({s.name, s.dtype, s.shape, s.bytes.size()});
+  SafetensorsWriter out((dir / "model.safetensors").string(), entries);
+  for (const Stored& s : tensors) out.write(s.bytes.data(), s.bytes.size());
+  out.commit();
+  return dir.string();
+}
+
+void expect_error(const std::string& dir, const std::vector<std::string>& parts) {
+  try {
+    load_moe_layer(dir, 1);
+    FAIL() << "loaded " << dir;
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+const auto kKeepConfig = [](nlohmann::json&) {};
+const auto kKeepTensors = [](Stored&) {};
+
+TEST(Mxfp4Errors, NanScaleIsNamedWithItsPosition) {
+  const std::string dir = mutated("nan_scale", kKeepConfig, [](Stored& s) {
+    if (s.name == kExperts + ".down_proj_scales") s.bytes[5] = 0xFF;
+  });
+  expect_error(dir, {"down_proj_scales", "e8m0 NaN (0xFF)", "flat index 5", "expert 0, row 5"});
+}
+
+TEST(Mxfp4Errors, MisShapedBlocksOrScales) {
+  expect_error(mutated("blocks_shape", kKeepConfig,
+                       [](Stored& s) {
+                         if (s.name == kExperts + ".gate_up_proj_blocks") s.shape = {8, 64, 4, 8};
+                       }),
+               {"gate_up_proj_blocks", "has shape (8, 64, 4, 8), expected (8, 64, 2, 16)"});
+  expect_error(mutated("scales_missing", kKeepConfig,
+                       [](Stored& s) {
+                         if (s.name == kExperts + ".down_proj_scales") s.name.clear();
+                       }),
+               {"down_proj_scales", "is missing", "U8 (8, 64, 1)"});
+  expect_error(mutated("scales_dtype", kKeepConfig,
+                       [](Stored& s) {
+                         if (s.name == kExperts + ".down_proj_scales") {
+                           s.dtype = "BF16";
+                           s.shape = {8, 64, 1};
+                           s.bytes.resize(s.bytes.size() * 2);
+                         }
+                       }),
+               {"down_proj_scales", "has dtype BF16, expected U8"});
+}
+
+TEST(Mxfp4Errors, ConfigAndTensorsMustAgree) {
+  expect_error(mutated("unknown_method", [](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "gptq"; },
+                       kKeepTensors),
+               {"quant_method 'gptq'", "supported: mxfp4"});
+  expect_error(mutated("no_method", [](nlohmann::json& c) { c.erase("quantization_config"); }, kKeepTensors),
+               {"gate_up_proj_blocks", "holds MXFP4 blocks", "no quant_method 'mxfp4'"});
+  expect_error(mutated("no_blocks", kKeepConfig,
+                       [](Stored& s) {
+                         if (s.name.find("gate_up_proj_blocks") != std::string::npos) s.name.clear();
+                       }),
+               {"quant_method mxfp4", "gate_up_proj_blocks' is missing"});
+}
+
+}  // namespace
+}  // namespace moekit
