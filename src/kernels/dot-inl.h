@@ -98,8 +98,9 @@ HWY_INLINE void PlainTile(const ARows<MR>& a_rows, const BV& B, hn::Vec<DF> (&ac
 // decode() turns lanes k .. k + lanes - 1 of a row into f32 weights in registers. A group is a
 // whole number of vectors (the format's dispatch checks it), so there is no tail.
 template <bool kScaled, int MR, int NR, class BV>
-HWY_INLINE void GroupedTile(const ARows<MR>& a_rows, const BV& B, hn::Vec<DF> (&acc)[MR][NR], int64_t n,
+HWY_INLINE void GroupedTile(const ARows<MR>& a_rows, const BV& view, hn::Vec<DF> (&acc)[MR][NR], int64_t n,
                             int64_t K) {
+  const BV B = view;  // a local copy: its fields stay in registers across the tile
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   const int64_t gs = B.group();
@@ -217,7 +218,8 @@ void GemmBlocks(const RowSource& A, const BV& B, const Output& C, int64_t M, int
 // Row n of a quantized format's view decoded into dst [K] f32 (`row`: its stored elements, B.row(n)
 // or a copy unpacked into the view's form): exactly the values GroupedTile multiplies by.
 template <class BV>
-HWY_INLINE void DecodeRow(const BV& B, int64_t n, typename BV::Row row, int64_t K, float* dst) {
+HWY_INLINE void DecodeRow(const BV& view, int64_t n, typename BV::Row row, int64_t K, float* dst) {
+  const BV B = view;  // a local copy, as in GroupedTile
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t g0 = 0; g0 < K; g0 += B.group()) {

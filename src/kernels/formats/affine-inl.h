@@ -46,7 +46,7 @@ struct AffineB {
   struct Scale {
     float s, b;
   };
-  const WeightMatrix& B;
+  WeightMatrix B;  // a copy: the tiles then reach its fields through one pointer, not two
 
   Row row(int64_t n) const { return static_cast<const std::uint32_t*>(B.data) + n * B.ld; }
   int64_t group() const { return B.format.block_cols; }

@@ -30,7 +30,7 @@ struct E2m1B {
   struct Scale {
     float s;
   };
-  const WeightMatrix& B;
+  WeightMatrix B;  // a copy: the tiles then reach its fields through one pointer, not two
 
   Row row(int64_t n) const { return static_cast<const std::uint8_t*>(B.data) + n * B.ld; }
   int64_t group() const { return B.format.block_cols; }
