@@ -26,7 +26,7 @@ struct Options {
 
 // ---- formats.cpp: what the options name ------------------------------------------------------
 
-/// A weight format of the benchmark: a float dtype, or MLX affine codes of `bits` bits (group
+/// A weight format of the benchmark: a float dtype, MXFP4, or MLX affine codes of `bits` bits (group
 /// 64, bf16 scales and biases: what mlx-community's models use). "-int8": the fast mode
 /// (MoeLayer::set_int8_activations); "bf16-act": bf16 weights with the bf16 compute mode
 /// (MoeLayer::set_bf16_activations).
@@ -35,6 +35,7 @@ struct WeightFormat {
   int bits = 0;
   bool int8 = false;
   bool bf16_act = false;
+  bool mxfp4 = false;  ///< MXFP4 (e2m1, group 32, e8m0 scales: GPT-OSS's release) instead of affine
   static constexpr int kGroup = 64;
   bool quantized() const { return bits != 0; }
   std::string name() const;

@@ -12,11 +12,12 @@ namespace moekit::cli::bench {
 
 const char* const kDtypeList =
     "f32, bf16, f16; q2, q3, q4, q5, q6, q8 (MLX affine, group 64, bf16 scales); q4-int8, q8-int8 (the "
-    "int8 fast mode); bf16-act (bf16 weights, bf16 compute mode)";
+    "int8 fast mode); mxfp4 (e2m1, group 32, e8m0 scales); bf16-act (bf16 weights, bf16 compute mode)";
 
 std::string WeightFormat::name() const {
   if (bf16_act) return "bf16-act";
   if (!quantized()) return dtype_name(dtype);
+  if (mxfp4) return "mxfp4";
   std::string n{'q', static_cast<char>('0' + bits)};
   if (int8) n += "-int8";
   return n;
@@ -26,7 +27,8 @@ synth::WeightSpec WeightFormat::spec() const {
   synth::WeightSpec s;
   s.dtype = dtype;
   s.bits = bits;
-  s.group = kGroup;
+  s.group = mxfp4 ? 32 : kGroup;
+  s.element = mxfp4 ? Element::e2m1 : Element::affine;
   return s;
 }
 
@@ -69,6 +71,10 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
     } else if (item.size() == 2 && item[0] == 'q' && std::string("234568").find(item[1]) != std::string::npos) {
       f.dtype = DType::u32;
       f.bits = item[1] - '0';
+    } else if (item == "mxfp4") {
+      f.dtype = DType::u8;
+      f.bits = 4;
+      f.mxfp4 = true;
     } else if ((item == "q4-int8" || item == "q8-int8")) {
       f.dtype = DType::u32;
       f.bits = item[1] - '0';
@@ -96,9 +102,11 @@ std::vector<std::string> parse_layouts(const std::string& text) {
   return out;
 }
 
-// Bytes of one expert's three matrices (quantized: codes + bf16 scales and biases).
+// Bytes of one expert's three matrices (quantized: codes + bf16 scales and biases; MXFP4: nibbles
+// + one e8m0 byte per 32).
 double expert_bytes(const BenchShape& s, const WeightFormat& f) {
   const double n = 3.0 * static_cast<double>(s.D) * static_cast<double>(s.F);
+  if (f.mxfp4) return n * 4 / 8.0 + n / 32.0;
   if (f.quantized()) return n * f.bits / 8.0 + n / WeightFormat::kGroup * 2.0 * 2.0;
   return n * static_cast<double>(dtype_size(f.dtype));
 }

@@ -3,6 +3,7 @@
 // across moekit's API without copies.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -42,9 +43,25 @@ std::uint16_t f32_to_bf16(float value) noexcept;
 float bf16_to_f32(std::uint16_t bits) noexcept;
 std::uint16_t f32_to_f16(float value) noexcept;
 float f16_to_f32(std::uint16_t bits) noexcept;
-/// Exact widenings of the 8-bit float encodings (every value is an f32).
-float e4m3_to_f32(std::uint8_t bits) noexcept;
-float e8m0_to_f32(std::uint8_t bits) noexcept;
+/// Exact widenings of the 8-bit float encodings (every value is an f32). Inline: the kernels
+/// widen a scale per group inside their loops, where a call would spill the accumulators.
+inline float e8m0_to_f32(std::uint8_t bits) noexcept {
+  // 2^(e − 127): e = 0 is 2^-127, an f32 subnormal (mantissa bit 22); 0xFF is NaN.
+  const std::uint32_t f = bits == 0 ? 0x00400000u : bits == 0xFFu ? 0x7FC00000u : std::uint32_t{bits} << 23;
+  return std::bit_cast<float>(f);
+}
+inline float e4m3_to_f32(std::uint8_t bits) noexcept {
+  const std::uint32_t e = (bits >> 3) & 0xFu, m = bits & 0x7u;
+  float v;
+  if (e == 0xFu && m == 0x7u) {
+    v = std::bit_cast<float>(0x7FC00000u);  // E4M3FN's only NaN (either sign)
+  } else if (e == 0) {
+    v = static_cast<float>(m) * 0x1p-9f;  // subnormal m · 2^-9, exact
+  } else {
+    v = std::bit_cast<float>(((e + 120u) << 23) | (m << 20));  // (1 + m/8) · 2^(e − 7), rebiased
+  }
+  return (bits & 0x80u) ? -v : v;
+}
 /// Whether `dtype` is one of the 8-bit float encodings (read, widened to f32; never written).
 constexpr bool is_f8(DType dtype) noexcept { return dtype == DType::f8_e4m3 || dtype == DType::f8_e8m0; }
 

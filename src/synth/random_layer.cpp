@@ -89,6 +89,27 @@ void fill_uniform(const Tensor& t, float stddev, std::uint64_t stream) {
   });
 }
 
+namespace {
+// MXFP4: random bytes (every e2m1 value equally likely, magnitudes up to 6) and the scale 2^-8
+// everywhere: values in [-0.023, 0.023], of the float weights' spread.
+ExpertMatrix random_mxfp4(std::int64_t n, std::int64_t out, std::int64_t in, std::uint64_t& stream,
+                          std::vector<std::shared_ptr<const void>>& keep) {
+  auto blocks = std::make_shared<Tensor>(Tensor::uninitialized({n, out, in / 2}, DType::u8));
+  auto scales = std::make_shared<Tensor>(Tensor::uninitialized({n, out, in / 32}, DType::f8_e8m0));
+  std::uint64_t state = stream++ * 0xD1B54A32D192ED03ull;
+  auto* b = blocks->data_as<std::uint8_t>();
+  for (std::int64_t i = 0; i < blocks->numel(); ++i) b[i] = static_cast<std::uint8_t>(detail::splitmix(state));
+  std::memset(scales->data(), 127 - 8, static_cast<std::size_t>(scales->numel()));
+  keep.insert(keep.end(), {blocks, scales});
+  ExpertMatrix m = ExpertMatrix::stacked(*blocks);
+  m.cols = in;
+  m.format = WeightFormat::mxfp4();
+  m.scales = ExpertMatrix::stacked(*scales).experts;
+  m.scale_stride = in / 32;
+  return m;
+}
+}  // namespace
+
 ExpertMatrix random_matrix(const WeightSpec& spec, std::int64_t n, std::int64_t out, std::int64_t in,
                            std::uint64_t& stream, std::vector<std::shared_ptr<const void>>& keep) {
   if (!spec.quantized()) {
@@ -97,6 +118,7 @@ ExpertMatrix random_matrix(const WeightSpec& spec, std::int64_t n, std::int64_t 
     keep.push_back(t);
     return ExpertMatrix::stacked(*t);
   }
+  if (spec.element == Element::e2m1) return random_mxfp4(n, out, in, stream, keep);
   const std::int64_t words = in * spec.bits / 32, groups = in / spec.group;
   auto codes = std::make_shared<Tensor>(Tensor::uninitialized({n, out, words}, DType::u32));
   auto scales = std::make_shared<Tensor>(Tensor::uninitialized({n, out, groups}, DType::bf16));

@@ -50,30 +50,6 @@ const char* dtype_name(DType dtype) noexcept {
   return "?";
 }
 
-float e4m3_to_f32(std::uint8_t bits) noexcept {
-  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x80u) << 24;
-  const std::uint32_t e = (bits >> 3) & 0xFu, m = bits & 0x7u;
-  if (e == 0xFu && m == 0x7u) return std::numeric_limits<float>::quiet_NaN();  // E4M3FN's only NaN (±)
-  // Subnormal: m · 2^-9, an exact f32; normal: (1 + m/8) · 2^(e − 7), rebiased into f32's fields.
-  float v;
-  if (e == 0) {
-    v = static_cast<float>(m) * 0x1p-9f;
-  } else {
-    const std::uint32_t f = ((e + 120u) << 23) | (m << 20);
-    std::memcpy(&v, &f, 4);
-  }
-  return sign ? -v : v;
-}
-
-float e8m0_to_f32(std::uint8_t bits) noexcept {
-  if (bits == 0xFFu) return std::numeric_limits<float>::quiet_NaN();
-  // 2^(e − 127): e = 0 is 2^-127, an f32 subnormal (mantissa bit 22); otherwise exponent field e.
-  const std::uint32_t f = bits == 0 ? 0x00400000u : static_cast<std::uint32_t>(bits) << 23;
-  float v;
-  std::memcpy(&v, &f, 4);
-  return v;
-}
-
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) {

@@ -47,10 +47,16 @@ struct E2m1B {
     HWY_ALIGN static constexpr float kMagnitudes[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                                         0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     const auto q = CodeBits<4>(r, k, K);
-    const auto index = hn::BitCast(di, hn::And(q, hn::Set(du, 7u)));
-    const auto magnitude = hn::TableLookupLanes(hn::Load(df, kMagnitudes), hn::IndicesFromVec(df, index));
-    const auto sign = hn::ShiftLeft<28>(hn::And(q, hn::Set(du, 8u)));
-    return hn::Mul(hn::Or(magnitude, hn::BitCast(df, sign)), hn::Set(df, s.s));
+    if constexpr (kLanes >= 16) {
+      // All 16 signed values fit one vector: the nibble is the index, −0 included.
+      const auto value = hn::TableLookupLanes(hn::Load(df, formats::e2m1::kValues), hn::IndicesFromVec(df, hn::BitCast(di, q)));
+      return hn::Mul(value, hn::Set(df, s.s));
+    } else {
+      const auto index = hn::BitCast(di, hn::And(q, hn::Set(du, 7u)));
+      const auto magnitude = hn::TableLookupLanes(hn::Load(df, kMagnitudes), hn::IndicesFromVec(df, index));
+      const auto sign = hn::ShiftLeft<28>(hn::And(q, hn::Set(du, 8u)));
+      return hn::Mul(hn::Or(magnitude, hn::BitCast(df, sign)), hn::Set(df, s.s));
+    }
   }
 };
 

@@ -19,7 +19,7 @@
 namespace moekit::kernels::formats::e2m1 {
 
 /// The 16 values of an e2m1 nibble (−0 for 8, as the references' tables have it).
-inline constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+alignas(64) inline constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 /// Nibble k of a row.
