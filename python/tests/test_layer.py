@@ -151,3 +151,27 @@ def test_bf16_compute_mode_refuses_f32_weights():
     layer = moekit.load_moe_layer(str(GOLDENS / "deepseek_v3"), 1)
     with pytest.raises(ValueError, match="experts.gate is f32"):
         layer.set_bf16_activations(True)
+
+
+def test_mxfp4_release_loads_in_place():
+    """GPT-OSS as OpenAI ships it (tests/goldens/formats/, decoded by transformers' own code)."""
+    d = GOLDENS.parent / "formats" / "mxfp4_gpt_oss"
+    layer = moekit.load_moe_layer(str(d), 1)
+    assert layer.mapped and layer.layout == "mxfp4_interleaved"
+    x = np.load(d / "input.npy")
+    assert rel_err(layer.forward(x), np.load(d / "output.npy")) <= 1e-5
+    w = layer.weights
+    # The stored bytes and e8m0 scales, as views: gate = the even rows of gate_up_proj_blocks.
+    header, start = read_header(d / "model.safetensors")
+    raw = np.fromfile(d / "model.safetensors", dtype=np.uint8)
+    info = header["model.layers.1.mlp.experts.gate_up_proj_blocks"]
+    a, b = info["data_offsets"]
+    blocks = raw[start + a : start + b].reshape(8, 64, 32)  # [E, 2F, D / 2] bytes
+    gate = w["experts.gate"]
+    gate0 = gate[0] if isinstance(gate, list) else gate[0]
+    assert gate0.dtype == np.uint8 and gate0.shape == (32, 32)
+    np.testing.assert_array_equal(gate0, blocks[0, 0::2])
+    scales = w["experts.gate.scales"]
+    s0 = scales[0] if isinstance(scales, list) else scales[0]
+    assert s0.dtype == np.uint8 and s0.shape == (32, 2)
+    assert "experts.gate.biases" not in w
