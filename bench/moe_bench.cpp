@@ -250,9 +250,14 @@ void BM_GemmAffine(benchmark::State& state) {
   Tensor scales = to_dtype(randn({N, K / G}, rng, 0.01f), DType::bf16), biases = to_dtype(randn({N, K / G}, rng, 0.01f), DType::bf16);
   kernels::WeightMatrix B{w.data(), DType::f32, K};
   if (bits > 0)
-    B = {codes.data(), DType::u32, K * bits / 32, kernels::WeightLayout::rows,
-         WeightFormat::mlx_affine(static_cast<int>(bits), static_cast<int>(G), DType::bf16), scales.data(),
-         biases.data(), K / G};
+    B = {codes.data(),
+         DType::u32,
+         K * bits / 32,
+         kernels::WeightLayout::rows,
+         WeightFormat::mlx_affine(static_cast<int>(bits), static_cast<int>(G), DType::bf16),
+         scales.data(),
+         biases.data(),
+         K / G};
   B.int8_activations = state.range(2) != 0;  // the fast mode (4 and 8 bits, R <= 8)
   for (auto _ : state) {
     kernels::gemm_nt({x.data_as<float>(), K}, B, {c.data_as<float>(), N}, R, N, K, kernels::Threads::caller);

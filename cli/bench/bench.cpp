@@ -118,7 +118,10 @@ Row make_row(const BenchShape& s, const WeightFormat& format, const std::string&
   row.saved_bytes_per_token = t.saved_bytes;
   row.shape = s.name;
   row.dtype = format.name();
-  row.layout = format.mxfp4 ? "mxfp4" : format.quantized() ? "affine" : format.bf16_act && layout == "panels" ? "amx_tiles" : layout;
+  row.layout = format.mxfp4                            ? "mxfp4"
+               : format.quantized()                    ? "affine"
+               : format.bf16_act && layout == "panels" ? "amx_tiles"
+                                                       : layout;
   row.tokens = T;
   row.threads = static_cast<int>(nt);
   const double med = median_of(t.secs);

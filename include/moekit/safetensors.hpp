@@ -21,7 +21,8 @@ namespace moekit {
 struct TensorInfo {
   std::string name;
   std::string dtype_name;         ///< as in the file: "F32", "BF16", "F8_E4M3", ...
-  std::optional<DType> dtype;     ///< set for the dtypes moekit computes on or carries (F32, BF16, F16, I32, U8, U32, F8_E4M3, F8_E8M0)
+  std::optional<DType>
+      dtype;  ///< set for the dtypes moekit computes on or carries (F32, BF16, F16, I32, U8, U32, F8_E4M3, F8_E8M0)
   std::size_t element_size = 0;   ///< bytes per element of dtype_name; 0 for sub-byte types (F4, F6_*)
   Shape shape;
   std::size_t begin = 0, end = 0;  ///< byte range inside the data buffer

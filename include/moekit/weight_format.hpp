@@ -30,9 +30,9 @@ enum class Element : std::uint8_t {
 /// A weight format. Plain float matrices use the default (Element::plain).
 struct WeightFormat {
   Element element = Element::plain;
-  int bits = 0;        ///< bits per stored element (quantized formats)
-  int block_rows = 1;  ///< outputs (rows) one scale covers
-  int block_cols = 0;  ///< inputs (columns) one scale covers: the group size; 0 without scales
+  int bits = 0;                    ///< bits per stored element (quantized formats)
+  int block_rows = 1;              ///< outputs (rows) one scale covers
+  int block_cols = 0;              ///< inputs (columns) one scale covers: the group size; 0 without scales
   DType scale_dtype = DType::f32;  ///< how a scale (and a bias) is stored
   bool has_bias = false;           ///< a bias beside every scale (MLX affine)
 

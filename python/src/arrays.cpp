@@ -23,7 +23,8 @@ dl::dtype to_dlpack(DType dtype, Framework framework) {
     case DType::i32: return nb::dtype<std::int32_t>();
     case DType::u8:
     case DType::f8_e4m3:  // raw bytes: numpy and DLPack consumers read the encoding from the name
-    case DType::f8_e8m0: return nb::dtype<std::uint8_t>();
+    case DType::f8_e8m0:
+      return nb::dtype<std::uint8_t>();
     case DType::u32: return nb::dtype<std::uint32_t>();
   }
   throw std::invalid_argument("[moekit] unknown dtype");
@@ -76,8 +77,10 @@ const char* python_dtype_name(DType dtype) noexcept {
     case DType::i32: return "int32";
     case DType::u8: return "uint8";
     case DType::u32: return "uint32";
-    case DType::f8_e4m3: return "float8_e4m3fn";
-    case DType::f8_e8m0: return "float8_e8m0fnu";
+    case DType::f8_e4m3:
+      return "float8_e4m3fn";
+    case DType::f8_e8m0:
+      return "float8_e8m0fnu";
   }
   return "unknown";
 }

@@ -129,9 +129,7 @@ ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int6
       throw std::out_of_range(MOEKIT_MSG("[moekit::dist::select_experts] expert " << e << " outside [0, " << E
                                                                                    << ")"));
   ExpertWeights out;
-  const auto pick = [&](const ExpertMatrix& m) {
-    return m.defined() ? m.select(ids) : m;
-  };
+  const auto pick = [&](const ExpertMatrix& m) { return m.defined() ? m.select(ids) : m; };
   const auto rows_of = [&](const Tensor& b) {
     if (b.numel() == 0) return Tensor();
     Tensor t({static_cast<std::int64_t>(ids.size()), b.dim(1)}, DType::f32);

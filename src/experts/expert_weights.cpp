@@ -50,7 +50,8 @@ namespace {
 // Bytes of one matrix of every expert in `layout`.
 std::size_t matrix_bytes(const ExpertMatrix& m, MatrixLayout layout) {
   if (m.quantized() || layout == MatrixLayout::rows)
-    return static_cast<std::size_t>(m.num_experts()) * kernels::formats::matrix_bytes(m.format, m.dtype, m.rows, m.cols);
+    return static_cast<std::size_t>(m.num_experts()) *
+           kernels::formats::matrix_bytes(m.format, m.dtype, m.rows, m.cols);
   const std::int64_t per = layout == MatrixLayout::panels ? kernels::panel_elements(m.rows, m.cols)
                                                           : kernels::amx_tile_elements(m.rows, m.cols);
   return static_cast<std::size_t>(m.num_experts() * per) * dtype_size(m.dtype);
@@ -116,10 +117,10 @@ void validate_bf16_activations(const ExpertWeights& w, const char* what) {
     const ExpertMatrix& m = *item.first;
     if (!m.defined()) continue;
     if (m.quantized() || m.dtype != DType::bf16 || m.layout == MatrixLayout::panels)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit] the bf16 compute mode multiplies bf16 weights read in rows "
-                                             "layout, but "
-                                             << what << "." << item.second << " is "
-                                             << (m.packed() ? "packed in panels, " : "") << m.describe()));
+      throw std::invalid_argument(MOEKIT_MSG(
+          "[moekit] the bf16 compute mode multiplies bf16 weights read in rows "
+          "layout, but "
+          << what << "." << item.second << " is " << (m.packed() ? "packed in panels, " : "") << m.describe()));
   }
 }
 
@@ -179,8 +180,8 @@ void check_quantized(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
   const kernels::formats::FormatTraits& t = kernels::formats::traits(m.format.element);
   if (const std::string why = t.check(m.format, m.rows, m.cols); !why.empty()) fail(why);
   if (m.dtype != t.container)
-    fail(MOEKIT_MSG(t.name << " elements are stored as " << dtype_name(t.container) << ", got "
-                           << dtype_name(m.dtype)));
+    fail(
+        MOEKIT_MSG(t.name << " elements are stored as " << dtype_name(t.container) << ", got " << dtype_name(m.dtype)));
   if (m.packed()) fail("a quantized matrix cannot be in a packed float layout (panels, AMX tiles)");
   const std::int64_t per_row = t.row_elements(m.format, m.cols);
   if (m.row_stride < per_row)
@@ -189,7 +190,8 @@ void check_quantized(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
   if (m.scale_stride < groups) fail(MOEKIT_MSG("scale_stride " << m.scale_stride << " < groups " << groups));
   const auto count = [](const std::vector<const void*>& v) { return static_cast<std::int64_t>(v.size()); };
   if (count(m.scales) != E || count(m.biases) != (m.format.has_bias ? E : 0))
-    fail(m.format.has_bias ? "needs scales and biases for every expert" : "needs scales (and no biases) for every expert");
+    fail(m.format.has_bias ? "needs scales and biases for every expert"
+                           : "needs scales (and no biases) for every expert");
   const std::size_t sa = dtype_size(m.format.scale_dtype);
   for (std::int64_t e = 0; e < E; ++e) {
     const auto i = static_cast<std::size_t>(e);

@@ -83,7 +83,8 @@ class BlockReader {
       if (!ckpt_->contains(name))
         fail(t, MOEKIT_MSG("is missing, expected U8 " << shape_str(shape) << " (MXFP4, quant_method mxfp4)"));
       const TensorInfo& info = ckpt_->info(name);
-      if (info.shape != shape) fail(t, MOEKIT_MSG("has shape " << shape_str(info.shape) << ", expected " << shape_str(shape)));
+      if (info.shape != shape)
+        fail(t, MOEKIT_MSG("has shape " << shape_str(info.shape) << ", expected " << shape_str(shape)));
       if (info.dtype_name != "U8") fail(t, "has dtype " + info.dtype_name + ", expected U8 (MXFP4)");
       return ckpt_->view(name);
     };
@@ -93,8 +94,8 @@ class BlockReader {
     for (std::int64_t i = 0; i < s.numel(); ++i)
       if (e8[i] == 0xFF)
         fail(scales, MOEKIT_MSG("has the e8m0 NaN (0xFF) at flat index " << i << " (expert " << i / (out * in / 32)
-                                                                       << ", row " << i / (in / 32) % out << ", group "
-                                                                       << i % (in / 32) << ")"));
+                                                                         << ", row " << i / (in / 32) % out
+                                                                         << ", group " << i % (in / 32) << ")"));
     ExpertMatrix m = ExpertMatrix::stacked(TensorView(b.data(), {E, out, in / 2}, DType::u8));
     m.cols = in;  // row_stride stays the bytes per row
     m.format = WeightFormat::mxfp4();
@@ -184,12 +185,11 @@ void append_expert(ExpertMatrix& all, const ExpertMatrix& part, const std::strin
     return;
   }
   if (part.describe() != all.describe())
-    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": " << what << " mixes "
-                                                                    << (part.quantized() || all.quantized() ? "formats"
-                                                                                                             : "dtypes")
-                                                                    << " across experts (expert 0: " << all.describe()
-                                                                    << ", expert " << all.num_experts() << ": "
-                                                                    << part.describe() << ")"));
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] "
+                                        << file << ": " << what << " mixes "
+                                        << (part.quantized() || all.quantized() ? "formats" : "dtypes")
+                                        << " across experts (expert 0: " << all.describe() << ", expert "
+                                        << all.num_experts() << ": " << part.describe() << ")"));
   all.experts.push_back(part.experts.front());
   if (part.quantized()) all.scales.push_back(part.scales.front());
   if (!part.biases.empty()) all.biases.push_back(part.biases.front());
@@ -260,8 +260,8 @@ void split_gate_up(const ExpertMatrix& gu, bool interleaved, std::int64_t F, Exp
 
 // Biases of a fused gate_up (gate and up interleaved or in halves) and of down, as f32 [E, F] /
 // [E, D].
-void load_fused_biases(const BlockReader& r, const MoeConfig& c, const std::string& gu_name,
-                       const std::string& dn_name, ExpertWeights& ex) {
+void load_fused_biases(const BlockReader& r, const MoeConfig& c, const std::string& gu_name, const std::string& dn_name,
+                       ExpertWeights& ex) {
   const std::int64_t E = c.router.num_experts, D = c.hidden_size, F = c.expert_width;
   const bool il = c.names.fused_interleaved;
   const Tensor gub = r.get_f32(gu_name + "_bias", {E, 2 * F});
@@ -300,9 +300,8 @@ std::string load_fused(const BlockReader& r, const MoeConfig& c, ExpertWeights& 
       return (e * D + d) * 2 * F + (il ? 2 * f + 1 : F + f);
     }));
     const TensorView dn = r.get(dn_name, {E, F, D});
-    auto down = std::make_shared<Tensor>(gather_copy(dn, E, D, F, [&](std::int64_t e, std::int64_t d, std::int64_t f) {
-      return (e * F + f) * D + d;
-    }));
+    auto down = std::make_shared<Tensor>(
+        gather_copy(dn, E, D, F, [&](std::int64_t e, std::int64_t d, std::int64_t f) { return (e * F + f) * D + d; }));
     ex.gate = ExpertMatrix::stacked(*gate);
     ex.up = ExpertMatrix::stacked(*up);
     ex.down = ExpertMatrix::stacked(*down);
@@ -331,14 +330,12 @@ void load_per_expert(const BlockReader& r, const MoeConfig& c, ExpertWeights& ex
   const bool gated = is_gated(c.body);
   const std::string e0 = n.experts + ".0.";
   const std::string first = e0 + (gated ? n.gate_proj : n.up_proj) + ".weight";
-  if (!r.has(e0 + n.gate_proj + ".weight") && !r.has(e0 + n.up_proj + ".weight") && !r.has(e0 + n.down_proj + ".weight"))
-    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << r.checkpoint()->path()
-                                                                    << ": no routed experts found; tried '"
-                                                                    << r.full(first) << "' (per_expert), '"
-                                                                    << r.full(n.experts + ".gate_up_proj")
-                                                                    << "' (fused) and '"
-                                                                    << r.full("switch_mlp.up_proj.weight")
-                                                                    << "' (switch_mlp)"));
+  if (!r.has(e0 + n.gate_proj + ".weight") && !r.has(e0 + n.up_proj + ".weight") &&
+      !r.has(e0 + n.down_proj + ".weight"))
+    throw std::runtime_error(MOEKIT_MSG(
+        "[moekit::load_moe_layer] " << r.checkpoint()->path() << ": no routed experts found; tried '" << r.full(first)
+                                    << "' (per_expert), '" << r.full(n.experts + ".gate_up_proj") << "' (fused) and '"
+                                    << r.full("switch_mlp.up_proj.weight") << "' (switch_mlp)"));
   const std::string& file = r.checkpoint()->path();
   for (std::int64_t e = 0; e < E; ++e) {
     const std::string p = n.experts + "." + std::to_string(e) + ".";

@@ -49,12 +49,12 @@ struct DTypeSpec {
 
 const std::vector<DTypeSpec>& dtype_specs() {
   static const std::vector<DTypeSpec> kSpecs = {
-      {"BOOL", 8, std::nullopt},    {"U8", 8, DType::u8},         {"I8", 8, std::nullopt},
+      {"BOOL", 8, std::nullopt},    {"U8", 8, DType::u8},           {"I8", 8, std::nullopt},
       {"F8_E5M2", 8, std::nullopt}, {"F8_E4M3", 8, DType::f8_e4m3}, {"F8_E8M0", 8, DType::f8_e8m0},
-      {"I16", 16, std::nullopt},    {"U16", 16, std::nullopt},    {"F16", 16, DType::f16},
-      {"BF16", 16, DType::bf16},    {"I32", 32, DType::i32},      {"U32", 32, DType::u32},
-      {"F32", 32, DType::f32},      {"F64", 64, std::nullopt},    {"I64", 64, std::nullopt},
-      {"U64", 64, std::nullopt},    {"F4", 4, std::nullopt},      {"F6_E2M3", 6, std::nullopt},
+      {"I16", 16, std::nullopt},    {"U16", 16, std::nullopt},      {"F16", 16, DType::f16},
+      {"BF16", 16, DType::bf16},    {"I32", 32, DType::i32},        {"U32", 32, DType::u32},
+      {"F32", 32, DType::f32},      {"F64", 64, std::nullopt},      {"I64", 64, std::nullopt},
+      {"U64", 64, std::nullopt},    {"F4", 4, std::nullopt},        {"F6_E2M3", 6, std::nullopt},
       {"F6_E3M2", 6, std::nullopt}, {"C64", 64, std::nullopt},
   };
   return kSpecs;

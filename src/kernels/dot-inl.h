@@ -15,13 +15,14 @@
 #define MOEKIT_KERNELS_DOT_INL_H_
 #endif
 
+#include <hwy/highway.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "kernels/gemm.hpp"
 #include "kernels/outer-inl.h"  // WidenLoad, ARows, LoadA, StoreDotTile, DF
 #include "kernels/prefetch.hpp"
-#include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
@@ -98,8 +99,7 @@ HWY_INLINE void PlainTile(const ARows<MR>& a_rows, const BV& B, hn::Vec<DF> (&ac
 // decode() turns lanes k .. k + lanes - 1 of a row into f32 weights in registers. A group is a
 // whole number of vectors (the format's dispatch checks it), so there is no tail.
 template <bool kScaled, int MR, int NR, class BV>
-HWY_INLINE void GroupedTile(const ARows<MR>& a_rows, const BV& view, hn::Vec<DF> (&acc)[MR][NR], int64_t n,
-                            int64_t K) {
+HWY_INLINE void GroupedTile(const ARows<MR>& a_rows, const BV& view, hn::Vec<DF> (&acc)[MR][NR], int64_t n, int64_t K) {
   const BV B = view;  // a local copy: its fields stay in registers across the tile
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
@@ -144,8 +144,8 @@ HWY_INLINE void Tile(const ARows<MR>& a_rows, const BV& B, const Output& C, int6
 }
 
 template <bool kScaled, int MR, class BV>
-HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64_t m, int64_t n0,
-                         int64_t n1, int64_t K, NextRows& pf) {
+HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64_t m, int64_t n0, int64_t n1, int64_t K,
+                         NextRows& pf) {
   int64_t n = n0;
   // A single row (decode) has no A reuse to gain from tall tiles; 8 columns give 8 independent
   // FMA chains and 8 weight streams in flight instead of 4.
@@ -160,8 +160,8 @@ HWY_INLINE void RowStrip(const ARows<MR>& a, const BV& B, const Output& C, int64
 }
 
 template <int MR, class BV>
-HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_t m, int64_t n0,
-                        int64_t n1, int64_t K, NextRows& pf) {
+HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_t m, int64_t n0, int64_t n1, int64_t K,
+                        NextRows& pf) {
   const auto a = ARows<MR>::Of(A, m);
   if (A.scale) {
     RowStrip<true, MR>(a, B, C, m, n0, n1, K, pf);
@@ -175,8 +175,8 @@ HWY_INLINE void StripOf(const RowSource& A, const BV& B, const Output& C, int64_
 constexpr int kMaxRows = HWY_MAX_BYTES >= 64 ? 6 : 3;
 
 template <class BV>
-HWY_INLINE void Strip(int rows, const RowSource& A, const BV& B, const Output& C, int64_t m,
-                      int64_t n0, int64_t n1, int64_t K, NextRows& pf) {
+HWY_INLINE void Strip(int rows, const RowSource& A, const BV& B, const Output& C, int64_t m, int64_t n0, int64_t n1,
+                      int64_t K, NextRows& pf) {
   switch (rows) {
     case 1:
       return StripOf<1>(A, B, C, m, n0, n1, K, pf);

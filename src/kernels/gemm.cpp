@@ -3,6 +3,8 @@
 // Work is split over rows or columns of C only, never over the reduction dimension, and every
 // kernel computes an element the same way wherever its tile starts, so the split (and so the
 // thread count) never changes a bit.
+#include "kernels/gemm.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -10,7 +12,6 @@
 
 #include "kernels/amx.hpp"
 #include "kernels/formats/table.hpp"
-#include "kernels/gemm.hpp"
 #include "moekit/threading.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
@@ -120,7 +121,8 @@ void check_weights(const char* fn, const WeightMatrix& B, bool quantized_ok) {
   if (!B.quantized()) {
     if (is_float(B.dtype)) return;
     throw std::invalid_argument(MOEKIT_MSG("[moekit::kernels::" << fn << "] plain weights of dtype "
-                                                                << dtype_name(B.dtype) << " (expected f32, bf16 or f16)"));
+                                                                << dtype_name(B.dtype)
+                                                                << " (expected f32, bf16 or f16)"));
   }
   if (!formats::known(B.format.element))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::kernels::" << fn << "] unknown weight format (element "

@@ -137,7 +137,6 @@ inline float load_f32(const void* base, DType dtype, std::int64_t i) {
   return static_cast<const float*>(base)[i];
 }
 
-
 /// Dequantizes rows [n0, n0 + rows) of an affine-quantized [N, K] matrix into dst [rows, K] f32,
 /// with exactly the values the kernels multiply by (w = fma(scale, q, bias)).
 void dequantize_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst);
@@ -294,8 +293,8 @@ namespace detail {
 // The single-threaded kernels behind the drivers, one per micro-kernel family.
 void gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
-void gemm_nt_quant_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                           std::int64_t N, std::int64_t K);
+void gemm_nt_quant_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                          std::int64_t K);
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
 // The fast mode's kernel and whether it takes B with M rows of A. `path` picks its

@@ -459,12 +459,13 @@ bool amx_int8_allowed() noexcept {
 }  // namespace
 
 bool detail::amx_int8_takes(const WeightMatrix& B) noexcept {
-  return amx_int8_allowed() && B.format.element == Element::affine && (B.format.bits == 4 || B.format.bits == 8) && B.format.block_cols % 64 == 0;
+  return amx_int8_allowed() && B.format.element == Element::affine && (B.format.bits == 4 || B.format.bits == 8) &&
+         B.format.block_cols % 64 == 0;
 }
 
 bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M) {
-  return B.int8_activations && B.format.element == Element::affine && (B.format.bits == 4 || B.format.bits == 8) && B.format.block_cols % 32 == 0 &&
-         (M <= kInt8MaxRows || amx_int8_takes(B));
+  return B.int8_activations && B.format.element == Element::affine && (B.format.bits == 4 || B.format.bits == 8) &&
+         B.format.block_cols % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
 }
 
 bool detail::int8_path_supported(Int8Path path) noexcept {

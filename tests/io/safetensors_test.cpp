@@ -125,13 +125,12 @@ TEST(SafetensorsTest, EmptyDataBufferAndNoTensors) {
 
 TEST(SafetensorsTest, NonComputableDtypeListedButViewThrows) {
   const std::string name = "fp8.safetensors";
-  const auto f = SafetensorsFile::from_bytes(
-      safetensors_image({{"a", "F32", {1}, to_bytes(std::vector<float>{1})},
-                         {"w8", "F8_E5M2", {2, 2}, {1, 2, 3, 4}},
-                         {"e4m3", "F8_E4M3", {2}, {0x38, 0xC4}},
-                         {"packed", "F4", {6}, {0x12, 0x34, 0x56}},
-                         {"c", "C64", {1}, std::vector<std::uint8_t>(8)}}),
-      name);
+  const auto f = SafetensorsFile::from_bytes(safetensors_image({{"a", "F32", {1}, to_bytes(std::vector<float>{1})},
+                                                                {"w8", "F8_E5M2", {2, 2}, {1, 2, 3, 4}},
+                                                                {"e4m3", "F8_E4M3", {2}, {0x38, 0xC4}},
+                                                                {"packed", "F4", {6}, {0x12, 0x34, 0x56}},
+                                                                {"c", "C64", {1}, std::vector<std::uint8_t>(8)}}),
+                                             name);
   const TensorInfo& info = f->info("w8");
   EXPECT_EQ(info.dtype_name, "F8_E5M2");
   EXPECT_FALSE(info.dtype.has_value());

@@ -2,6 +2,8 @@
 // dequantize_rows, every bits x group size x scale dtype on every target, bit for bit to the
 // dequantized matrix): the unpacking against an independent bit-stream packer, the value as one
 // rounding, the scalar reference reading quantized weights, and thread-count independence.
+#include "kernels/formats/affine.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "kernels/gemm.hpp"
-#include "kernels/formats/affine.hpp"
 #include "kernels/ref/gemm_ref.hpp"
 #include "moekit/threading.hpp"
 #include "util/affine.hpp"
@@ -35,8 +36,8 @@ struct QuantMatrix {
     words = pack_codes(codes, N, K, bits, ld);
     scales = to_dtype(randn({N, sld}, rng, 0.02f), sdt);
     biases = to_dtype(randn({N, sld}, rng, 0.1f), sdt);
-    w = {words.data(), DType::u32, ld, kernels::WeightLayout::rows,
-         WeightFormat::mlx_affine(bits, group, sdt), scales.data(), biases.data(), sld};
+    w = {words.data(),  DType::u32,    ld, kernels::WeightLayout::rows, WeightFormat::mlx_affine(bits, group, sdt),
+         scales.data(), biases.data(), sld};
   }
   // The materialised dequantized matrix, [N, K] f32, from the scalar reference.
   Tensor dense(std::int64_t N, std::int64_t K) const {

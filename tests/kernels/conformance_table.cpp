@@ -416,8 +416,8 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
   f->name = "q" + std::to_string(bits) + "g" + std::to_string(group) + dtype_name(scale_dtype);
   f->make = [=](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
     const Quantized q = quantize_affine(randn({rows, cols}, rng, 0.05f), bits, group, scale_dtype);
-    const std::int64_t words = ld > 0 ? ld : kernels::formats::affine::words(cols, bits) + 1,
-                       groups = cols / group, sld = groups + 2;
+    const std::int64_t words = ld > 0 ? ld : kernels::formats::affine::words(cols, bits) + 1, groups = cols / group,
+                       sld = groups + 2;
     Weights w;
     std::vector<std::uint32_t> padded(static_cast<std::size_t>(rows * words));
     for (auto& v : padded) v = static_cast<std::uint32_t>(rng());
@@ -453,12 +453,7 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
     kernels::ref::dequantize(w, rows, cols, d.data_as<float>());
     return d;
   };
-  f->runs = {{Mode::f32,
-              Layout::quant,
-              Op::nt,
-              Criterion::dense_bitwise,
-              highway_paths(),
-              {exact_tails(group)}}};
+  f->runs = {{Mode::f32, Layout::quant, Op::nt, Criterion::dense_bitwise, highway_paths(), {exact_tails(group)}}};
   if (bits == 4 || bits == 8) {  // the fast mode's codes
     std::vector<Shapes> sets = {int8_tails(group)};
     if (group == 64 &&
@@ -500,8 +495,8 @@ std::shared_ptr<const WeightFormat> mxfp4_format() {
       const std::uint32_t r = rng() % 64;
       s[i] = static_cast<std::uint8_t>(r == 0 ? 0 : r == 1 ? 130 : 119 + r % 6);
     }
-    w.w = {w.data.data(), DType::u8, bytes, kernels::WeightLayout::rows, moekit::WeightFormat::mxfp4(),
-           w.scales.data(), nullptr, sld};
+    w.w = {w.data.data(),   DType::u8, bytes, kernels::WeightLayout::rows, moekit::WeightFormat::mxfp4(),
+           w.scales.data(), nullptr,   sld};
     return w;
   };
   f->decode = [](const WeightMatrix& w, std::int64_t rows, std::int64_t cols) {

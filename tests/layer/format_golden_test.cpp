@@ -52,8 +52,8 @@ TEST(Mxfp4Golden, LoadsInPlaceAndMatchesTransformers) {
 
 // One expert's [rows, cols] decoded by the format's scalar reference and by the kernels, each
 // compared bit for bit (−0 included) with the reference's rows `first, first + step, ...`.
-void expect_decoded(const ExpertMatrix& m, std::int64_t e, const TensorView& ref, std::int64_t first,
-                    std::int64_t step, const char* what) {
+void expect_decoded(const ExpertMatrix& m, std::int64_t e, const TensorView& ref, std::int64_t first, std::int64_t step,
+                    const char* what) {
   const std::int64_t rows = m.rows, cols = m.cols;
   const kernels::WeightMatrix w = weight_matrix(m, e);
   std::vector<float> scalar(static_cast<std::size_t>(rows * cols)), simd(scalar.size());
@@ -160,10 +160,12 @@ TEST(Mxfp4Errors, MisShapedBlocksOrScales) {
 }
 
 TEST(Mxfp4Errors, ConfigAndTensorsMustAgree) {
-  expect_error(mutated("unknown_method", [](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "gptq"; },
-                       kKeepTensors),
-               {"quant_method 'gptq'", "supported: mxfp4"});
-  expect_error(mutated("no_method", [](nlohmann::json& c) { c.erase("quantization_config"); }, kKeepTensors),
+  expect_error(
+      mutated(
+          "unknown_method", [](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "gptq"; }, kKeepTensors),
+      {"quant_method 'gptq'", "supported: mxfp4"});
+  expect_error(mutated(
+                   "no_method", [](nlohmann::json& c) { c.erase("quantization_config"); }, kKeepTensors),
                {"gate_up_proj_blocks", "holds MXFP4 blocks", "no quant_method 'mxfp4'"});
   expect_error(mutated("no_blocks", kKeepConfig,
                        [](Stored& s) {

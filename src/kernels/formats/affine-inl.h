@@ -12,14 +12,15 @@
 #define MOEKIT_KERNELS_FORMATS_AFFINE_INL_H_
 #endif
 
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
 #include <cstring>
 #include <vector>
 
 #include "kernels/dot-inl.h"
-#include "kernels/formats/codes-inl.h"
 #include "kernels/formats/affine.hpp"
-#include <hwy/cache_control.h>
-#include <hwy/highway.h>
+#include "kernels/formats/codes-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE::affine {
@@ -27,7 +28,7 @@ namespace moekit::kernels::HWY_NAMESPACE::affine {
 // Whether kBits-bit codes are dequantized in registers on this target: unpacked there
 // (kUnpacks), and the dequantization a fused multiply-add.
 template <int kBits>
-constexpr bool kInRegisters = HWY_NATIVE_FMA && kUnpacks<kBits>;
+constexpr bool kInRegisters = HWY_NATIVE_FMA&& kUnpacks<kBits>;
 
 // Codes k .. k + lanes - 1 of a row of K codes (k a multiple of the lane count) as f32.
 template <int kBits>

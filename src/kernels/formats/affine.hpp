@@ -51,8 +51,7 @@ inline std::string check(const WeightFormat& f, std::int64_t, std::int64_t cols)
 }
 
 inline std::string describe(const WeightFormat& f) {
-  return MOEKIT_MSG(f.bits << "-bit affine, group " << f.block_cols << ", " << dtype_name(f.scale_dtype)
-                           << " scales");
+  return MOEKIT_MSG(f.bits << "-bit affine, group " << f.block_cols << ", " << dtype_name(f.scale_dtype) << " scales");
 }
 
 inline constexpr FormatTraits kTraits{"affine", DType::u32, row_elements, check, describe, decode};

@@ -9,11 +9,12 @@
 #define MOEKIT_KERNELS_FORMATS_CODES_INL_H_
 #endif
 
+#include <hwy/highway.h>
+
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/outer-inl.h"  // DF
-#include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
@@ -30,10 +31,10 @@ constexpr int kLanes = static_cast<int>(HWY_MAX_BYTES / sizeof(float));
 // Whether codes of kBits bits are unpacked in registers on this target: a vector's codes must be
 // whole bytes and fit one 64-bit load (3, 5, 6 bits: eight lanes, two words).
 template <int kBits>
-constexpr bool kUnpacks =
-    kLanes > 0 &&
-    (kBits == 8 || ((kBits == 2 || kBits == 4) && kLanes * kBits % 8 == 0 && kLanes * kBits <= 64) ||
-     ((kBits == 3 || kBits == 5 || kBits == 6) && kLanes == 8));
+constexpr bool kUnpacks = kLanes > 0 &&
+                          (kBits == 8 ||
+                           ((kBits == 2 || kBits == 4) && kLanes * kBits % 8 == 0 && kLanes * kBits <= 64) ||
+                           ((kBits == 3 || kBits == 5 || kBits == 6) && kLanes == 8));
 
 // Codes k .. k + lanes - 1 of a row of K codes (k a multiple of the lane count), one per u32
 // lane. Where kUnpacks<kBits> is false this is never called (it returns zeros).
@@ -61,8 +62,8 @@ HWY_INLINE hn::Vec<DU> CodeBits(const std::uint8_t* bytes, int64_t k, int64_t K)
     std::memcpy(&lo, p, 4);
     std::memcpy(&hi, p + kBits / 2, 4);
     constexpr std::uint32_t kHi = 4 * kBits - 8 * (kBits / 2);
-    HWY_ALIGN static constexpr std::uint32_t kShift[8] = {0, kBits, 2 * kBits, 3 * kBits,
-                                                         kHi, kHi + kBits, kHi + 2 * kBits, kHi + 3 * kBits};
+    HWY_ALIGN static constexpr std::uint32_t kShift[8] = {0,   kBits,       2 * kBits,       3 * kBits,
+                                                          kHi, kHi + kBits, kHi + 2 * kBits, kHi + 3 * kBits};
     const auto words = hn::ConcatLowerLower(du, hn::Set(du, hi), hn::Set(du, lo));
     return hn::And(hn::Shr(words, hn::Load(du, kShift)), hn::Set(du, (1u << kBits) - 1u));
 #else

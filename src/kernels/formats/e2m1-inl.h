@@ -13,11 +13,12 @@
 #define MOEKIT_KERNELS_FORMATS_E2M1_INL_H_
 #endif
 
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
 #include "kernels/dot-inl.h"
 #include "kernels/formats/codes-inl.h"
 #include "kernels/formats/e2m1.hpp"
-#include <hwy/cache_control.h>
-#include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE::e2m1 {
@@ -49,7 +50,8 @@ struct E2m1B {
     const auto q = CodeBits<4>(r, k, K);
     if constexpr (kLanes >= 16) {
       // All 16 signed values fit one vector: the nibble is the index, −0 included.
-      const auto value = hn::TableLookupLanes(hn::Load(df, formats::e2m1::kValues), hn::IndicesFromVec(df, hn::BitCast(di, q)));
+      const auto value =
+          hn::TableLookupLanes(hn::Load(df, formats::e2m1::kValues), hn::IndicesFromVec(df, hn::BitCast(di, q)));
       return hn::Mul(value, hn::Set(df, s.s));
     } else {
       const auto index = hn::BitCast(di, hn::And(q, hn::Set(du, 7u)));

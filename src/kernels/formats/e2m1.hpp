@@ -20,7 +20,7 @@ namespace moekit::kernels::formats::e2m1 {
 
 /// The 16 values of an e2m1 nibble (−0 for 8, as the references' tables have it).
 alignas(64) inline constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+                                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 /// Nibble k of a row.
 inline std::uint32_t code(const std::uint8_t* row, std::int64_t k) { return (row[k / 2] >> (4 * (k & 1))) & 0xFu; }
@@ -39,7 +39,8 @@ inline std::string check(const WeightFormat& f, std::int64_t, std::int64_t cols)
   if (f.scale_dtype != DType::f8_e8m0)
     return MOEKIT_MSG("e2m1 scales must be f8_e8m0 (MXFP4), got " << dtype_name(f.scale_dtype));
   if (f.block_cols != 32) return MOEKIT_MSG("MXFP4 groups are 32 inputs, got " << f.block_cols);
-  if (cols % f.block_cols != 0) return MOEKIT_MSG("cols " << cols << " is not a multiple of the group " << f.block_cols);
+  if (cols % f.block_cols != 0)
+    return MOEKIT_MSG("cols " << cols << " is not a multiple of the group " << f.block_cols);
   if (f.has_bias) return "e2m1 groups have no bias";
   return {};
 }

@@ -31,8 +31,8 @@ const FormatTraits& traits(Element element) {
     case Element::plain:
       break;
   }
-  throw std::invalid_argument(MOEKIT_MSG("[moekit::formats] element " << static_cast<int>(element)
-                                                                      << " is not a quantized weight format"));
+  throw std::invalid_argument(
+      MOEKIT_MSG("[moekit::formats] element " << static_cast<int>(element) << " is not a quantized weight format"));
 }
 
 DType container_dtype(const WeightFormat& f, DType plain) {
