@@ -1,9 +1,10 @@
 // libFuzzer target: untrusted bytes into the safetensors and .npy parsers, and every image that
-// parses into the MoE loader's quantized paths (an MLX affine-quantized Qwen3-MoE block: codes,
-// scales, biases, quantized router) and one forward of what loads. Any input must either parse /
-// load or throw a std::exception; a crash, sanitizer report, leak or any other exception type is
-// a bug. Run through scripts/fuzz.sh, which first writes a valid quantized image as a seed
-// (MOEKIT_FUZZ_WRITE_SEED=path, see LLVMFuzzerInitialize).
+// parses into the MoE loader's quantized paths — an MLX affine-quantized Qwen3-MoE block (codes,
+// scales, biases, quantized router) and a GPT-OSS block in MXFP4 as OpenAI ships it (blocks, e8m0
+// scales, biases) — and one forward of what loads. Any input must either parse / load or throw a
+// std::exception; a crash, sanitizer report, leak or any other exception type is a bug. Run
+// through scripts/fuzz.sh, which first writes a valid image of each as a seed
+// (MOEKIT_FUZZ_WRITE_SEED=path, MOEKIT_FUZZ_WRITE_MXFP4_SEED=path; see LLVMFuzzerInitialize).
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -33,6 +34,36 @@ const moekit::MoeConfig& quantized_config() {
   return c;
 }
 
+// GPT-OSS with MXFP4 experts (quant_method mxfp4), the same small dimensions.
+const moekit::MoeConfig& mxfp4_config() {
+  static const moekit::MoeConfig c = moekit::parse_hf_config(R"({
+    "model_type": "gpt_oss", "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 1,
+    "num_local_experts": 2, "num_experts_per_tok": 1, "quantization_config": {"quant_method": "mxfp4"}})");
+  return c;
+}
+
+// A valid image of it: blocks of counting bytes (every e2m1 value), e8m0 scales around 2^-6,
+// f32 router and biases.
+std::vector<std::uint8_t> mxfp4_seed_image() {
+  using moekit::testing::SafetensorsEntry;
+  std::vector<SafetensorsEntry> es;
+  const std::string b = "model.layers.0.mlp.";
+  const auto floats = [](std::size_t n, float v) { return moekit::testing::to_bytes(std::vector<float>(n, v)); };
+  const auto mx = [&](const std::string& name, std::int64_t out, std::int64_t in) {
+    std::vector<std::uint8_t> blocks(static_cast<std::size_t>(kE * out * in / 2));
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<std::uint8_t>(i * 37u + 11u);
+    es.push_back({name + "_blocks", "U8", {kE, out, in / 32, 16}, blocks});
+    es.push_back({name + "_scales", "U8", {kE, out, in / 32}, std::vector<std::uint8_t>(blocks.size() / 16, 121)});
+  };
+  es.push_back({b + "router.weight", "F32", {kE, kD}, floats(kE * kD, 0.03f)});
+  es.push_back({b + "router.bias", "F32", {kE}, floats(kE, 0.0f)});
+  mx(b + "experts.gate_up_proj", 2 * kF, kD);
+  es.push_back({b + "experts.gate_up_proj_bias", "F32", {kE, 2 * kF}, floats(kE * 2 * kF, 0.01f)});
+  mx(b + "experts.down_proj", kD, kF);
+  es.push_back({b + "experts.down_proj_bias", "F32", {kE, kD}, floats(kE * kD, -0.01f)});
+  return moekit::testing::safetensors_image(es);
+}
+
 // A valid image of that block: codes of counting bytes, scales and biases as bf16 (0x3c00 ~ 0.0078).
 std::vector<std::uint8_t> seed_image() {
   using moekit::testing::SafetensorsEntry;
@@ -59,11 +90,12 @@ std::vector<std::uint8_t> seed_image() {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  if (const char* path = std::getenv("MOEKIT_FUZZ_WRITE_SEED")) {
-    const std::vector<std::uint8_t> img = seed_image();
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()),
-                                                static_cast<std::streamsize>(img.size()));
-  }
+  const auto write = [](const char* path, const std::vector<std::uint8_t>& img) {
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(img.data()), static_cast<std::streamsize>(img.size()));
+  };
+  if (const char* path = std::getenv("MOEKIT_FUZZ_WRITE_SEED")) write(path, seed_image());
+  if (const char* path = std::getenv("MOEKIT_FUZZ_WRITE_MXFP4_SEED")) write(path, mxfp4_seed_image());
   return 0;
 }
 
@@ -84,12 +116,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
     (void)sink;
-    try {
-      const moekit::MoeLayer layer = moekit::load_moe_layer(moekit::Checkpoint::from_file(f), quantized_config(), 0);
-      std::vector<float> x(kD);
-      for (std::int64_t i = 0; i < kD; ++i) x[static_cast<std::size_t>(i)] = 0.25f * static_cast<float>(i % 7) - 0.5f;
-      (void)layer.forward(moekit::TensorView(x.data(), {1, kD}, moekit::DType::f32));
-    } catch (const std::exception&) {
+    std::vector<float> x(kD);
+    for (std::int64_t i = 0; i < kD; ++i) x[static_cast<std::size_t>(i)] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+    for (const moekit::MoeConfig* config : {&quantized_config(), &mxfp4_config()}) {
+      try {
+        const moekit::MoeLayer layer = moekit::load_moe_layer(moekit::Checkpoint::from_file(f), *config, 0);
+        (void)layer.forward(moekit::TensorView(x.data(), {1, kD}, moekit::DType::f32));
+      } catch (const std::exception&) {
+      }
     }
   } catch (const std::exception&) {
   }

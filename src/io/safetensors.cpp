@@ -153,20 +153,10 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::from_bytes(std::vector<s
   return f;
 }
 
-void SafetensorsFile::parse(const std::string& name) {
-  if (size_ < 8)
-    fail(name, MOEKIT_MSG("file is " << size_ << " bytes, shorter than the 8-byte header length"));
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | base_[i];
-  if (n > size_ - 8)
-    fail(name, MOEKIT_MSG("header length " << n << " runs past the end of the file (" << size_
-                                           << " bytes)"));
-  if (n > kMaxHeader)
-    fail(name,
-         MOEKIT_MSG("header length " << n << " exceeds the limit of " << kMaxHeader << " bytes"));
-  data_start_ = 8 + static_cast<std::size_t>(n);
-  const std::size_t buffer_size = size_ - data_start_;
+namespace {
 
+// The header's JSON: nesting bounded, duplicate keys in any object rejected, an object at the top.
+Json parse_header_json(const std::string& name, const char* text, std::size_t n) {
   // Parse with a callback that bounds nesting and rejects duplicate keys in any object.
   std::vector<std::set<std::string>> keys;
   const Json::parser_callback_t cb = [&](int depth, Json::parse_event_t event,
@@ -192,7 +182,6 @@ void SafetensorsFile::parse(const std::string& name) {
     return true;
   };
   Json root;
-  const char* text = reinterpret_cast<const char*>(base_ + 8);
   try {
     root = Json::parse(text, text + n, cb);
   } catch (const Json::exception& e) {
@@ -201,97 +190,79 @@ void SafetensorsFile::parse(const std::string& name) {
   if (!root.is_object())
     fail(name, MOEKIT_MSG("header must be a JSON object, got " << root.type_name()));
 
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string& key = it.key();
-    const Json& v = it.value();
-    if (key == "__metadata__") {
-      if (!v.is_object()) fail(name, "__metadata__ must be an object of strings, got " + brief(v));
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          fail(name, "__metadata__ value for \"" + m.key() + "\" must be a string, got " +
-                         brief(m.value()));
-        metadata_[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    if (!v.is_object()) fail_tensor(name, key, "entry must be an object, got " + brief(v));
-    for (auto f = v.begin(); f != v.end(); ++f)
-      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
-        fail_tensor(
-            name, key,
-            "has unexpected field \"" + f.key() + "\" (expected dtype, shape, data_offsets)");
-    for (const char* field : {"dtype", "shape", "data_offsets"})
-      if (!v.contains(field))
-        fail_tensor(name, key, MOEKIT_MSG("is missing field \"" << field << "\""));
+  return root;
+}
 
-    TensorInfo info;
-    info.name = key;
-    info.file = path_;
-    const Json& jd = v.at("dtype");
-    if (!jd.is_string()) fail_tensor(name, key, "dtype must be a string, got " + brief(jd));
-    info.dtype_name = jd.get<std::string>();
-    const DTypeSpec* spec = find_spec(info.dtype_name);
-    if (spec == nullptr)
-      fail_tensor(name, key,
-                  "has unknown dtype \"" + info.dtype_name + "\" (known: " + known_dtypes() + ")");
-    info.dtype = spec->dtype;
-    info.element_size = spec->bits % 8 == 0 ? spec->bits / 8 : 0;
+// One tensor entry {dtype, shape, data_offsets} of the header, checked against the data buffer.
+TensorInfo parse_entry(const std::string& name, const std::string& key, const Json& v, std::size_t buffer_size,
+                       const std::string& file) {
+  if (!v.is_object()) fail_tensor(name, key, "entry must be an object, got " + brief(v));
+  for (auto f = v.begin(); f != v.end(); ++f)
+    if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+      fail_tensor(name, key, "has unexpected field \"" + f.key() + "\" (expected dtype, shape, data_offsets)");
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    if (!v.contains(field)) fail_tensor(name, key, MOEKIT_MSG("is missing field \"" << field << "\""));
+  TensorInfo info;
+  info.name = key;
+  info.file = file;
+  const Json& jd = v.at("dtype");
+  if (!jd.is_string()) fail_tensor(name, key, "dtype must be a string, got " + brief(jd));
+  info.dtype_name = jd.get<std::string>();
+  const DTypeSpec* spec = find_spec(info.dtype_name);
+  if (spec == nullptr)
+    fail_tensor(name, key, "has unknown dtype \"" + info.dtype_name + "\" (known: " + known_dtypes() + ")");
+  info.dtype = spec->dtype;
+  info.element_size = spec->bits % 8 == 0 ? spec->bits / 8 : 0;
 
-    const Json& js = v.at("shape");
-    if (!js.is_array())
+  const Json& js = v.at("shape");
+  if (!js.is_array()) fail_tensor(name, key, "shape must be an array of non-negative integers, got " + brief(js));
+  for (const Json& d : js) {
+    if (!d.is_number_integer() ||
+        (d.is_number_unsigned() ? d.get<std::uint64_t>() > INT64_MAX : d.get<std::int64_t>() < 0))
       fail_tensor(name, key, "shape must be an array of non-negative integers, got " + brief(js));
-    for (const Json& d : js) {
-      if (!d.is_number_integer() ||
-          (d.is_number_unsigned() ? d.get<std::uint64_t>() > INT64_MAX : d.get<std::int64_t>() < 0))
-        fail_tensor(name, key, "shape must be an array of non-negative integers, got " + brief(js));
-      info.shape.push_back(d.get<std::int64_t>());
-    }
-
-    const Json& jo = v.at("data_offsets");
-    if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() ||
-        !jo[1].is_number_unsigned())
-      fail_tensor(name, key, "data_offsets must be two non-negative integers, got " + brief(jo));
-    const std::uint64_t begin = jo[0].get<std::uint64_t>(), end = jo[1].get<std::uint64_t>();
-    if (begin > end)
-      fail_tensor(name, key,
-                  MOEKIT_MSG("has data_offsets [" << begin << ", " << end << "] with begin > end"));
-    if (end > buffer_size)
-      fail_tensor(
-          name, key,
-          MOEKIT_MSG("has data_offsets [" << begin << ", " << end << "] past the end of the "
-                                          << buffer_size << "-byte data buffer"));
-    info.begin = static_cast<std::size_t>(begin);
-    info.end = static_cast<std::size_t>(end);
-
-    std::int64_t numel = 0;
-    try {
-      numel = shape_numel(info.shape);
-    } catch (const std::invalid_argument&) {
-      fail_tensor(name, key,
-                  "has shape " + shape_str(info.shape) + " whose element count overflows");
-    }
-    // Sub-byte types (F4, F6_*) pack elements with no padding, as the reference does: the bit
-    // count must be a whole number of bytes (F4: an even element count).
-    const auto un = static_cast<std::uint64_t>(numel);
-    if (un > UINT64_MAX / spec->bits)
-      fail_tensor(name, key, "has shape " + shape_str(info.shape) + " whose byte size overflows");
-    const std::uint64_t bits = un * spec->bits;
-    if (bits % 8 != 0)
-      fail_tensor(
-          name, key,
-          MOEKIT_MSG("has shape " << shape_str(info.shape) << " of " << info.dtype_name << " ("
-                                  << spec->bits << " bits each), not a whole number of bytes"));
-    if (end - begin != bits / 8)
-      fail_tensor(name, key,
-                  MOEKIT_MSG("has " << end - begin << " bytes but shape " << shape_str(info.shape)
-                                    << " of " << info.dtype_name << " needs " << bits / 8));
-    index_.emplace(key, tensors_.size());
-    tensors_.push_back(std::move(info));
+    info.shape.push_back(d.get<std::int64_t>());
   }
 
-  // Overlap check: sort the non-empty ranges by start; each must start at or after the last end.
+  const Json& jo = v.at("data_offsets");
+  if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned())
+    fail_tensor(name, key, "data_offsets must be two non-negative integers, got " + brief(jo));
+  const std::uint64_t begin = jo[0].get<std::uint64_t>(), end = jo[1].get<std::uint64_t>();
+  if (begin > end)
+    fail_tensor(name, key, MOEKIT_MSG("has data_offsets [" << begin << ", " << end << "] with begin > end"));
+  if (end > buffer_size)
+    fail_tensor(name, key,
+                MOEKIT_MSG("has data_offsets [" << begin << ", " << end << "] past the end of the " << buffer_size
+                                                << "-byte data buffer"));
+  info.begin = static_cast<std::size_t>(begin);
+  info.end = static_cast<std::size_t>(end);
+
+  std::int64_t numel = 0;
+  try {
+    numel = shape_numel(info.shape);
+  } catch (const std::invalid_argument&) {
+    fail_tensor(name, key, "has shape " + shape_str(info.shape) + " whose element count overflows");
+  }
+  // Sub-byte types (F4, F6_*) pack elements with no padding, as the reference does: the bit
+  // count must be a whole number of bytes (F4: an even element count).
+  const auto un = static_cast<std::uint64_t>(numel);
+  if (un > UINT64_MAX / spec->bits)
+    fail_tensor(name, key, "has shape " + shape_str(info.shape) + " whose byte size overflows");
+  const std::uint64_t bits = un * spec->bits;
+  if (bits % 8 != 0)
+    fail_tensor(name, key,
+                MOEKIT_MSG("has shape " << shape_str(info.shape) << " of " << info.dtype_name << " (" << spec->bits
+                                        << " bits each), not a whole number of bytes"));
+  if (end - begin != bits / 8)
+    fail_tensor(name, key,
+                MOEKIT_MSG("has " << end - begin << " bytes but shape " << shape_str(info.shape) << " of "
+                                  << info.dtype_name << " needs " << bits / 8));
+  return info;
+}
+
+// No two non-empty byte ranges overlap: sorted by start, each starts at or after the last end.
+void check_overlaps(const std::string& name, const std::vector<TensorInfo>& tensors) {
   std::vector<const TensorInfo*> order;
-  for (const TensorInfo& t : tensors_)
+  for (const TensorInfo& t : tensors)
     if (t.end > t.begin) order.push_back(&t);
   std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
@@ -303,6 +274,39 @@ void SafetensorsFile::parse(const std::string& name) {
                                   << order[i - 1]->end << ") and '" << order[i]->name << "' ["
                                   << order[i]->begin << ", " << order[i]->end << ") overlap"));
   }
+}
+
+}  // namespace
+
+void SafetensorsFile::parse(const std::string& name) {
+  if (size_ < 8) fail(name, MOEKIT_MSG("file is " << size_ << " bytes, shorter than the 8-byte header length"));
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | base_[i];
+  if (n > size_ - 8)
+    fail(name, MOEKIT_MSG("header length " << n << " runs past the end of the file (" << size_ << " bytes)"));
+  if (n > kMaxHeader)
+    fail(name, MOEKIT_MSG("header length " << n << " exceeds the limit of " << kMaxHeader << " bytes"));
+  data_start_ = 8 + static_cast<std::size_t>(n);
+  const std::size_t buffer_size = size_ - data_start_;
+
+  const Json root = parse_header_json(name, reinterpret_cast<const char*>(base_ + 8), static_cast<std::size_t>(n));
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& key = it.key();
+    const Json& v = it.value();
+    if (key == "__metadata__") {
+      if (!v.is_object()) fail(name, "__metadata__ must be an object of strings, got " + brief(v));
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          fail(name, "__metadata__ value for \"" + m.key() + "\" must be a string, got " + brief(m.value()));
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    TensorInfo info = parse_entry(name, key, v, buffer_size, path_);
+    index_.emplace(key, tensors_.size());
+    tensors_.push_back(std::move(info));
+  }
+  check_overlaps(name, tensors_);
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
