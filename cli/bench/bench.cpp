@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/bench.hpp"
+#include "util/error.hpp"
 #include "commands.hpp"
 #include "experts/expert_rows.hpp"
 #include "format.hpp"
@@ -203,6 +204,12 @@ Plan check_options(const Options& o) {
     for (const WeightFormat& d : p.dtypes)
       if (d.quantized()) throw std::invalid_argument("--mode train needs float weights; " + d.name() + " has no gradient");
   for (const WeightFormat& d : p.dtypes) {
+    const int group = d.spec().group;
+    for (const BenchShape* s : p.shapes)
+      if (d.quantized() && (s->D % group != 0 || s->F % group != 0))
+        throw std::invalid_argument(MOEKIT_MSG("--dtype " << d.name() << " groups " << group
+                                                          << " inputs, which shape " << s->name << " (D = " << s->D
+                                                          << ", F = " << s->F << ") does not divide"));
     if (d.bf16_act && p.train)
       throw std::invalid_argument("--mode train trains f32 parameters; bf16-act is forward only");
     if (d.bf16_act && kernels::bf16_path() != kernels::Bf16Path::amx &&

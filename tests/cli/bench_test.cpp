@@ -208,6 +208,7 @@ TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
       {"--simulate-threads", "2,x"},
       {"--simulate-threads", "4", "--mode", "train"},
       {"--simulate-threads", "4", "--expert-parallel"},
+      {"--dtype", "q4"},  // group 64 does not divide tiny's F = 32
   };
   for (const auto& args : bad) {
     std::vector<std::string> full = {"--dram-mib", "16"};
@@ -221,6 +222,19 @@ TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << what << ": " << r.err;
     EXPECT_EQ(r.out, "") << what;
   }
+}
+
+// A format whose group does not divide the shape: named with the numbers, before anything is built;
+// MXFP4 (group 32) runs on the same shape.
+TEST(BenchCli, AQuantizedFormatMustDivideTheShape) {
+  const BenchRun r = run_bench(tiny({"--dtype", "q4", "--tokens", "1", "--threads", "1"}));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--dtype q4 groups 64 inputs, which shape tiny (D = 64, F = 32) does not divide"),
+            std::string::npos)
+      << r.err;
+  const BenchRun ok = run_bench(tiny({"--dtype", "mxfp4", "--tokens", "1,4", "--threads", "1", "-o", "csv"}));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find(",tiny,mxfp4,mxfp4,4,"), std::string::npos) << ok.out;
 }
 
 }  // namespace
