@@ -6,6 +6,8 @@
 // is random and fresh per call: 8 pre-drawn input batches are cycled, so no call reuses the
 // previous call's experts by construction. Weight GB/s counts the bytes of the experts a call
 // actually touched (distinct experts in its routing, plus the shared experts) over its time.
+#include "bench/bench.hpp"
+
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,13 +19,12 @@
 #include <thread>
 #include <vector>
 
-#include "bench/bench.hpp"
-#include "util/error.hpp"
 #include "commands.hpp"
 #include "experts/expert_rows.hpp"
 #include "format.hpp"
 #include "git_commit.hpp"  // MOEKIT_GIT_COMMIT, generated at build time (cli/CMakeLists.txt)
 #include "kernels/gemm.hpp"
+#include "util/error.hpp"
 #include "util/schedule.hpp"
 
 namespace moekit::cli {
@@ -207,9 +208,9 @@ Plan check_options(const Options& o) {
     const int group = d.spec().group;
     for (const BenchShape* s : p.shapes)
       if (d.quantized() && (s->D % group != 0 || s->F % group != 0))
-        throw std::invalid_argument(MOEKIT_MSG("--dtype " << d.name() << " groups " << group
-                                                          << " inputs, which shape " << s->name << " (D = " << s->D
-                                                          << ", F = " << s->F << ") does not divide"));
+        throw std::invalid_argument(MOEKIT_MSG("--dtype " << d.name() << " groups " << group << " inputs, which shape "
+                                                          << s->name << " (D = " << s->D << ", F = " << s->F
+                                                          << ") does not divide"));
     if (d.bf16_act && p.train)
       throw std::invalid_argument("--mode train trains f32 parameters; bf16-act is forward only");
     if (d.bf16_act && kernels::bf16_path() != kernels::Bf16Path::amx &&

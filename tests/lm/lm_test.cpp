@@ -1,6 +1,8 @@
 // The language model around the MoE blocks: every parameter's gradient by central finite
 // differences of the loss, determinism across threads and micro-batching, a run that overfits a
 // tiny text, the one list of the parameters' members, and the family presets it is built from.
+#include "moekit/lm.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "moekit/lm.hpp"
 #include "moekit/threading.hpp"
 
 namespace moekit {
@@ -96,7 +97,8 @@ TEST_P(LmGradient, EveryParameterMatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, LmGradient,
-                         ::testing::Values("deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss", "llama4_text"));
+                         ::testing::Values("deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss",
+                                           "llama4_text"));
 
 TEST(Lm, DeterministicAcrossThreadsAndMicroBatches) {
   const LmConfig cfg = tiny_lm("deepseek_v3");
@@ -130,7 +132,8 @@ TEST(Lm, DeterministicAcrossThreadsAndMicroBatches) {
   const NamedTensors c = gm.named();
   for (std::size_t i = 0; i < a.size(); ++i)
     for (std::int64_t k = 0; k < a[i].second.numel(); ++k)
-      ASSERT_NEAR(c[i].second.data_as<float>()[k], a[i].second.data_as<float>()[k], 1e-6) << a[i].first << "[" << k << "]";
+      ASSERT_NEAR(c[i].second.data_as<float>()[k], a[i].second.data_as<float>()[k], 1e-6)
+          << a[i].first << "[" << k << "]";
   // The inference loss equals the training forward's, bit for bit.
   LmSaved s;
   const double train_loss = lm.forward_train(whole, s) * 64;
@@ -161,8 +164,8 @@ TEST(Lm, OverfitsATinyText) {
     lm.backward(saved, 1.0 / static_cast<double>(batch.tokens), g, false);
     opt.step(p.named(), g.named(), 1e-2);
   }
-  EXPECT_GT(first, 4.0);   // ~ln 256 at the start
-  EXPECT_LT(last, 0.35);   // the text is memorised (a context of 3 bytes determines the next one)
+  EXPECT_GT(first, 4.0);  // ~ln 256 at the start
+  EXPECT_LT(last, 0.35);  // the text is memorised (a context of 3 bytes determines the next one)
 }
 
 TEST(Lm, ErrorsNameWhatIsWrong) {
@@ -248,7 +251,7 @@ TEST(Presets, EveryFamilyReadsBackWithItsSizes) {
   EXPECT_EQ(parse_hf_config(preset_config_json("deepseek_v3", s)).shared_width, 32);
   EXPECT_FALSE(parse_hf_config(preset_config_json("qwen3_moe", BlockShape{32, 8, 2, 16, 0, 1, false}))
                    .router.has_selection_bias);
-  EXPECT_THROW(preset_config_json("mixtral", s), std::invalid_argument);    // no shared experts
+  EXPECT_THROW(preset_config_json("mixtral", s), std::invalid_argument);      // no shared experts
   EXPECT_THROW(preset_config_json("llama4_text", s), std::invalid_argument);  // exactly one
   EXPECT_THROW(preset_config_json("gpt5", s), std::invalid_argument);
   EXPECT_THROW(preset_config_json("qwen3_moe", BlockShape{32, 8, 9, 16, 0, 1, false}), std::invalid_argument);  // K > E
