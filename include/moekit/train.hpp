@@ -73,9 +73,10 @@ void MoeTensors::for_each(Fn&& fn) const {
   }
 }
 
-/// An owned f32 copy of `layer`'s parameters (float weights of any dtype or layout, panels
-/// included, widened exactly). Throws std::invalid_argument for quantized weights, which have no
-/// trainable float form here.
+/// An owned f32 copy of `layer`'s parameters: float weights of any dtype or layout (panels
+/// included) and quantized ones (MLX affine, MXFP4) widened exactly, to the values the layer's
+/// forward multiplies by — so a block can be fine-tuned from a quantized release; the f32 copy
+/// trains.
 MoeTensors trainable_parameters(const MoeLayer& layer);
 
 /// Fresh parameters for `config` from `seed`: every weight matrix N(0, 1/fan_in) (fan_in = its

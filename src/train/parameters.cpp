@@ -14,9 +14,11 @@ namespace moekit {
 
 namespace {
 
-// Expert e's matrix widened to f32 [rows, cols] at dst (any layout).
+// Expert e's matrix widened to f32 [rows, cols] at dst (any layout; a quantized format decoded
+// exactly, with the values its kernels multiply by).
 void widen_expert(const ExpertMatrix& m, std::int64_t e, float* dst) {
   const std::int64_t R = m.rows, C = m.cols;
+  if (m.quantized()) return kernels::dequantize_rows(weight_matrix(m, e), 0, R, C, dst);
   for (std::int64_t r = 0; r < R; ++r)
     for (std::int64_t c = 0; c < C; ++c) {
       const std::int64_t i = kernels::weight_offset(layout(m.layout), r, c, C, m.row_stride);
@@ -117,16 +119,9 @@ MoeTensors MoeTensors::zeros_like(const MoeTensors& like) {
 
 MoeTensors trainable_parameters(const MoeLayer& layer) {
   const MoeWeights& w = layer.weights();
-  for (const ExpertWeights* x : {&w.experts, &w.shared})
-    for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down})
-      if (m->quantized())
-        throw std::invalid_argument(MOEKIT_MSG("[moekit::trainable_parameters] the layer's experts are quantized ("
-                                               << m->describe() << "); training needs float weights"));
-  if (w.router_quantized.defined() || w.shared_gate_quantized.defined())
-    throw std::invalid_argument("[moekit::trainable_parameters] the layer's router or shared gate is quantized; "
-                                "training needs float weights");
   MoeTensors p;
-  p.router = copy_f32(w.router);
+  // Quantized matrices (MLX affine, MXFP4, ...) widen exactly to the values the forward computes with.
+  p.router = w.router_quantized.defined() ? widen(w.router_quantized, false) : copy_f32(w.router);
   p.router_bias = copy_f32(w.router_bias);
   p.gate = widen(w.experts.gate, true);
   p.up = widen(w.experts.up, true);
@@ -139,7 +134,7 @@ MoeTensors trainable_parameters(const MoeLayer& layer) {
     p.shared_up_proj = widen(w.shared.up, false);
     p.shared_down_proj = widen(w.shared.down, false);
   }
-  p.shared_gate = copy_f32(w.shared_gate);
+  p.shared_gate = w.shared_gate_quantized.defined() ? widen(w.shared_gate_quantized, false) : copy_f32(w.shared_gate);
   return p;
 }
 

@@ -18,6 +18,7 @@
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
 #include "moekit/safetensors.hpp"
+#include "moekit/train.hpp"
 #include "util/compare.hpp"
 
 namespace moekit {
@@ -80,6 +81,29 @@ TEST(Mxfp4Golden, DecodesEveryWeightAsTransformersDoes) {
     expect_decoded(ex.up, e, gate_up, 1, 2, "up");
     expect_decoded(ex.down, e, down, 0, 1, "down");
   }
+}
+
+// Fine-tuning from the release: trainable_parameters widens the MXFP4 experts to exactly the
+// reference's decoded values, and a layer built from them computes the same bits as the MXFP4 layer
+// (the quantized kernels multiply the decoded values in the f32 rows kernel's order).
+TEST(Mxfp4Golden, WidensExactlyForTraining) {
+  const MoeLayer layer = load_moe_layer(kMxfp4, 1);
+  const MoeTensors p = trainable_parameters(layer);
+  const auto decoded = Checkpoint::open(kMxfp4 + "/decoded.safetensors");
+  const TensorView gate_up = decoded->view(kExperts + ".gate_up_proj");  // [E, 2F, D]
+  const std::int64_t E = 8, F = 32, D = 64;
+  ASSERT_EQ(p.gate.shape(), (Shape{E, F, D}));
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t f = 0; f < F; ++f) {
+      const float* want_gate = gate_up.data_as<const float>() + (e * 2 * F + 2 * f) * D;
+      const float* want_up = want_gate + D;
+      ASSERT_EQ(std::memcmp(p.gate.data_as<const float>() + (e * F + f) * D, want_gate, D * 4), 0) << e << " " << f;
+      ASSERT_EQ(std::memcmp(p.up.data_as<const float>() + (e * F + f) * D, want_up, D * 4), 0) << e << " " << f;
+    }
+  const MoeLayer trainable = make_trainable_layer(layer.config(), p);
+  const Tensor x = read_npy(kMxfp4 + "/input.npy");
+  const Tensor y = layer.forward(x), y_trainable = trainable.forward(x);
+  ASSERT_EQ(std::memcmp(y.data(), y_trainable.data(), y.nbytes()), 0) << "the widened layer computes other bits";
 }
 
 // ---- bad files -----------------------------------------------------------------------------
