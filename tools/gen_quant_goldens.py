@@ -70,6 +70,12 @@ CASES = [
          bits=4, group=128, scales="f16", extra=dict(n_group=1, topk_group=1, rsf=2.5, n_shared=1, norm=True)),
     dict(name="llama4_text_q8_g64_bf16", family="llama4_text", seed=2011, D=128, F=64, E=8, K=1, T=16,
          bits=8, group=64, scales="bf16", extra={}),
+    # mlx's mxfp4 mode (e2m1 codes, e8m0 scales, no biases); the router stays 8-bit affine (the
+    # model's predicate returns a per-module entry without "mode").
+    dict(name="qwen3_moe_mxfp4", family="qwen3_moe", seed=2012, D=128, F=64, E=8, K=2, T=16,
+         bits=4, group=32, scales="e8m0", mode="mxfp4", extra=dict(norm=True)),
+    dict(name="gpt_oss_mxfp4", family="gpt_oss", seed=2013, D=128, F=64, E=8, K=2, T=16,
+         bits=4, group=32, scales="e8m0", mode="mxfp4", extra={}),
 ]
 
 SCALE_DTYPES = {"bf16": (mx.bfloat16, "BF16"), "f16": (mx.float16, "F16"), "f32": (mx.float32, "F32")}
@@ -127,10 +133,13 @@ def build(c):
             return dict(r)
         return r
 
-    nn.quantize(mod, group_size=group, bits=bits, mode="affine", class_predicate=predicate)
-    sdt, st_name = SCALE_DTYPES[c["scales"]]
+    mode = c.get("mode", "affine")
+    nn.quantize(mod, group_size=group, bits=bits, mode=mode, class_predicate=predicate)
+    sdt, st_name = SCALE_DTYPES.get(c["scales"], (None, None))
     params = dict(mlx.utils.tree_flatten(mod.parameters()))
-    cast = {k: v.astype(sdt) for k, v in params.items() if k.endswith(".scales") or k.endswith(".biases")}
+    # Float scales and biases to the case's dtype; mxfp4's e8m0 scales (uint8) stay as they are.
+    cast = {k: v.astype(sdt) for k, v in params.items()
+            if sdt is not None and (k.endswith(".scales") or k.endswith(".biases")) and v.dtype != mx.uint8}
     mod.load_weights(list(cast.items()), strict=False)
     params = dict(mlx.utils.tree_flatten(mod.parameters()))
     mx.eval(params)
@@ -139,8 +148,11 @@ def build(c):
     n_quant = 0
     for k, v in params.items():
         name = f"{block}.{k}"
-        if k.endswith(".scales") or k.endswith(".biases"):
+        if v.dtype == mx.uint8:  # mxfp4's e8m0 scales
+            tensors.append((name, np.array(v), "U8"))
+        elif k.endswith(".scales") or k.endswith(".biases"):
             a = np.array(v.astype(mx.float32))
+            st_name = {mx.float32: "F32", mx.bfloat16: "BF16", mx.float16: "F16"}[v.dtype]  # as stored
             tensors.append((name, a if st_name != "F16" else a.astype(np.float16), st_name))
         elif v.dtype == mx.uint32:
             tensors.append((name, np.array(v), "U32"))
@@ -151,7 +163,7 @@ def build(c):
     # A distractor outside the block, as in the float goldens.
     tensors.append(("model.embed_tokens.weight", w["embed"], "F32"))
 
-    quant = dict(group_size=group, bits=bits, mode="affine")
+    quant = dict(group_size=group, bits=bits, mode=mode)
     quant.update(entries)
     cfg = dict(cfg)
     cfg["quantization"] = quant
@@ -169,7 +181,7 @@ def build(c):
     np.save(os.path.join(d, "output.npy"), y.astype(np.float32))
     quantized = sorted(k[: -len(".scales")] for k in params if k.endswith(".scales"))
     return dict(name=c["name"], family=c["family"], layer=lc["layer"], block_prefix=block, bits=bits,
-                group_size=group, scale_dtype=c["scales"], overrides=entries, quantized_modules=quantized,
+                group_size=group, scale_dtype=c["scales"], mode=mode, overrides=entries, quantized_modules=quantized,
                 sizes=dict(T=c["T"], D=c["D"], F=c["F"], E=c["E"], K=c["K"]), seed=c["seed"],
                 source=f"{mb.name} quantized by mlx.nn.quantize (mlx {mx.__version__}, mlx-lm {mlx_lm.__version__})")
 

@@ -117,14 +117,14 @@ struct Stored {
 };
 
 std::string mutated(const std::string& tag, const std::function<void(nlohmann::json&)>& edit_config,
-                    const std::function<void(Stored&)>& edit) {
+                    const std::function<void(Stored&)>& edit, const std::string& source = kMxfp4) {
   const fs::path dir = fs::temp_directory_path() / ("moekit_mxfp4_" + tag);
   fs::remove_all(dir);
   fs::create_directories(dir);
-  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kMxfp4 + "/config.json"));
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(source + "/config.json"));
   edit_config(cfg);
   std::ofstream(dir / "config.json") << cfg.dump(2);
-  const auto ckpt = Checkpoint::open(kMxfp4 + "/model.safetensors");
+  const auto ckpt = Checkpoint::open(source + "/model.safetensors");
   std::vector<Stored> tensors;
   for (const std::string& name : ckpt->names()) {
     const TensorInfo& info = ckpt->info(name);
@@ -196,6 +196,42 @@ TEST(Mxfp4Errors, ConfigAndTensorsMustAgree) {
                          if (s.name.find("gate_up_proj_blocks") != std::string::npos) s.name.clear();
                        }),
                {"quant_method mxfp4", "gate_up_proj_blocks' is missing"});
+}
+
+// mlx's mxfp4 mode (tests/goldens/quantized/*_mxfp4, written by mlx itself and matched there to
+// mlx-lm's modules): what config.json and the tensors must agree on.
+TEST(MlxMxfp4Errors, ConfigAndTensorsMustAgree) {
+  const std::string src = std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/qwen3_moe_mxfp4";
+  const std::string up = "model.layers.1.mlp.switch_mlp.up_proj";
+  const auto load_err = [](const std::string& dir, const std::vector<std::string>& parts) {
+    try {
+      load_moe_layer(dir, 1);
+      FAIL() << "loaded " << dir;
+    } catch (const std::exception& e) {
+      for (const std::string& p : parts)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
+    }
+  };
+  load_err(mutated(
+               "mlx_group", [](nlohmann::json& c) { c["quantization"]["group_size"] = 64; }, kKeepTensors, src),
+           {"switch_mlp", "mxfp4 with bits 4 and group_size 64", "mxfp4 is 4 bits, group 32"});
+  load_err(mutated(
+               "mlx_biases", kKeepConfig,
+               [&](Stored& s) {
+                 if (s.name == up + ".scales") s.name = up + ".biases";  // scales renamed: biases, no scales
+               },
+               src),
+           {"up_proj"});
+  load_err(mutated(
+               "mlx_scale_nan", kKeepConfig,
+               [&](Stored& s) {
+                 if (s.name == up + ".scales") s.bytes[3] = 0xFF;
+               },
+               src),
+           {"up_proj.scales", "e8m0 NaN (0xFF)", "flat index 3"});
+  load_err(mutated(
+               "mlx_mode", [](nlohmann::json& c) { c["quantization"]["mode"] = "nvfp4"; }, kKeepTensors, src),
+           {"quantization mode 'nvfp4'", "supported: affine, mxfp4"});
 }
 
 }  // namespace
