@@ -1,11 +1,11 @@
 // e2m1 (MXFP4) weights in registers (per-target Highway header; the format's rules: e2m1.hpp).
 //
 // E2m1B is the format's view for dot-inl.h's tiles: a vector of nibbles is unpacked from the row
-// (codes-inl.h, as 4-bit codes), its magnitude (bits 0-2) looked up in a table of the 8 values,
-// its sign (bit 3) set as the float's sign bit, and the result multiplied by the group's scale —
-// every step exact, so the tiles see exactly the reference decode's values. The view exists on
-// targets of at least 8 lanes (the table is one vector); elsewhere DequantRows decodes element by
-// element.
+// (codes-inl.h, as 4-bit codes) and turned into its value by one table lookup — of the 16 signed
+// values where a vector holds 16 lanes, else of the 8 magnitudes (bits 0-2) with the sign (bit 3)
+// set as the float's sign bit — then multiplied by the group's scale: every step exact, so the
+// tiles see exactly the reference decode's values. The view exists on targets of at least 8 lanes
+// (the table is one vector); elsewhere DequantRows decodes element by element.
 #if defined(MOEKIT_KERNELS_FORMATS_E2M1_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef MOEKIT_KERNELS_FORMATS_E2M1_INL_H_
 #undef MOEKIT_KERNELS_FORMATS_E2M1_INL_H_
