@@ -2,6 +2,7 @@
 // module's inspect): the config as moekit understands it, then one MoE layer loaded for real
 // (layout, dtypes, bytes).
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -13,8 +14,8 @@
 
 namespace moekit {
 
-// "f32" when all defined matrices share a format, else per projection: "gate 4-bit affine,
-// group 64, bf16 scales (1.5 MB), up ..., down ...".
+// "f32" when all defined matrices share a plain format, else per projection: "gate 4-bit affine,
+// group 64, bf16 scales (1.5 MB, 4.5 bits per weight); up ...; down ...".
 static std::string matrix_formats(const ExpertWeights& w) {
   std::vector<std::pair<const char*, const ExpertMatrix*>> ms;
   if (w.gate.defined()) ms.emplace_back("gate", &w.gate);
@@ -27,9 +28,15 @@ static std::string matrix_formats(const ExpertWeights& w) {
   }
   if (same && !quantized) return ms.front().second->describe();
   std::ostringstream os;
-  for (std::size_t i = 0; i < ms.size(); ++i)
-    os << (i ? "; " : "") << ms[i].first << " " << ms[i].second->describe() << " ("
-       << format_bytes(ms[i].second->nbytes()) << ")";
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const ExpertMatrix& m = *ms[i].second;
+    // Bits per weight as stored: elements, scales and biases over rows × cols.
+    const double weights = static_cast<double>(m.num_experts() * m.rows * m.cols);
+    char bpw[32];
+    std::snprintf(bpw, sizeof bpw, "%.3g", weights > 0 ? 8.0 * static_cast<double>(m.nbytes()) / weights : 0.0);
+    os << (i ? "; " : "") << ms[i].first << " " << m.describe() << " (" << format_bytes(m.nbytes()) << ", " << bpw
+       << " bits per weight)";
+  }
   return os.str();
 }
 
