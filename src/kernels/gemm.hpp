@@ -137,8 +137,9 @@ inline float load_f32(const void* base, DType dtype, std::int64_t i) {
   return static_cast<const float*>(base)[i];
 }
 
-/// Dequantizes rows [n0, n0 + rows) of an affine-quantized [N, K] matrix into dst [rows, K] f32,
-/// with exactly the values the kernels multiply by (w = fma(scale, q, bias)).
+/// Decodes rows [n0, n0 + rows) of a quantized [N, K] matrix (any format of kernels/formats/) into
+/// dst [rows, K] f32, with exactly the values the kernels multiply by (the format's reference
+/// decode: MLX affine w = fma(scale, q, bias), MXFP4 w = e2m1 value × 2^(s − 127)).
 void dequantize_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst);
 
 /// Elements of the panel layout of an [N, K] matrix (N rounded up to whole panels).
@@ -158,7 +159,7 @@ inline std::int64_t amx_tile_elements(std::int64_t N, std::int64_t K) {
 void pack_amx_tiles(const WeightMatrix& B, std::int64_t N, std::int64_t K, void* dst);
 
 /// Where element (n, k) of an [N, K] matrix in `layout` lies, in elements from its start (`ld`:
-/// the rows layout's row stride). Not for affine-quantized matrices.
+/// the rows layout's row stride). Not for quantized matrices.
 inline std::int64_t weight_offset(WeightLayout layout, std::int64_t n, std::int64_t k, std::int64_t K,
                                   std::int64_t ld) {
   switch (layout) {
@@ -187,15 +188,15 @@ struct Output {
 enum class Threads { pool, caller };
 
 /// C[M, N] (+)= A[M, K] · B[N, K]ᵀ. Preconditions (not checked): M, N, K >= 0; rows hold K
-/// elements; B.dtype in {f32, bf16, f16}, or B affine-quantized with K a multiple of its group
-/// size. B in rows layout runs the dot-product kernel (each element a lane-strided dot product);
+/// elements; B.dtype in {f32, bf16, f16}, or B quantized (rows layout) with K a multiple of its
+/// group size. B in rows layout runs the dot-product kernel (each element a lane-strided dot product);
 /// B in panels runs the outer-product kernel (each element one sequential FMA chain over k, as
 /// gemm_nn): the layout, fixed when the weights are loaded, decides the summation order — never
-/// M, the batch or the thread count. An affine-quantized B runs the dot-product kernel's order on
-/// its dequantized values: for few rows of A dequantized in registers from the packed stream, for
-/// many rows dequantized a block of B at a time into a cache-resident scratch that every row of A
-/// reuses; either way the result equals gemm_nt on the materialised dequantized matrix in rows
-/// layout, bit for bit.
+/// M, the batch or the thread count. A quantized B runs the dot-product kernel's order on its
+/// decoded values: for few rows of A decoded in registers from the stored stream (the format's
+/// view, dot-inl.h), for many rows decoded a block of B at a time into a cache-resident scratch
+/// that every row of A reuses; either way the result equals gemm_nt on the materialised decoded
+/// matrix in rows layout, bit for bit.
 void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
              std::int64_t K, Threads threads = Threads::pool);
 
