@@ -76,6 +76,9 @@ CASES = [
          bits=4, group=32, scales="e8m0", mode="mxfp4", extra=dict(norm=True)),
     dict(name="gpt_oss_mxfp4", family="gpt_oss", seed=2013, D=128, F=64, E=8, K=2, T=16,
          bits=4, group=32, scales="e8m0", mode="mxfp4", extra={}),
+    # mxfp8: e4m3 bytes, e8m0 scales, no biases.
+    dict(name="qwen3_moe_mxfp8", family="qwen3_moe", seed=2014, D=128, F=64, E=8, K=2, T=16,
+         bits=8, group=32, scales="e8m0", mode="mxfp8", extra=dict(norm=True)),
 ]
 
 SCALE_DTYPES = {"bf16": (mx.bfloat16, "BF16"), "f16": (mx.float16, "F16"), "f32": (mx.float32, "F32")}

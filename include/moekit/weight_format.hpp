@@ -25,6 +25,9 @@ enum class Element : std::uint8_t {
   /// e2m1 (FP4): nibbles, two per byte, element 2j in the low nibble of byte j; each group of
   /// block_cols inputs shares a scale (MXFP4: group 32, f8_e8m0 2^(s − 127)); w = value × scale.
   e2m1,
+  /// e4m3 (FP8, OCP E4M3FN): one byte per weight; each group of block_cols inputs shares a scale
+  /// (MXFP8: group 32, f8_e8m0); w = value × scale.
+  e4m3,
 };
 
 /// A weight format. Plain float matrices use the default (Element::plain).
@@ -46,6 +49,8 @@ struct WeightFormat {
   }
   /// MXFP4: e2m1 nibbles, groups of 32 inputs, e8m0 scales (GPT-OSS's release, mlx's mxfp4 mode).
   static WeightFormat mxfp4() { return {Element::e2m1, 4, 1, 32, DType::f8_e8m0, false}; }
+  /// MXFP8: e4m3 bytes, groups of 32 inputs, e8m0 scales (mlx's mxfp8 mode).
+  static WeightFormat mxfp8() { return {Element::e4m3, 8, 1, 32, DType::f8_e8m0, false}; }
 };
 
 }  // namespace moekit

@@ -90,13 +90,14 @@ class BlockReader {
     };
     const TensorView b = u8(blocks, {E, out, in / 32, 16});
     const TensorView s = u8(scales, {E, out, in / 32});
-    return e2m1_matrix(b.data(), s, scales, E, out, in);
+    return microscaled(b.data(), s, scales, E, out, in, WeightFormat::mxfp4());
   }
 
-  // MXFP4 bytes (two e2m1 per byte, [E or 1, out, in / 2] from `bytes`) and e8m0 scales `s`
-  // ([.., out, in / 32], tensor `scales_rel`, checked for the NaN 0xFF) as one ExpertMatrix, in place.
-  ExpertMatrix e2m1_matrix(const void* bytes, const TensorView& s, const std::string& scales_rel, std::int64_t E,
-                           std::int64_t out, std::int64_t in) const {
+  // A microscaled format's bytes (MXFP4: two e2m1 per byte; MXFP8: one e4m3; [E or 1, out,
+  // in · bits / 8] from `bytes`) and e8m0 scales `s` ([.., out, in / 32], tensor `scales_rel`,
+  // checked for the NaN 0xFF) as one ExpertMatrix, in place.
+  ExpertMatrix microscaled(const void* bytes, const TensorView& s, const std::string& scales_rel, std::int64_t E,
+                           std::int64_t out, std::int64_t in, const WeightFormat& format) const {
     const std::int64_t n = std::max<std::int64_t>(E, 1);
     const auto* e8 = static_cast<const std::uint8_t*>(s.data());
     for (std::int64_t i = 0; i < s.numel(); ++i)
@@ -104,42 +105,47 @@ class BlockReader {
         fail(scales_rel, MOEKIT_MSG("has the e8m0 NaN (0xFF) at flat index " << i << " (expert " << i / (out * in / 32)
                                                                              << ", row " << i / (in / 32) % out
                                                                              << ", group " << i % (in / 32) << ")"));
-    ExpertMatrix m = ExpertMatrix::stacked(TensorView(bytes, {n, out, in / 2}, DType::u8));
+    ExpertMatrix m = ExpertMatrix::stacked(TensorView(bytes, {n, out, in * format.bits / 8}, DType::u8));
     m.cols = in;  // row_stride stays the bytes per row
-    m.format = WeightFormat::mxfp4();
+    m.format = format;
     m.scales = ExpertMatrix::stacked(TensorView(s.data(), {n, out, in / 32}, DType::f8_e8m0)).experts;
     m.scale_stride = in / 32;
     return m;
   }
 
-  // mlx's `mxfp4` mode (mx.quantize(w, 32, 4, mode="mxfp4")): `.weight` U32 [.., out, in / 8], the
-  // e2m1 nibbles little-endian (the same bytes as GPT-OSS's blocks), `.scales` U8 e8m0 [.., out,
-  // in / 32], no `.biases`. Used in place.
+  // mlx's microscaled modes (mx.quantize(w, 32, bits, mode=...)): `mxfp4` (4 bits, e2m1) and `mxfp8`
+  // (8 bits, e4m3): `.weight` U32 [.., out, in · bits / 32] holding the elements little-endian
+  // (mxfp4: the same bytes as GPT-OSS's blocks), `.scales` U8 e8m0 [.., out, in / 32], no
+  // `.biases`. Used in place.
   template <typename ShapeOf>
-  ExpertMatrix mlx_mxfp4(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
-                         const QuantParams& q, const ShapeOf& shape) const {
-    if (q.bits != 4 || q.group_size != 32)
-      fail(rel + ".weight", MOEKIT_MSG("is mxfp4 with bits " << q.bits << " and group_size " << q.group_size
-                                                             << " in config.json (mxfp4 is 4 bits, group 32)"));
+  ExpertMatrix mlx_microscaled(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
+                               const QuantParams& q, const ShapeOf& shape, const WeightFormat& format) const {
+    const std::string& mode = q.mode;
+    if (q.bits != format.bits || q.group_size != 32)
+      fail(rel + ".weight",
+           MOEKIT_MSG("is " << mode << " with bits " << q.bits << " and group_size " << q.group_size
+                            << " in config.json (" << mode << " is " << format.bits << " bits, group 32)"));
     if (in % 32 != 0) fail(rel + ".weight", MOEKIT_MSG("has input dimension " << in << ", not a multiple of 32"));
-    if (has(rel + ".biases")) fail(rel + ".biases", "exists, but mlx's mxfp4 mode has no biases");
+    if (has(rel + ".biases")) fail(rel + ".biases", "exists, but mlx's " + mode + " mode has no biases");
     const auto expect = [&](const std::string& t, const char* dtype, std::int64_t last) {
-      if (!has(t)) fail(t, MOEKIT_MSG("is missing, expected " << dtype << " " << shape_str(shape(last)) << " (mxfp4)"));
+      if (!has(t))
+        fail(t, MOEKIT_MSG("is missing, expected " << dtype << " " << shape_str(shape(last)) << " (" << mode << ")"));
       const TensorInfo& info = ckpt_->info(full(t));
       if (info.shape != shape(last))
-        fail(t, MOEKIT_MSG("has shape " << shape_str(info.shape) << ", expected " << shape_str(shape(last))
-                                        << " (mxfp4, " << in << " inputs)"));
-      if (info.dtype_name != dtype) fail(t, "has dtype " + info.dtype_name + ", expected " + dtype + " (mxfp4)");
+        fail(t, MOEKIT_MSG("has shape " << shape_str(info.shape) << ", expected " << shape_str(shape(last)) << " ("
+                                        << mode << ", " << in << " inputs)"));
+      if (info.dtype_name != dtype) fail(t, "has dtype " + info.dtype_name + ", expected " + dtype + " (" + mode + ")");
       return ckpt_->view(full(t));
     };
-    const TensorView codes = expect(rel + ".weight", "U32", in / 8);
+    const TensorView codes = expect(rel + ".weight", "U32", in * format.bits / 32);
     const TensorView scales = expect(rel + ".scales", "U8", in / 32);
-    return e2m1_matrix(codes.data(), scales, rel + ".scales", E, out, in);
+    return microscaled(codes.data(), scales, rel + ".scales", E, out, in, format);
   }
 
   // Projection module `rel` (relative to the block, without ".weight") of E experts stacked
   // [E, out, in] (E > 0) or one [out, in] matrix (E == 0): float as stored, or MLX-quantized when
-  // `<rel>.scales` exists (affine: codes, scales and biases; mxfp4: codes and scales; in place).
+  // `<rel>.scales` exists (affine: codes, scales and biases; mxfp4 / mxfp8: codes and scales; in
+  // place).
   ExpertMatrix matrix(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
                       std::vector<std::shared_ptr<const void>>& keep, bool& copied) const {
     const auto shape = [&](std::int64_t last) { return E > 0 ? Shape{E, out, last} : Shape{out, last}; };
@@ -156,10 +162,11 @@ class BlockReader {
     if (!quant_.present)
       fail(rel + ".scales", "marks an mlx-quantized module, but config.json has no 'quantization' entry");
     if (q.bits == 0) fail(rel + ".scales", "marks a quantized module that config.json's 'quantization' excludes");
-    if (q.mode == "mxfp4") return mlx_mxfp4(rel, E, out, in, q, shape);
+    if (q.mode == "mxfp4") return mlx_microscaled(rel, E, out, in, q, shape, WeightFormat::mxfp4());
+    if (q.mode == "mxfp8") return mlx_microscaled(rel, E, out, in, q, shape, WeightFormat::mxfp8());
     if (q.mode != "affine")
       fail(rel + ".weight",
-           "uses quantization mode '" + q.mode + "', which moekit cannot compute on (supported: affine, mxfp4)");
+           "uses quantization mode '" + q.mode + "', which moekit cannot compute on (supported: affine, mxfp4, mxfp8)");
     if (in % q.group_size != 0)
       fail(rel + ".weight", MOEKIT_MSG("has input dimension " << in << ", not a multiple of group_size "
                                                               << q.group_size));

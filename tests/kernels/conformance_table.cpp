@@ -508,6 +508,40 @@ std::shared_ptr<const WeightFormat> mxfp4_format() {
   return f;
 }
 
+// MXFP8 (e4m3 bytes, groups of 32, e8m0 scales): every byte but the two NaNs (a NaN's payload
+// need not survive every path), subnormals included; scales as for MXFP4; rows three bytes and
+// scale rows two entries longer than needed.
+std::shared_ptr<const WeightFormat> mxfp8_format() {
+  auto f = std::make_shared<WeightFormat>();
+  f->name = "mxfp8";
+  f->make = [](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
+    const std::int64_t bytes = ld > 0 ? ld : cols + 3, groups = cols / 32, sld = groups + 2;
+    Weights w;
+    w.data = Tensor({rows, bytes}, DType::u8);
+    w.scales = Tensor({rows, sld}, DType::f8_e8m0);
+    auto* d = w.data.data_as<std::uint8_t>();
+    auto* s = static_cast<std::uint8_t*>(w.scales.data());
+    for (std::int64_t i = 0; i < w.data.numel(); ++i) {
+      d[i] = static_cast<std::uint8_t>(rng());
+      if ((d[i] & 0x7F) == 0x7F) d[i] = static_cast<std::uint8_t>(d[i] ^ 0x01);
+    }
+    for (std::int64_t i = 0; i < w.scales.numel(); ++i) {
+      const std::uint32_t r = rng() % 64;
+      s[i] = static_cast<std::uint8_t>(r == 0 ? 0 : r == 1 ? 130 : 119 + r % 6);
+    }
+    w.w = {w.data.data(),   DType::u8, bytes, kernels::WeightLayout::rows, moekit::WeightFormat::mxfp8(),
+           w.scales.data(), nullptr,   sld};
+    return w;
+  };
+  f->decode = [](const WeightMatrix& w, std::int64_t rows, std::int64_t cols) {
+    Tensor d({rows, cols}, DType::f32);
+    kernels::ref::dequantize(w, rows, cols, d.data_as<float>());
+    return d;
+  };
+  f->runs = {{Mode::f32, Layout::quant, Op::nt, Criterion::dense_bitwise, highway_paths(), {exact_tails(32)}}};
+  return f;
+}
+
 }  // namespace
 
 const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
@@ -521,6 +555,7 @@ const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
         for (const DType scale_dtype : {DType::bf16, DType::f16, DType::f32})
           out.push_back(affine_format(bits, group, scale_dtype));
     out.push_back(mxfp4_format());
+    out.push_back(mxfp8_format());
     return out;
   }();
   return formats;

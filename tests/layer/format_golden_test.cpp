@@ -231,7 +231,7 @@ TEST(MlxMxfp4Errors, ConfigAndTensorsMustAgree) {
            {"up_proj.scales", "e8m0 NaN (0xFF)", "flat index 3"});
   load_err(mutated(
                "mlx_mode", [](nlohmann::json& c) { c["quantization"]["mode"] = "nvfp4"; }, kKeepTensors, src),
-           {"quantization mode 'nvfp4'", "supported: affine, mxfp4"});
+           {"quantization mode 'nvfp4'", "supported: affine, mxfp4, mxfp8"});
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "kernels/formats/affine.hpp"
 #include "kernels/formats/e2m1.hpp"
+#include "kernels/formats/e4m3.hpp"
 #include "util/error.hpp"
 
 namespace moekit::kernels::formats {
