@@ -228,6 +228,42 @@ HWY_INLINE void DecodeRow(const BV& view, int64_t n, typename BV::Row row, int64
   }
 }
 
+// The two entry points of a format whose view `View` (constructed from the WeightMatrix) exists on
+// this target when kInRegisters, for groups of whole vectors:
+//  GemmWithView: gemm_nt with the weights decoded in registers; false where it cannot.
+//  DecodeRowsWith: rows [n0, n0 + rows) of B into dst [rows, K] with the tiles' values, element by
+//  element through `scalar(B, n, k)` (the format's reference decode) where the view cannot.
+template <class View, bool kInRegisters>
+HWY_INLINE bool GemmWithView(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N,
+                             int64_t K) {
+  if constexpr (!kInRegisters) {
+    return false;
+  } else {
+    if (B.format.block_cols % static_cast<int64_t>(hn::Lanes(DF())) != 0) return false;
+    GemmBlocks(A, View{B}, C, M, N, K);
+    return true;
+  }
+}
+
+template <class View, bool kInRegisters, class Scalar>
+HWY_INLINE void DecodeRowsWith(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst,
+                               const Scalar& scalar) {
+  const bool simd = kInRegisters && B.format.block_cols % static_cast<int64_t>(hn::Lanes(DF())) == 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * K;
+    const int64_t n = n0 + r;
+    if constexpr (kInRegisters) {
+      if (simd) {
+        const View view{B};
+        DecodeRow(view, n, view.row(n), K, d);
+        continue;
+      }
+    }
+    for (int64_t k = 0; k < K; ++k) d[k] = scalar(B, n, k);
+  }
+  (void)simd;
+}
+
 }  // namespace moekit::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

@@ -477,26 +477,27 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
   return f;
 }
 
-// MXFP4 (e2m1 nibbles, groups of 32, e8m0 scales): every byte value in the blocks, scales around
-// 2^-5 with a few at the extremes (2^-127, an f32 subnormal, and 2^3); rows three bytes and scale
-// rows two entries longer than needed, the padding random.
-std::shared_ptr<const WeightFormat> mxfp4_format() {
+// A microscaled format (e8m0 scales, groups of 32), named `name`: random bytes, each passed through
+// `fix` (MXFP8 turns its two NaNs into numbers: a NaN's payload need not survive every path);
+// scales around 2^-5 with a few at the extremes (2^-127, an f32 subnormal, and 2^3); rows three
+// bytes and scale rows two entries longer than needed, the padding random.
+template <typename Fix>
+std::shared_ptr<const WeightFormat> microscaled_format(const char* name, const moekit::WeightFormat& format, Fix fix) {
   auto f = std::make_shared<WeightFormat>();
-  f->name = "mxfp4";
-  f->make = [](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
-    const std::int64_t bytes = ld > 0 ? ld : cols / 2 + 3, groups = cols / 32, sld = groups + 2;
+  f->name = name;
+  f->make = [=](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
+    const std::int64_t bytes = ld > 0 ? ld : cols * format.bits / 8 + 3, groups = cols / 32, sld = groups + 2;
     Weights w;
     w.data = Tensor({rows, bytes}, DType::u8);
     w.scales = Tensor({rows, sld}, DType::f8_e8m0);
     auto* d = w.data.data_as<std::uint8_t>();
     auto* s = static_cast<std::uint8_t*>(w.scales.data());
-    for (std::int64_t i = 0; i < w.data.numel(); ++i) d[i] = static_cast<std::uint8_t>(rng());
+    for (std::int64_t i = 0; i < w.data.numel(); ++i) d[i] = fix(static_cast<std::uint8_t>(rng()));
     for (std::int64_t i = 0; i < w.scales.numel(); ++i) {
       const std::uint32_t r = rng() % 64;
       s[i] = static_cast<std::uint8_t>(r == 0 ? 0 : r == 1 ? 130 : 119 + r % 6);
     }
-    w.w = {w.data.data(),   DType::u8, bytes, kernels::WeightLayout::rows, moekit::WeightFormat::mxfp4(),
-           w.scales.data(), nullptr,   sld};
+    w.w = {w.data.data(), DType::u8, bytes, kernels::WeightLayout::rows, format, w.scales.data(), nullptr, sld};
     return w;
   };
   f->decode = [](const WeightMatrix& w, std::int64_t rows, std::int64_t cols) {
@@ -508,38 +509,16 @@ std::shared_ptr<const WeightFormat> mxfp4_format() {
   return f;
 }
 
-// MXFP8 (e4m3 bytes, groups of 32, e8m0 scales): every byte but the two NaNs (a NaN's payload
-// need not survive every path), subnormals included; scales as for MXFP4; rows three bytes and
-// scale rows two entries longer than needed.
+// MXFP4: every byte value (so every e2m1 nibble, −0 included).
+std::shared_ptr<const WeightFormat> mxfp4_format() {
+  return microscaled_format("mxfp4", moekit::WeightFormat::mxfp4(), [](std::uint8_t b) { return b; });
+}
+
+// MXFP8: every e4m3 byte but the two NaNs, subnormals included.
 std::shared_ptr<const WeightFormat> mxfp8_format() {
-  auto f = std::make_shared<WeightFormat>();
-  f->name = "mxfp8";
-  f->make = [](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
-    const std::int64_t bytes = ld > 0 ? ld : cols + 3, groups = cols / 32, sld = groups + 2;
-    Weights w;
-    w.data = Tensor({rows, bytes}, DType::u8);
-    w.scales = Tensor({rows, sld}, DType::f8_e8m0);
-    auto* d = w.data.data_as<std::uint8_t>();
-    auto* s = static_cast<std::uint8_t*>(w.scales.data());
-    for (std::int64_t i = 0; i < w.data.numel(); ++i) {
-      d[i] = static_cast<std::uint8_t>(rng());
-      if ((d[i] & 0x7F) == 0x7F) d[i] = static_cast<std::uint8_t>(d[i] ^ 0x01);
-    }
-    for (std::int64_t i = 0; i < w.scales.numel(); ++i) {
-      const std::uint32_t r = rng() % 64;
-      s[i] = static_cast<std::uint8_t>(r == 0 ? 0 : r == 1 ? 130 : 119 + r % 6);
-    }
-    w.w = {w.data.data(),   DType::u8, bytes, kernels::WeightLayout::rows, moekit::WeightFormat::mxfp8(),
-           w.scales.data(), nullptr,   sld};
-    return w;
-  };
-  f->decode = [](const WeightMatrix& w, std::int64_t rows, std::int64_t cols) {
-    Tensor d({rows, cols}, DType::f32);
-    kernels::ref::dequantize(w, rows, cols, d.data_as<float>());
-    return d;
-  };
-  f->runs = {{Mode::f32, Layout::quant, Op::nt, Criterion::dense_bitwise, highway_paths(), {exact_tails(32)}}};
-  return f;
+  return microscaled_format("mxfp8", moekit::WeightFormat::mxfp8(), [](std::uint8_t b) {
+    return (b & 0x7F) == 0x7F ? static_cast<std::uint8_t>(b ^ 0x01) : b;
+  });
 }
 
 }  // namespace

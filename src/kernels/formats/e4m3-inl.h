@@ -55,34 +55,14 @@ struct E4m3B {
   }
 };
 
-// gemm_nt with few rows of A, the weights decoded in registers; false where the target cannot.
+// The format's entry points (gemm_quant.cpp): dot-inl.h's, on this view.
 inline bool GemmInRegisters(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N,
                             int64_t K) {
-  if constexpr (!kInRegisters) {
-    return false;
-  } else {
-    if (B.format.block_cols % static_cast<int64_t>(hn::Lanes(DF())) != 0) return false;
-    GemmBlocks(A, E4m3B{B}, C, M, N, K);
-    return true;
-  }
+  return GemmWithView<E4m3B, kInRegisters>(A, B, C, M, N, K);
 }
 
-// Rows [n0, n0 + rows) of B decoded into dst [rows, K] with the tiles' values.
 inline void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
-  const bool simd = kInRegisters && B.format.block_cols % static_cast<int64_t>(hn::Lanes(DF())) == 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* d = dst + r * K;
-    const int64_t n = n0 + r;
-    if constexpr (kInRegisters) {
-      if (simd) {
-        const E4m3B view{B};
-        DecodeRow(view, n, view.row(n), K, d);
-        continue;
-      }
-    }
-    for (int64_t k = 0; k < K; ++k) d[k] = formats::e4m3::decode(B, n, k);
-  }
-  (void)simd;
+  DecodeRowsWith<E4m3B, kInRegisters>(B, n0, rows, K, dst, formats::e4m3::decode);
 }
 
 }  // namespace moekit::kernels::HWY_NAMESPACE::e4m3
