@@ -25,8 +25,9 @@ enum class Element : std::uint8_t {
   /// e2m1 (FP4): nibbles, two per byte, element 2j in the low nibble of byte j; each group of
   /// block_cols inputs shares a scale (MXFP4: group 32, f8_e8m0 2^(s − 127)); w = value × scale.
   e2m1,
-  /// e4m3 (FP8, OCP E4M3FN): one byte per weight; each group of block_cols inputs shares a scale
-  /// (MXFP8: group 32, f8_e8m0); w = value × scale.
+  /// e4m3 (FP8, OCP E4M3FN): one byte per weight; each block of block_rows × block_cols weights
+  /// shares a scale (DeepSeek-V3's release: 128 × 128, f32; compressed-tensors per channel:
+  /// 1 × cols; MXFP8: 1 × 32, f8_e8m0); w = value × scale. Edge blocks may be ragged.
   e4m3,
 };
 
@@ -51,6 +52,11 @@ struct WeightFormat {
   static WeightFormat mxfp4() { return {Element::e2m1, 4, 1, 32, DType::f8_e8m0, false}; }
   /// MXFP8: e4m3 bytes, groups of 32 inputs, e8m0 scales (mlx's mxfp8 mode).
   static WeightFormat mxfp8() { return {Element::e4m3, 8, 1, 32, DType::f8_e8m0, false}; }
+  /// FP8 e4m3 with one scale per block of `rows` × `cols` weights (DeepSeek-V3's 128 × 128, f32
+  /// scales; a scale per output row: 1 × the row's length).
+  static WeightFormat fp8(int rows, int cols, DType scale_dtype) {
+    return {Element::e4m3, 8, rows, cols, scale_dtype, false};
+  }
 };
 
 }  // namespace moekit

@@ -96,8 +96,9 @@ HWY_INLINE void PlainTile(const ARows<MR>& a_rows, const BV& B, hn::Vec<DF> (&ac
 
 // The weights of a quantized format's rows, decoded a vector at a time (a format's view, e.g.
 // formats/affine-inl.h's): `k` runs over groups of group() columns that share a scale per row,
-// decode() turns lanes k .. k + lanes - 1 of a row into f32 weights in registers. A group is a
-// whole number of vectors (the format's dispatch checks it), so there is no tail.
+// decode() turns lanes k .. k + lanes - 1 of a row into f32 weights in registers. A group, and K,
+// are whole numbers of vectors (ViewFits), so there is no tail; the last group may be ragged (a
+// block shape that does not divide K).
 template <bool kScaled, int MR, int NR, class BV>
 HWY_INLINE void GroupedTile(const ARows<MR>& a_rows, const BV& view, hn::Vec<DF> (&acc)[MR][NR], int64_t n, int64_t K) {
   const BV B = view;  // a local copy: its fields stay in registers across the tile
@@ -113,7 +114,8 @@ HWY_INLINE void GroupedTile(const ARows<MR>& a_rows, const BV& view, hn::Vec<DF>
     // format is too short a stream for the hardware prefetcher, and decode otherwise waits on
     // DRAM latency row after row. A hint only: past the matrix it is ignored.
     for (int j = 0; j < NR; ++j) B.prefetch(rows[j], NR, g0);
-    for (int64_t k = g0; k < g0 + gs; k += L) {
+    const int64_t g1 = std::min(g0 + gs, K);
+    for (int64_t k = g0; k < g1; k += L) {
       hn::Vec<DF> a[MR];
       for (int i = 0; i < MR; ++i) a[i] = LoadA<kScaled>(df, a_rows, i, a_rows.p[i] + k);
       for (int j = 0; j < NR; ++j) {
@@ -224,12 +226,20 @@ HWY_INLINE void DecodeRow(const BV& view, int64_t n, typename BV::Row row, int64
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t g0 = 0; g0 < K; g0 += B.group()) {
     const typename BV::Scale s = B.scale(n, g0);
-    for (int64_t k = g0; k < g0 + B.group(); k += L) hn::StoreU(B.decode(df, row, k, K, s), df, dst + k);
+    const int64_t g1 = std::min(g0 + B.group(), K);
+    for (int64_t k = g0; k < g1; k += L) hn::StoreU(B.decode(df, row, k, K, s), df, dst + k);
   }
 }
 
+// Whether a format's view decodes B's rows of K columns: groups and K of whole vectors (a group
+// as long as the row, such as a per-channel scale's, needs only K to be).
+HWY_INLINE bool ViewFits(const WeightMatrix& B, int64_t K) {
+  const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
+  return K % L == 0 && (B.format.block_cols % L == 0 || B.format.block_cols >= K);
+}
+
 // The two entry points of a format whose view `View` (constructed from the WeightMatrix) exists on
-// this target when kInRegisters, for groups of whole vectors:
+// this target when kInRegisters, where ViewFits:
 //  GemmWithView: gemm_nt with the weights decoded in registers; false where it cannot.
 //  DecodeRowsWith: rows [n0, n0 + rows) of B into dst [rows, K] with the tiles' values, element by
 //  element through `scalar(B, n, k)` (the format's reference decode) where the view cannot.
@@ -239,7 +249,7 @@ HWY_INLINE bool GemmWithView(const RowSource& A, const WeightMatrix& B, const Ou
   if constexpr (!kInRegisters) {
     return false;
   } else {
-    if (B.format.block_cols % static_cast<int64_t>(hn::Lanes(DF())) != 0) return false;
+    if (!ViewFits(B, K)) return false;
     GemmBlocks(A, View{B}, C, M, N, K);
     return true;
   }
@@ -248,7 +258,7 @@ HWY_INLINE bool GemmWithView(const RowSource& A, const WeightMatrix& B, const Ou
 template <class View, bool kInRegisters, class Scalar>
 HWY_INLINE void DecodeRowsWith(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst,
                                const Scalar& scalar) {
-  const bool simd = kInRegisters && B.format.block_cols % static_cast<int64_t>(hn::Lanes(DF())) == 0;
+  const bool simd = kInRegisters && ViewFits(B, K);
   for (int64_t r = 0; r < rows; ++r) {
     float* d = dst + r * K;
     const int64_t n = n0 + r;

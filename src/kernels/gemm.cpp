@@ -62,9 +62,11 @@ WeightMatrix rows_of(const WeightMatrix& B, std::int64_t first, std::int64_t K) 
   b.data = static_cast<const char*>(B.data) +
            weight_offset(B.layout, first, 0, K, B.ld) * static_cast<std::int64_t>(dtype_size(B.dtype));
   if (B.quantized()) {
-    // Whole scale rows: `first` is a multiple of block_rows (every format so far has 1).
+    // The scale row holding row `first`, and where `first` lies in its block.
+    const std::int64_t at = B.row_phase + first;
+    b.row_phase = at % B.format.block_rows;
     const std::int64_t step =
-        first / B.format.block_rows * B.scale_ld * static_cast<std::int64_t>(dtype_size(B.format.scale_dtype));
+        at / B.format.block_rows * B.scale_ld * static_cast<std::int64_t>(dtype_size(B.format.scale_dtype));
     b.scales = static_cast<const char*>(B.scales) + step;
     if (B.biases) b.biases = static_cast<const char*>(B.biases) + step;
   }

@@ -104,7 +104,8 @@ constexpr std::int64_t kInt8MaxRows = 8;
 /// (dtype f32, bf16 or f16) in one of the layouts above, or a quantized one in rows layout, its
 /// container of dtype `format`'s container (formats/table.hpp) with `ld` container elements
 /// between rows, and its scales (and biases) at [ceil(N / block_rows), ceil(K / block_cols)],
-/// `scale_ld` elements between scale rows. The format's rules: src/kernels/formats/.
+/// `scale_ld` elements between scale rows; a block shape that does not divide [N, K] leaves
+/// ragged edge blocks. The format's rules: src/kernels/formats/.
 struct WeightMatrix {
   const void* data = nullptr;
   DType dtype = DType::f32;
@@ -114,6 +115,10 @@ struct WeightMatrix {
   const void* scales = nullptr;
   const void* biases = nullptr;
   std::int64_t scale_ld = 0;
+  /// Where row 0 lies in its block of block_rows rows (0 <= row_phase < block_rows): 0 for a
+  /// whole matrix; rows_of() sets it for a view that starts inside a block (a thread's share of
+  /// a matrix whose scales cover 128 rows, split at 64).
+  std::int64_t row_phase = 0;
   /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit MLX affine codes and at most
   /// kInt8MaxRows rows of A, the activations are quantized to int8 per group and multiplied as
   /// integers (error bound: docs/numerics.md); otherwise, and by default, the exact kernels.
@@ -121,6 +126,12 @@ struct WeightMatrix {
 
   bool quantized() const noexcept { return format.quantized(); }
 };
+
+/// The index into B.scales (and B.biases) of the block holding weight (n, k).
+inline std::int64_t scale_index(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
+  const std::int64_t r = B.format.block_rows == 1 ? n : (B.row_phase + n) / B.format.block_rows;
+  return r * B.scale_ld + k / B.format.block_cols;
+}
 
 /// Element i of an f32, bf16, f16, f8_e8m0 or f8_e4m3 array, widened to f32 (scales, biases,
 /// scalar paths).

@@ -477,25 +477,40 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
   return f;
 }
 
-// A microscaled format (e8m0 scales, groups of 32), named `name`: random bytes, each passed through
-// `fix` (MXFP8 turns its two NaNs into numbers: a NaN's payload need not survive every path);
-// scales around 2^-5 with a few at the extremes (2^-127, an f32 subnormal, and 2^3); rows three
-// bytes and scale rows two entries longer than needed, the padding random.
+// A format of bytes with a scale per block of format.block_rows × block_cols weights, named `name`:
+// random bytes, each passed through `fix` (e4m3 turns its two NaNs into numbers: a NaN's payload
+// need not survive every path); e8m0 scales around 2^-5 with a few at the extremes (2^-127, an f32
+// subnormal, and 2^3), float scales of random magnitude around 2^-6 with the same extremes (an f32
+// subnormal as bf16 or f32, 8); rows three bytes and scale rows two entries longer than needed,
+// the padding random. `shapes`: the exact mode's shape set.
 template <typename Fix>
-std::shared_ptr<const WeightFormat> microscaled_format(const char* name, const moekit::WeightFormat& format, Fix fix) {
+std::shared_ptr<const WeightFormat> scaled_format(const std::string& name, const moekit::WeightFormat& format, Fix fix,
+                                                  Shapes shapes) {
   auto f = std::make_shared<WeightFormat>();
   f->name = name;
   f->make = [=](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
-    const std::int64_t bytes = ld > 0 ? ld : cols * format.bits / 8 + 3, groups = cols / 32, sld = groups + 2;
+    const std::int64_t bytes = ld > 0 ? ld : cols * format.bits / 8 + 3;
+    const std::int64_t srows = kernels::formats::scale_rows(format, rows);
+    const std::int64_t sld = kernels::formats::scale_cols(format, cols) + 2;
     Weights w;
     w.data = Tensor({rows, bytes}, DType::u8);
-    w.scales = Tensor({rows, sld}, DType::f8_e8m0);
     auto* d = w.data.data_as<std::uint8_t>();
-    auto* s = static_cast<std::uint8_t*>(w.scales.data());
     for (std::int64_t i = 0; i < w.data.numel(); ++i) d[i] = fix(static_cast<std::uint8_t>(rng()));
-    for (std::int64_t i = 0; i < w.scales.numel(); ++i) {
-      const std::uint32_t r = rng() % 64;
-      s[i] = static_cast<std::uint8_t>(r == 0 ? 0 : r == 1 ? 130 : 119 + r % 6);
+    if (format.scale_dtype == DType::f8_e8m0) {
+      w.scales = Tensor({srows, sld}, DType::f8_e8m0);
+      auto* s = static_cast<std::uint8_t*>(w.scales.data());
+      for (std::int64_t i = 0; i < w.scales.numel(); ++i) {
+        const std::uint32_t r = rng() % 64;
+        s[i] = static_cast<std::uint8_t>(r == 0 ? 0 : r == 1 ? 130 : 119 + r % 6);
+      }
+    } else {
+      Tensor s({srows, sld}, DType::f32);
+      std::uniform_real_distribution<float> mag(0.5f, 2.0f);
+      for (std::int64_t i = 0; i < s.numel(); ++i) {
+        const std::uint32_t r = rng() % 64;
+        s.data_as<float>()[i] = r == 0 ? 1e-39f : r == 1 ? 8.0f : mag(rng) * 0x1p-6f;
+      }
+      w.scales = to_dtype(s, format.scale_dtype);
     }
     w.w = {w.data.data(), DType::u8, bytes, kernels::WeightLayout::rows, format, w.scales.data(), nullptr, sld};
     return w;
@@ -505,20 +520,38 @@ std::shared_ptr<const WeightFormat> microscaled_format(const char* name, const m
     kernels::ref::dequantize(w, rows, cols, d.data_as<float>());
     return d;
   };
-  f->runs = {{Mode::f32, Layout::quant, Op::nt, Criterion::dense_bitwise, highway_paths(), {exact_tails(32)}}};
+  f->runs = {{Mode::f32, Layout::quant, Op::nt, Criterion::dense_bitwise, highway_paths(), {std::move(shapes)}}};
   return f;
 }
 
 // MXFP4: every byte value (so every e2m1 nibble, −0 included).
 std::shared_ptr<const WeightFormat> mxfp4_format() {
-  return microscaled_format("mxfp4", moekit::WeightFormat::mxfp4(), [](std::uint8_t b) { return b; });
+  return scaled_format(
+      "mxfp4", moekit::WeightFormat::mxfp4(), [](std::uint8_t b) { return b; }, exact_tails(32));
 }
 
-// MXFP8: every e4m3 byte but the two NaNs, subnormals included.
+// Every e4m3 byte but the two NaNs, subnormals included.
+std::uint8_t e4m3_number(std::uint8_t b) { return (b & 0x7F) == 0x7F ? static_cast<std::uint8_t>(b ^ 0x01) : b; }
+
 std::shared_ptr<const WeightFormat> mxfp8_format() {
-  return microscaled_format("mxfp8", moekit::WeightFormat::mxfp8(), [](std::uint8_t b) {
-    return (b & 0x7F) == 0x7F ? static_cast<std::uint8_t>(b ^ 0x01) : b;
-  });
+  return scaled_format("mxfp8", moekit::WeightFormat::mxfp8(), e4m3_number, exact_tails(32));
+}
+
+// Block-scaled FP8 (DeepSeek-V3's 128 × 128; blocks of 16 × 32 to cross many block edges in small
+// shapes): ragged edge blocks in both dimensions, K that is not a whole number of vectors (the
+// scalar path), and N of 150 on the pool, whose thread shares start at column 64, inside a block.
+std::shared_ptr<const WeightFormat> fp8_blocks_format(int block_rows, int block_cols, DType scale_dtype) {
+  std::vector<Case> cases;
+  int i = 0;
+  for (const std::int64_t M : {1, 2, 3, 7, 40})
+    for (const std::int64_t N : {13, 150})
+      for (const std::int64_t K : {48, 200, 256, 36}) cases.push_back(variant(M, N, K, i++ % 4));
+  const std::string name = "fp8b" + std::to_string(block_rows) + "x" + std::to_string(block_cols) +
+                           (scale_dtype == DType::f32    ? "f32"
+                            : scale_dtype == DType::bf16 ? "bf16"
+                                                         : "e8m0");
+  return scaled_format(name, moekit::WeightFormat::fp8(block_rows, block_cols, scale_dtype), e4m3_number,
+                       make_set("edges", std::move(cases)));
 }
 
 }  // namespace
@@ -535,6 +568,10 @@ const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
           out.push_back(affine_format(bits, group, scale_dtype));
     out.push_back(mxfp4_format());
     out.push_back(mxfp8_format());
+    out.push_back(fp8_blocks_format(128, 128, DType::f32));
+    out.push_back(fp8_blocks_format(128, 128, DType::f8_e8m0));
+    out.push_back(fp8_blocks_format(16, 32, DType::bf16));
+    out.push_back(fp8_blocks_format(1, 256, DType::bf16));  // a scale per row (compressed-tensors)
     return out;
   }();
   return formats;

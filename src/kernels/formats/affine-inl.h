@@ -55,7 +55,7 @@ struct AffineB {
   NextRows next(int64_t, int64_t, int64_t, int64_t) const { return {}; }  // GroupedTile prefetches
   // The scale and bias of row n's group containing column k.
   Scale scale(int64_t n, int64_t k) const {
-    const int64_t g = n * B.scale_ld + k / B.format.block_cols;
+    const int64_t g = scale_index(B, n, k);
     return {load_f32(B.scales, B.format.scale_dtype, g), load_f32(B.biases, B.format.scale_dtype, g)};
   }
   void prefetch(Row r, int rows_ahead, int64_t g0) const {

@@ -30,7 +30,7 @@ inline std::uint32_t code(const std::uint32_t* row, std::int64_t i, int bits) {
 }
 
 inline float decode(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
-  const std::int64_t g = n * B.scale_ld + k / B.format.block_cols;
+  const std::int64_t g = scale_index(B, n, k);
   const auto* row = static_cast<const std::uint32_t*>(B.data) + n * B.ld;
   return std::fma(load_f32(B.scales, B.format.scale_dtype, g), static_cast<float>(code(row, k, B.format.bits)),
                   load_f32(B.biases, B.format.scale_dtype, g));

@@ -37,9 +37,7 @@ struct E2m1B {
   int64_t group() const { return B.format.block_cols; }
   int64_t row_bytes(int64_t K) const { return K / 2; }
   NextRows next(int64_t, int64_t, int64_t, int64_t) const { return {}; }  // GroupedTile prefetches
-  Scale scale(int64_t n, int64_t k) const {
-    return {load_f32(B.scales, B.format.scale_dtype, n * B.scale_ld + k / B.format.block_cols)};
-  }
+  Scale scale(int64_t n, int64_t k) const { return {load_f32(B.scales, B.format.scale_dtype, scale_index(B, n, k))}; }
   void prefetch(Row r, int rows_ahead, int64_t g0) const { hwy::Prefetch(r + rows_ahead * B.ld + g0 / 2); }
   hn::Vec<DF> decode(DF df, Row r, int64_t k, int64_t K, Scale s) const {
     const DU du;

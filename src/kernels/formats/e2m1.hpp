@@ -27,7 +27,7 @@ inline std::uint32_t code(const std::uint8_t* row, std::int64_t k) { return (row
 
 inline float decode(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
   const auto* row = static_cast<const std::uint8_t*>(B.data) + n * B.ld;
-  const std::int64_t g = n / B.format.block_rows * B.scale_ld + k / B.format.block_cols;
+  const std::int64_t g = scale_index(B, n, k);
   return kValues[code(row, k)] * load_f32(B.scales, B.format.scale_dtype, g);
 }
 
