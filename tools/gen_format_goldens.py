@@ -14,7 +14,26 @@ those weights (tools/gen_layer_goldens.py's reference, fp32). Written: model.saf
 config.json, input.npy, output.npy, ids.npy, weights.npy, and decoded.safetensors (the reference's
 decode of every blocks tensor, [E, out, in] F32, for a bit-for-bit test of moekit's decode).
 
-Deterministic for the same numpy / torch / transformers versions (manifest.json records them).
+fp8_deepseek_v3/ — one DeepSeek-V3 MoE block as DeepSeek ships it (quantization_config.quant_method
+"fp8", weight_block_size [128, 128]): every routed and shared expert projection `W.weight`
+F8_E4M3 [out, in] with `W.weight_scale_inv` F32 [ceil(out / 128), ceil(in / 128)]; D = 160 and
+F = 96 leave ragged edge blocks in both dimensions. The FP8 bytes are decoded to float32 by
+ml_dtypes' float8_e4m3fn (JAX's FP8 types, PyPI) and the block scales applied by transformers' own
+`_dequantize_fp8_weight` (integrations/finegrained_fp8.py, float32, run as it is). The block's
+output is tools/gen_layer_goldens.py's DeepSeek-V3 reference on those weights.
+
+fp8_channel_qwen3/ — one Qwen3-MoE block as compressed-tensors writes FP8 per channel
+(quant_method "compressed-tensors", format "float-quantized", strategy "channel"): `W.weight`
+F8_E4M3 [out, in] with `W.weight_scale` BF16 [out, 1]; the router is in `ignore`. Decoded by the
+compressed-tensors package's own `_dequantize` (quantization/lifecycle/forward_helpers.py, run as it
+is: the weight times its scale in the scale's dtype, bf16).
+
+Each FP8 folder also holds reference/decoded.safetensors (a folder of its own, so that the
+checkpoint's tensors are not shadowed): the reference's decode of every quantized projection
+as F32 under its stored name, for a bit-for-bit test of moekit's decode.
+
+Deterministic for the same numpy / torch / transformers / ml_dtypes / compressed-tensors versions
+(manifest.json records them).
 """
 import ast
 import contextlib
@@ -35,6 +54,7 @@ import gen_layer_goldens as lg  # noqa: E402  (safetensors writer, GPT-OSS refer
 
 OUT = os.path.join(lg.ROOT, "tests", "goldens", "formats")
 TRANSFORMERS_PIN = "5.25.0"  # the wheel fetched when transformers is not importable
+COMPRESSED_TENSORS_PIN = "0.20.1"
 
 
 class _WideIndexLut(torch.Tensor):
@@ -158,12 +178,181 @@ def build_mxfp4(convert, source):
                 margin=lg.MARGIN)
 
 
+def _wheel_source(package, pin, member):
+    """The text of `member` inside `package`'s wheel `pin`, fetched from PyPI."""
+    tmp = tempfile.mkdtemp()
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", tmp,
+                        f"{package}=={pin}"], check=True)
+        wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
+        with zipfile.ZipFile(wheel) as z:
+            return z.read(member).decode()
+    finally:
+        shutil.rmtree(tmp)
+
+
+def _function_from(src, filename, name, ns):
+    """Function `name` of module source `src`, compiled alone into namespace `ns`."""
+    tree = ast.parse(src)
+    keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert len(keep) == 1, f"{filename} no longer defines {name}"
+    exec(compile(ast.Module(body=keep, type_ignores=[]), filename, "exec"), ns)
+    return ns[name]
+
+
+def fp8_references():
+    """transformers' _dequantize_fp8_weight and compressed-tensors' _dequantize, from their wheels."""
+    tf = _wheel_source("transformers", TRANSFORMERS_PIN, "transformers/integrations/finegrained_fp8.py")
+    ct = _wheel_source("compressed-tensors", COMPRESSED_TENSORS_PIN,
+                       "compressed_tensors/quantization/lifecycle/forward_helpers.py")
+    block = _function_from(tf, "transformers/integrations/finegrained_fp8.py", "_dequantize_fp8_weight",
+                           {"torch": torch})
+    channel = _function_from(ct, "compressed_tensors/quantization/lifecycle/forward_helpers.py", "_dequantize",
+                             {"torch": torch})
+    return block, channel, (f"transformers {TRANSFORMERS_PIN} _dequantize_fp8_weight, compressed-tensors "
+                            f"{COMPRESSED_TENSORS_PIN} _dequantize (wheels from PyPI); e4m3 bytes by ml_dtypes")
+
+
+def e4m3_values(codes):
+    """FP8 e4m3fn bytes as float32, by ml_dtypes (an independent decoder)."""
+    import ml_dtypes
+    return codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def draw_e4m3(rng, shape, scale=1.0):
+    """Every e4m3 byte but the two NaNs (0x7F, 0xFF), subnormals included."""
+    codes = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] ^= 1
+    return codes
+
+
+def settle_routing(c, st, x, rng):
+    """Redraws rows of x until every token's routing clears the margins (top-k and group)."""
+    for _ in range(1000):
+        y, ids, wts, gap, ggap, _ = lg.reference_torch(c, st, x, dict(lg.HF_KNOBS))
+        bad = gap <= lg.MARGIN
+        if ggap is not None:
+            bad = bad | (ggap <= lg.MARGIN)
+        rows = np.nonzero(bad.numpy())[0]
+        if len(rows) == 0:
+            return y, ids, wts
+        for r in rows:
+            x[r] = rng.standard_normal(x.shape[1], dtype=np.float32)
+    raise RuntimeError("could not satisfy the routing margins")
+
+
+def save_io(d, x, y, ids, wts):
+    np.save(os.path.join(d, "input.npy"), x)
+    np.save(os.path.join(d, "output.npy"), y.numpy().astype(np.float32))
+    np.save(os.path.join(d, "ids.npy"), ids.numpy().astype(np.int32))
+    np.save(os.path.join(d, "weights.npy"), wts.numpy().astype(np.float32))
+
+
+def build_fp8_deepseek(dequant, source):
+    name = "fp8_deepseek_v3"
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    c = dict(name=name, family="deepseek_v3", seed=2029, D=160, F=96, E=8, K=2, T=16, layer=1, n_layers=2,
+             layout="per_expert", dtype="bf16", sharded=False, n_shared=1, rsf=2.5, n_group=2, topk_group=1,
+             norm=True)
+    rng = np.random.default_rng(c["seed"])
+    D, F, E, L = c["D"], c["F"], c["E"], c["layer"]
+    cfg = lg.make_config(c)
+    cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                  "weight_block_size": [128, 128]}
+    blk = f"model.layers.{L}.mlp"
+    bf = lg.bf16_round
+    router = bf(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
+    bias = rng.uniform(-0.05, 0.3, E).astype(np.float32)
+    tensors = [(f"{blk}.gate.weight", router, "BF16"), (f"{blk}.gate.e_score_correction_bias", bias, "F32")]
+    st = {f"{blk}.gate.weight": (router, "BF16"), f"{blk}.gate.e_score_correction_bias": (bias, "F32")}
+    decoded = []
+    projections = [(f"{blk}.experts.{e}.{p}", (D, F) if p == "down_proj" else (F, D))
+                   for e in range(E) for p in ("gate_proj", "up_proj", "down_proj")]
+    projections += [(f"{blk}.shared_experts.{p}", (D, F) if p == "down_proj" else (F, D))
+                    for p in ("gate_proj", "up_proj", "down_proj")]
+    for module, (out, inp) in projections:
+        codes = draw_e4m3(rng, (out, inp))
+        srows, scols = -(-out // 128), -(-inp // 128)
+        # Scales of real releases' magnitude (max |w| / 448 for |w| ~ 0.05), one block extreme.
+        scale = (rng.uniform(0.5, 2.0, (srows, scols)) * 2.0 ** -12).astype(np.float32)
+        w = dequant(torch.from_numpy(e4m3_values(codes)), torch.from_numpy(scale), [128, 128], torch.float32)
+        w = w.numpy()
+        tensors += [(f"{module}.weight", codes, "F8_E4M3"), (f"{module}.weight_scale_inv", scale, "F32")]
+        decoded.append((f"{module}.weight", w, "F32"))
+        st[f"{module}.weight"] = (w, "F32")
+    lg.write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
+    os.makedirs(os.path.join(d, "reference"))
+    lg.write_safetensors(os.path.join(d, "reference", "decoded.safetensors"), decoded)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    x = rng.standard_normal((c["T"], D), dtype=np.float32)
+    save_io(d, x, *settle_routing(c, st, x, rng))
+    return dict(name=name, layer=L, format="fp8 e4m3, 128 x 128 blocks, f32 scale_inv",
+                decoded_by=source, reference="tools/gen_layer_goldens.py reference_torch (DeepseekV3MoE) in float32",
+                margin=lg.MARGIN)
+
+
+def build_fp8_channel(dequant, source):
+    name = "fp8_channel_qwen3"
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    c = dict(name=name, family="qwen3_moe", seed=2030, D=64, F=32, E=8, K=2, T=16, layer=1, n_layers=2,
+             layout="per_expert", dtype="bf16", sharded=False, norm=True)
+    rng = np.random.default_rng(c["seed"])
+    D, F, E, L = c["D"], c["F"], c["E"], c["layer"]
+    cfg = lg.make_config(c)
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "group_size": None,
+               "block_structure": None, "dynamic": False, "observer": "minmax"}
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": "float-quantized",
+                                      "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                                            "dynamic": True, "symmetric": True}}},
+        "ignore": ["lm_head", "re:.*mlp.gate$"]}
+    blk = f"model.layers.{L}.mlp"
+    bf = lg.bf16_round
+    router = bf(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
+    tensors = [(f"{blk}.gate.weight", router, "BF16")]
+    st = {f"{blk}.gate.weight": (router, "BF16")}
+    decoded = []
+    for e in range(E):
+        for p in ("gate_proj", "up_proj", "down_proj"):
+            module = f"{blk}.experts.{e}.{p}"
+            out, inp = (D, F) if p == "down_proj" else (F, D)
+            codes = draw_e4m3(rng, (out, inp))
+            scale = bf((rng.uniform(0.5, 2.0, (out, 1)) * 2.0 ** -12).astype(np.float32))
+            s_bf16 = torch.from_numpy(scale).to(torch.bfloat16)
+            w = dequant(torch.from_numpy(e4m3_values(codes)), s_bf16).to(torch.float32).numpy()
+            tensors += [(f"{module}.weight", codes, "F8_E4M3"), (f"{module}.weight_scale", scale, "BF16")]
+            decoded.append((f"{module}.weight", w, "F32"))
+            st[f"{module}.weight"] = (w, "F32")
+    lg.write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
+    os.makedirs(os.path.join(d, "reference"))
+    lg.write_safetensors(os.path.join(d, "reference", "decoded.safetensors"), decoded)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    x = rng.standard_normal((c["T"], D), dtype=np.float32)
+    save_io(d, x, *settle_routing(c, st, x, rng))
+    return dict(name=name, layer=L, format="fp8 e4m3, a bf16 scale per row (compressed-tensors channel)",
+                decoded_by=source, reference="tools/gen_layer_goldens.py reference_torch (Qwen3MoeSparseMoeBlock)",
+                margin=lg.MARGIN)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     convert, source = mxfp4_reference()
-    cases = [build_mxfp4(convert, source)]
+    block, channel, fp8_source = fp8_references()
+    cases = [build_mxfp4(convert, source), build_fp8_deepseek(block, fp8_source),
+             build_fp8_channel(channel, fp8_source)]
+    import ml_dtypes
     recipe = dict(command="/usr/bin/python3 tools/gen_format_goldens.py", python=sys.version.split()[0],
-                  numpy=np.__version__, torch=torch.__version__, mxfp4_decode=source)
+                  numpy=np.__version__, torch=torch.__version__, ml_dtypes=ml_dtypes.__version__,
+                  mxfp4_decode=source, fp8_decode=fp8_source)
     with open(os.path.join(OUT, "manifest.json"), "w") as f:
         json.dump(dict(recipe=recipe, cases=cases), f, indent=2)
         f.write("\n")

@@ -101,7 +101,7 @@ def write_safetensors(path, tensors, metadata=None):
             raw = np.ascontiguousarray(arr, dtype="<u4").tobytes()
         elif dt == "F16":
             raw = np.ascontiguousarray(arr, dtype="<f2").tobytes()
-        elif dt == "U8":
+        elif dt in ("U8", "F8_E4M3", "F8_E8M0"):
             raw = np.ascontiguousarray(arr, dtype="u1").tobytes()
         else:
             raise ValueError(dt)

@@ -120,7 +120,8 @@ Row make_row(const BenchShape& s, const WeightFormat& format, const std::string&
   row.saved_bytes_per_token = t.saved_bytes;
   row.shape = s.name;
   row.dtype = format.name();
-  row.layout = format.mxfp4                            ? "mxfp4"
+  row.layout = format.element == Element::e2m1         ? "mxfp4"
+               : format.element == Element::e4m3       ? "fp8"
                : format.quantized()                    ? "affine"
                : format.bf16_act && layout == "panels" ? "amx_tiles"
                                                        : layout;
@@ -207,7 +208,7 @@ Plan check_options(const Options& o) {
   for (const WeightFormat& d : p.dtypes) {
     const int group = d.spec().group;
     for (const BenchShape* s : p.shapes)
-      if (d.quantized() && (s->D % group != 0 || s->F % group != 0))
+      if (d.quantized() && d.element != Element::e4m3 && (s->D % group != 0 || s->F % group != 0))  // FP8: ragged ok
         throw std::invalid_argument(MOEKIT_MSG("--dtype " << d.name() << " groups " << group << " inputs, which shape "
                                                           << s->name << " (D = " << s->D << ", F = " << s->F
                                                           << ") does not divide"));

@@ -26,8 +26,9 @@ struct Options {
 
 // ---- formats.cpp: what the options name ------------------------------------------------------
 
-/// A weight format of the benchmark: a float dtype, MXFP4, or MLX affine codes of `bits` bits (group
-/// 64, bf16 scales and biases: what mlx-community's models use). "-int8": the fast mode
+/// A weight format of the benchmark: a float dtype, MXFP4 (GPT-OSS's release), block-scaled FP8
+/// (DeepSeek-V3's: 128 × 128 blocks, f32 scales), or MLX affine codes of `bits` bits (group 64,
+/// bf16 scales and biases: what mlx-community's models use). "-int8": the fast mode
 /// (MoeLayer::set_int8_activations); "bf16-act": bf16 weights with the bf16 compute mode
 /// (MoeLayer::set_bf16_activations).
 struct WeightFormat {
@@ -35,7 +36,8 @@ struct WeightFormat {
   int bits = 0;
   bool int8 = false;
   bool bf16_act = false;
-  bool mxfp4 = false;  ///< MXFP4 (e2m1, group 32, e8m0 scales: GPT-OSS's release) instead of affine
+  /// With bits != 0: affine, e2m1 (MXFP4: group 32, e8m0 scales) or e4m3 (FP8, 128 × 128 blocks).
+  Element element = Element::affine;
   static constexpr int kGroup = 64;
   bool quantized() const { return bits != 0; }
   std::string name() const;

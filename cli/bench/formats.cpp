@@ -1,6 +1,7 @@
 // `moekit bench`'s options: the shapes, weight formats and layouts they name, and what a layer
 // of each weighs.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -12,12 +13,14 @@ namespace moekit::cli::bench {
 
 const char* const kDtypeList =
     "f32, bf16, f16; q2, q3, q4, q5, q6, q8 (MLX affine, group 64, bf16 scales); q4-int8, q8-int8 (the "
-    "int8 fast mode); mxfp4 (e2m1, group 32, e8m0 scales); bf16-act (bf16 weights, bf16 compute mode)";
+    "int8 fast mode); mxfp4 (e2m1, group 32, e8m0 scales); fp8 (e4m3, 128 x 128 blocks, f32 scales); bf16-act "
+    "(bf16 weights, bf16 compute mode)";
 
 std::string WeightFormat::name() const {
   if (bf16_act) return "bf16-act";
   if (!quantized()) return dtype_name(dtype);
-  if (mxfp4) return "mxfp4";
+  if (element == Element::e2m1) return "mxfp4";
+  if (element == Element::e4m3) return "fp8";
   std::string n{'q', static_cast<char>('0' + bits)};
   if (int8) n += "-int8";
   return n;
@@ -27,8 +30,8 @@ synth::WeightSpec WeightFormat::spec() const {
   synth::WeightSpec s;
   s.dtype = dtype;
   s.bits = bits;
-  s.group = mxfp4 ? 32 : kGroup;
-  s.element = mxfp4 ? Element::e2m1 : Element::affine;
+  s.group = element == Element::e2m1 ? 32 : element == Element::e4m3 ? 128 : kGroup;
+  s.element = element;
   return s;
 }
 
@@ -74,7 +77,11 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
     } else if (item == "mxfp4") {
       f.dtype = DType::u8;
       f.bits = 4;
-      f.mxfp4 = true;
+      f.element = Element::e2m1;
+    } else if (item == "fp8") {
+      f.dtype = DType::u8;
+      f.bits = 8;
+      f.element = Element::e4m3;
     } else if ((item == "q4-int8" || item == "q8-int8")) {
       f.dtype = DType::u32;
       f.bits = item[1] - '0';
@@ -103,10 +110,14 @@ std::vector<std::string> parse_layouts(const std::string& text) {
 }
 
 // Bytes of one expert's three matrices (quantized: codes + bf16 scales and biases; MXFP4: nibbles
-// + one e8m0 byte per 32).
+// + one e8m0 byte per 32; FP8: bytes + one f32 per 128 × 128 block).
 double expert_bytes(const BenchShape& s, const WeightFormat& f) {
   const double n = 3.0 * static_cast<double>(s.D) * static_cast<double>(s.F);
-  if (f.mxfp4) return n * 4 / 8.0 + n / 32.0;
+  if (f.element == Element::e2m1) return n * 4 / 8.0 + n / 32.0;
+  if (f.element == Element::e4m3) {
+    const double blocks = 3.0 * std::ceil(static_cast<double>(s.D) / 128) * std::ceil(static_cast<double>(s.F) / 128);
+    return n + 4.0 * blocks;
+  }
   if (f.quantized()) return n * f.bits / 8.0 + n / WeightFormat::kGroup * 2.0 * 2.0;
   return n * static_cast<double>(dtype_size(f.dtype));
 }

@@ -63,6 +63,31 @@ struct QuantParams {
   std::string mode = "affine";  ///< only "affine" can be computed on
 };
 
+/// How a Hugging Face release's `quantization_config` says its quantized modules are stored, as
+/// far as moekit reads it (docs/formats.md, "Released formats"): quant_method "fp8" (fine-grained
+/// FP8: `weight` F8_E4M3 and `weight_scale_inv`) or "compressed-tensors" (`float-quantized`:
+/// `weight` F8_E4M3 and `weight_scale`; `pack-quantized`: `weight_packed` I32, `weight_scale`,
+/// `weight_shape`). GPT-OSS's "mxfp4" needs nothing here.
+struct ReleaseQuant {
+  std::string element;  ///< "e4m3" or "int4"; empty: the release quantizes nothing moekit reads this way
+  /// The block one scale covers, [rows, cols] of weights; 0 stands for the whole dimension (a scale
+  /// per row is {1, 0}, one per tensor {0, 0}). fp8: weight_block_size; compressed-tensors: the
+  /// strategy (block: block_structure, group: {1, group_size}, channel, tensor).
+  int block_rows = 0, block_cols = 0;
+  std::string scale_suffix;  ///< "weight_scale_inv" (fp8) or "weight_scale" (compressed-tensors)
+  bool symmetric = true;     ///< compressed-tensors: false adds `weight_zero_point`
+  /// compressed-tensors decodes in the scale's dtype (value × scale rounded to bf16 / f16).
+  bool round_to_scale_dtype = false;
+  /// Modules stored unquantized: modules_to_not_convert / ignored_layers (fp8), ignore
+  /// (compressed-tensors; "re:" entries are regular expressions matched from the name's start).
+  std::vector<std::string> exclude;
+
+  bool quantizes() const noexcept { return !element.empty(); }
+  /// Whether `module` (a path without `.weight`) is in `exclude`: equal to an entry, an entry's
+  /// dotted suffix or prefix, or matched by an "re:" entry.
+  bool excludes(const std::string& module) const;
+};
+
 /// config.json's `quantization` (or its mirror `quantization_config`), as mlx-lm writes it:
 /// top-level bits / group_size / mode, and per-module entries keyed by module path (the tensor
 /// name without `.weight`) that override them (`false`: that module is not quantized; a
@@ -72,6 +97,8 @@ struct QuantConfig {
   /// `quantization_config.quant_method` of a Hugging Face release ("mxfp4": GPT-OSS as OpenAI ships
   /// it); empty for mlx-lm's configs. The loader refuses a method it does not read, naming it.
   std::string method;
+  /// quant_method "fp8" / "compressed-tensors": how its modules are stored.
+  ReleaseQuant release;
   QuantParams defaults;
   std::map<std::string, QuantParams> modules;
 

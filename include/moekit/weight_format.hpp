@@ -39,6 +39,9 @@ struct WeightFormat {
   int block_cols = 0;              ///< inputs (columns) one scale covers: the group size; 0 without scales
   DType scale_dtype = DType::f32;  ///< how a scale (and a bias) is stored
   bool has_bias = false;           ///< a bias beside every scale (MLX affine)
+  /// The dtype the reference rounds each decoded weight to: f32 (the product as fp32), or bf16 /
+  /// f16 where the format's own code dequantizes in its scales' dtype (compressed-tensors).
+  DType decode_dtype = DType::f32;
 
   bool quantized() const noexcept { return element != Element::plain; }
   bool operator==(const WeightFormat&) const = default;

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "io/family.hpp"
+#include "io/release_quant.hpp"
 #include "moekit/config.hpp"
 #include "util/error.hpp"
 
@@ -358,6 +359,7 @@ QuantConfig parse_quantization(const json& root, const std::string& model_type) 
                                                                                "must be a string, got "
                                                                             << hf.at("quant_method").dump()));
       qc.method = hf.at("quant_method").get<std::string>();
+      qc.release = detail::parse_release_quant(hf, qc.method, model_type);
     }
   }
   if (q == nullptr) return qc;

@@ -142,15 +142,86 @@ class BlockReader {
     return microscaled(codes.data(), scales, rel + ".scales", E, out, in, format);
   }
 
+  // FP8 as a Hugging Face release stores it (quant_method fp8, or compressed-tensors'
+  // float-quantized): `<rel>.weight` F8_E4M3 [.., out, in] and its scales `<rel>.<suffix>` (F32,
+  // BF16, F16 or F8_E8M0) [.., ceil(out / rows), ceil(in / cols)] for the release's block (a
+  // per-tensor scale may be a scalar or [1]), used in place. Scales must be finite (e8m0: not
+  // the NaN 0xFF).
+  template <typename ShapeOf>
+  ExpertMatrix fp8(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in, const ShapeOf& shape,
+                   std::vector<std::shared_ptr<const void>>& keep, bool& copied) const {
+    const ReleaseQuant& rq = quant_.release;
+    const std::string w = rel + ".weight";
+    if (rq.element != "e4m3")
+      fail(w, "holds FP8 (F8_E4M3) weights, but config.json's quantization_config " +
+                  (quant_.method.empty() ? std::string("has no quant_method (expected fp8 or compressed-tensors)")
+                                         : "has quant_method '" + quant_.method + "' without an FP8 weight scheme"));
+    const std::string sname = rel + "." + rq.scale_suffix;
+    const std::int64_t br = rq.block_rows > 0 ? rq.block_rows : out, bc = rq.block_cols > 0 ? rq.block_cols : in;
+    const std::int64_t srows = (out + br - 1) / br, scols = (in + bc - 1) / bc;
+    const TensorInfo& wi = ckpt_->info(full(w));
+    if (wi.shape != shape(in))
+      fail(w, MOEKIT_MSG("has shape " << shape_str(wi.shape) << ", expected " << shape_str(shape(in))));
+    const std::string block = MOEKIT_MSG(br << " × " << bc << " blocks of [" << out << ", " << in << "]");
+    if (!has(sname))
+      fail(sname,
+           MOEKIT_MSG("is missing: FP8 weights need their scales, expected shape "
+                      << shape_str(E > 0 ? Shape{E, srows, scols} : Shape{srows, scols}) << " (" << block << ")"));
+    const TensorInfo& si = ckpt_->info(full(sname));
+    const Shape want = E > 0 ? Shape{E, srows, scols} : Shape{srows, scols};
+    std::int64_t numel = 1;
+    for (const std::int64_t d : si.shape) numel *= d;
+    const bool scalar = E == 0 && srows * scols == 1 && numel == 1 && si.shape.size() <= 2;
+    if (si.shape != want && !scalar)
+      fail(sname,
+           MOEKIT_MSG("has shape " << shape_str(si.shape) << ", expected " << shape_str(want) << " (" << block << ")"));
+    if (si.dtype_name != "F32" && si.dtype_name != "BF16" && si.dtype_name != "F16" && si.dtype_name != "F8_E8M0")
+      fail(sname, "has dtype " + si.dtype_name + ", expected F32, BF16, F16 or F8_E8M0 (FP8 scales)");
+    TensorView sv = ckpt_->view(full(sname));
+    const DType sd = sv.dtype();
+    for (std::int64_t i = 0; i < numel; ++i) {
+      const float x = kernels::load_f32(sv.data(), sd, i);
+      if (!std::isfinite(x))
+        fail(sname, MOEKIT_MSG("has a non-finite scale " << x << " at flat index " << i << " (block row "
+                                                         << i / scols % srows << ", column " << i % scols << ")"));
+    }
+    if (reinterpret_cast<std::uintptr_t>(sv.data()) % dtype_size(sd) != 0) {
+      auto t = std::make_shared<Tensor>(sv.shape(), sd);
+      std::memcpy(t->data(), sv.data(), sv.nbytes());
+      keep.push_back(t);
+      copied = true;
+      sv = t->view();
+    }
+    const std::int64_t n = std::max<std::int64_t>(E, 1);
+    ExpertMatrix m = ExpertMatrix::stacked(TensorView(ckpt_->view(full(w)).data(), {n, out, in}, DType::u8));
+    m.format = WeightFormat::fp8(static_cast<int>(br), static_cast<int>(bc), sd);
+    if (rq.round_to_scale_dtype) m.format.decode_dtype = sd == DType::bf16 || sd == DType::f16 ? sd : DType::f32;
+    m.scales = ExpertMatrix::stacked(TensorView(sv.data(), {n, srows, scols}, sd)).experts;
+    m.scale_stride = scols;
+    return m;
+  }
+
   // Projection module `rel` (relative to the block, without ".weight") of E experts stacked
   // [E, out, in] (E > 0) or one [out, in] matrix (E == 0): float as stored, or MLX-quantized when
   // `<rel>.scales` exists (affine: codes, scales and biases; mxfp4 / mxfp8: codes and scales; in
   // place).
+  // `projection`: an expert's (routed or shared) gate, up or down, which a release's
+  // quantization_config quantizes unless it lists the module as excluded.
   ExpertMatrix matrix(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
-                      std::vector<std::shared_ptr<const void>>& keep, bool& copied) const {
+                      std::vector<std::shared_ptr<const void>>& keep, bool& copied, bool projection = true) const {
     const auto shape = [&](std::int64_t last) { return E > 0 ? Shape{E, out, last} : Shape{out, last}; };
     const std::string module = full(rel);
     const QuantParams q = quant_.of(module);
+    if (has(rel + ".weight") && ckpt_->info(full(rel + ".weight")).dtype_name == "F8_E4M3")
+      return fp8(rel, E, out, in, shape, keep, copied);
+    const ReleaseQuant& rq = quant_.release;
+    if (projection && rq.quantizes() && !rq.excludes(module) && !has(rel + ".scales")) {
+      const std::string stored = has(rel + ".weight") ? ckpt_->info(full(rel + ".weight")).dtype_name : "missing";
+      fail(rel + ".weight",
+           MOEKIT_MSG("is " << stored << ", but config.json's quantization_config (quant_method " << quant_.method
+                            << ") quantizes it and does not list it as excluded: expected "
+                            << (rq.element == "e4m3" ? "F8_E4M3 with '" + rq.scale_suffix + "'" : "'weight_packed'")));
+    }
     if (!has(rel + ".scales")) {
       if (quant_.modules.count(module) && q.bits != 0)
         fail(rel + ".weight", MOEKIT_MSG("is quantized in config.json (" << q.bits << " bits, group "
@@ -244,11 +315,11 @@ void check_release_quantization(const BlockReader& r, const MoeConfig& c) {
   const std::string& method = c.quantization.method;
   const std::string blocks = c.names.experts + ".gate_up_proj_blocks";
   const std::string& file = r.checkpoint()->path();
-  if (!method.empty() && method != "mxfp4")
-    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": config.json's quantization_config "
-                                                                    << "has quant_method '" << method
-                                                                    << "', which moekit does not read (supported: "
-                                                                       "mxfp4; and mlx-lm's 'quantization')"));
+  if (!method.empty() && method != "mxfp4" && method != "fp8" && method != "compressed-tensors")
+    throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] "
+                                        << file << ": config.json's quantization_config has quant_method '" << method
+                                        << "', which moekit does not read (supported: mxfp4, fp8, "
+                                           "compressed-tensors; and mlx-lm's 'quantization')"));
   if (r.has(blocks) && method != "mxfp4")
     throw std::runtime_error(MOEKIT_MSG("[moekit::load_moe_layer] " << file << ": '" << r.full(blocks)
                                                                     << "' holds MXFP4 blocks, but config.json's "
@@ -473,7 +544,7 @@ MoeLayer load_moe_layer(std::shared_ptr<const Checkpoint> ckpt, const MoeConfig&
   w.keep_alive.push_back(ckpt);
   w.block = block;
   bool copied = false;
-  const ExpertMatrix router = r.matrix(n.router, 0, E, D, w.keep_alive, copied);
+  const ExpertMatrix router = r.matrix(n.router, 0, E, D, w.keep_alive, copied, false);
   if (router.quantized()) {
     w.router_quantized = router;
   } else {
@@ -500,7 +571,7 @@ MoeLayer load_moe_layer(std::shared_ptr<const Checkpoint> ckpt, const MoeConfig&
     sh.up = one("up_proj", S, D);
     sh.down = one("down_proj", D, S);
     if (config.shared_gated) {
-      const ExpertMatrix g = r.matrix(n.shared_gate, 0, 1, D, w.keep_alive, copied);
+      const ExpertMatrix g = r.matrix(n.shared_gate, 0, 1, D, w.keep_alive, copied, false);
       if (g.quantized()) {
         w.shared_gate_quantized = g;
       } else {

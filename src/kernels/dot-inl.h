@@ -233,8 +233,14 @@ HWY_INLINE void DecodeRow(const BV& view, int64_t n, typename BV::Row row, int64
 
 // Whether a format's view decodes B's rows of K columns: groups and K of whole vectors (a group
 // as long as the row, such as a per-channel scale's, needs only K to be).
+// A weight rounded to f16 (WeightFormat::decode_dtype) needs the hardware conversion (F16C,
+// AVX2 and up): Highway's emulation elsewhere does not round as f32_to_f16 does, so the scalar
+// decode serves there.
 HWY_INLINE bool ViewFits(const WeightMatrix& B, int64_t K) {
   const int64_t L = static_cast<int64_t>(hn::Lanes(DF()));
+#if !HWY_ARCH_X86 || HWY_TARGET > HWY_AVX2
+  if (B.format.decode_dtype == DType::f16) return false;
+#endif
   return K % L == 0 && (B.format.block_cols % L == 0 || B.format.block_cols >= K);
 }
 

@@ -38,17 +38,6 @@ void GemmNt(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t 
   ByDtype<RowsB>(A, B, C, M, N, K, B.ld);
 }
 
-// f32 -> bf16, round to nearest even (f32_to_bf16's rule; a NaN becomes a quiet NaN), as the
-// upper 16 bits of each u32 lane.
-template <class DU>
-HWY_INLINE hn::Vec<DU> RoundedBf16Bits(DU du, hn::Vec<DF> v) {
-  const auto bits = hn::BitCast(du, v);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
-  const auto quiet = hn::Or(bits, hn::Set(du, 0x400000u));
-  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-}
-
 // round_to_bf16's kernel: rows of A (gathered, scaled) rounded to bf16, stored as bf16 or as the
 // f32 values they are, rows `ld` elements apart.
 void RoundRowsBf16(const RowSource& A, int64_t rows, int64_t K, bool as_f32, void* dst, int64_t ld) {

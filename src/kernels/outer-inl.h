@@ -26,6 +26,17 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 
+// f32 -> bf16, round to nearest even (f32_to_bf16's rule; a NaN becomes a quiet NaN), as the
+// upper 16 bits of each u32 lane.
+template <class DU>
+HWY_INLINE hn::Vec<DU> RoundedBf16Bits(DU du, hn::Vec<DF> v) {
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), lsb));
+  const auto quiet = hn::Or(bits, hn::Set(du, 0x400000u));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+}
+
 template <typename TB>
 HWY_INLINE hn::Vec<DF> WidenLoad(DF df, const TB* p) {
   if constexpr (std::is_same_v<TB, float>) {

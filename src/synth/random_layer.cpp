@@ -108,6 +108,27 @@ ExpertMatrix random_mxfp4(std::int64_t n, std::int64_t out, std::int64_t in, std
   m.scale_stride = in / 32;
   return m;
 }
+// FP8 in DeepSeek-V3's layout: random e4m3 bytes but the NaNs (magnitudes up to 448) and the f32
+// scale 2^-14 for every 128 × 128 block: values within ±0.027, of the float weights' spread.
+ExpertMatrix random_fp8(std::int64_t n, std::int64_t out, std::int64_t in, std::uint64_t& stream,
+                        std::vector<std::shared_ptr<const void>>& keep) {
+  const std::int64_t srows = (out + 127) / 128, scols = (in + 127) / 128;
+  auto bytes = std::make_shared<Tensor>(Tensor::uninitialized({n, out, in}, DType::u8));
+  auto scales = std::make_shared<Tensor>(Tensor::uninitialized({n, srows, scols}, DType::f32));
+  std::uint64_t state = stream++ * 0xD1B54A32D192ED03ull;
+  auto* b = bytes->data_as<std::uint8_t>();
+  for (std::int64_t i = 0; i < bytes->numel(); ++i) {
+    const auto v = static_cast<std::uint8_t>(detail::splitmix(state));
+    b[i] = (v & 0x7F) == 0x7F ? static_cast<std::uint8_t>(v ^ 1) : v;
+  }
+  std::fill_n(scales->data_as<float>(), scales->numel(), 0x1p-14f);
+  keep.insert(keep.end(), {bytes, scales});
+  ExpertMatrix m = ExpertMatrix::stacked(*bytes);
+  m.format = WeightFormat::fp8(128, 128, DType::f32);
+  m.scales = ExpertMatrix::stacked(*scales).experts;
+  m.scale_stride = scols;
+  return m;
+}
 }  // namespace
 
 ExpertMatrix random_matrix(const WeightSpec& spec, std::int64_t n, std::int64_t out, std::int64_t in,
@@ -119,6 +140,7 @@ ExpertMatrix random_matrix(const WeightSpec& spec, std::int64_t n, std::int64_t 
     return ExpertMatrix::stacked(*t);
   }
   if (spec.element == Element::e2m1) return random_mxfp4(n, out, in, stream, keep);
+  if (spec.element == Element::e4m3) return random_fp8(n, out, in, stream, keep);
   const std::int64_t words = in * spec.bits / 32, groups = in / spec.group;
   auto codes = std::make_shared<Tensor>(Tensor::uninitialized({n, out, words}, DType::u32));
   auto scales = std::make_shared<Tensor>(Tensor::uninitialized({n, out, groups}, DType::bf16));

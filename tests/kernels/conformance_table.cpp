@@ -540,18 +540,19 @@ std::shared_ptr<const WeightFormat> mxfp8_format() {
 // Block-scaled FP8 (DeepSeek-V3's 128 × 128; blocks of 16 × 32 to cross many block edges in small
 // shapes): ragged edge blocks in both dimensions, K that is not a whole number of vectors (the
 // scalar path), and N of 150 on the pool, whose thread shares start at column 64, inside a block.
-std::shared_ptr<const WeightFormat> fp8_blocks_format(int block_rows, int block_cols, DType scale_dtype) {
+std::shared_ptr<const WeightFormat> fp8_blocks_format(int block_rows, int block_cols, DType scale_dtype,
+                                                      DType decode_dtype = DType::f32) {
   std::vector<Case> cases;
   int i = 0;
   for (const std::int64_t M : {1, 2, 3, 7, 40})
     for (const std::int64_t N : {13, 150})
       for (const std::int64_t K : {48, 200, 256, 36}) cases.push_back(variant(M, N, K, i++ % 4));
-  const std::string name = "fp8b" + std::to_string(block_rows) + "x" + std::to_string(block_cols) +
-                           (scale_dtype == DType::f32    ? "f32"
-                            : scale_dtype == DType::bf16 ? "bf16"
-                                                         : "e8m0");
-  return scaled_format(name, moekit::WeightFormat::fp8(block_rows, block_cols, scale_dtype), e4m3_number,
-                       make_set("edges", std::move(cases)));
+  std::string name = "fp8b" + std::to_string(block_rows) + "x" + std::to_string(block_cols) + dtype_name(scale_dtype);
+  if (decode_dtype != DType::f32) name += std::string("round") + dtype_name(decode_dtype);
+  name.erase(std::remove(name.begin(), name.end(), '_'), name.end());  // letters and digits
+  moekit::WeightFormat format = moekit::WeightFormat::fp8(block_rows, block_cols, scale_dtype);
+  format.decode_dtype = decode_dtype;
+  return scaled_format(name, format, e4m3_number, make_set("edges", std::move(cases)));
 }
 
 }  // namespace
@@ -571,7 +572,8 @@ const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
     out.push_back(fp8_blocks_format(128, 128, DType::f32));
     out.push_back(fp8_blocks_format(128, 128, DType::f8_e8m0));
     out.push_back(fp8_blocks_format(16, 32, DType::bf16));
-    out.push_back(fp8_blocks_format(1, 256, DType::bf16));  // a scale per row (compressed-tensors)
+    out.push_back(fp8_blocks_format(1, 256, DType::bf16, DType::bf16));  // compressed-tensors, per row
+    out.push_back(fp8_blocks_format(1, 256, DType::f16, DType::f16));
     return out;
   }();
   return formats;

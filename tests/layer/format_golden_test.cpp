@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
 #include "moekit/safetensors.hpp"
+#include "moekit/threading.hpp"
 #include "moekit/train.hpp"
 #include "util/compare.hpp"
 
@@ -102,6 +104,93 @@ TEST(Mxfp4Golden, WidensExactlyForTraining) {
     }
   const MoeLayer trainable = make_trainable_layer(layer.config(), p);
   const Tensor x = read_npy(kMxfp4 + "/input.npy");
+  const Tensor y = layer.forward(x), y_trainable = trainable.forward(x);
+  ASSERT_EQ(std::memcmp(y.data(), y_trainable.data(), y.nbytes()), 0) << "the widened layer computes other bits";
+}
+
+// ---- FP8 -------------------------------------------------------------------------------------
+
+const std::string kFp8Block = kDir + "/fp8_deepseek_v3";      // quant_method fp8, 128 × 128, F32 scale_inv
+const std::string kFp8Channel = kDir + "/fp8_channel_qwen3";  // compressed-tensors, a BF16 scale per row
+
+// Every routed and shared projection of `dir` decoded bit for bit as the reference decoded it
+// (reference/decoded.safetensors holds its decode under each stored name).
+void expect_fp8_decoded(const std::string& dir, const MoeLayer& layer) {
+  const auto decoded = Checkpoint::open(dir + "/reference/decoded.safetensors");
+  const MoeWeights& w = layer.weights();
+  const char* names[] = {"gate_proj", "up_proj", "down_proj"};
+  const auto check = [&](const ExpertWeights& ex, const std::string& prefix, bool per_expert) {
+    const ExpertMatrix* m[] = {&ex.gate, &ex.up, &ex.down};
+    for (std::int64_t e = 0; e < ex.num_experts(); ++e)
+      for (int p = 0; p < 3; ++p) {
+        const std::string name =
+            w.block + "." + prefix + (per_expert ? std::to_string(e) + "." : "") + names[p] + ".weight";
+        const TensorView ref = decoded->view(name);
+        const TensorView as_one(ref.data(), {1, ref.dim(0), ref.dim(1)}, DType::f32);
+        expect_decoded(m[p]->select({e}), 0, as_one, 0, 1, name.c_str());
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+  };
+  check(w.experts, "experts.", true);
+  if (w.shared.down.defined()) check(w.shared, "shared_experts.", false);
+}
+
+TEST(Fp8Golden, BlockScaledLoadsInPlaceAndMatchesTheReference) {
+  const MoeLayer layer = load_moe_layer(kFp8Block, 1);
+  const MoeWeights& w = layer.weights();
+  for (const ExpertWeights* ex : {&w.experts, &w.shared})
+    for (const ExpertMatrix* m : {&ex->gate, &ex->up, &ex->down}) {
+      EXPECT_EQ(m->format, WeightFormat::fp8(128, 128, DType::f32));
+      EXPECT_EQ(m->describe(), "fp8 e4m3, 128 × 128 blocks, f32 scales");
+    }
+  EXPECT_TRUE(w.mapped) << "FP8 experts are used in place";
+  // D = 160, F = 96: [96, 160] has 1 × 2 blocks, [160, 96] 2 × 1 (ragged edges); 1 byte per weight.
+  const std::int64_t E = 8, D = 160, F = 96;
+  EXPECT_EQ(w.experts.nbytes(), static_cast<std::size_t>(3 * E * F * D + 3 * E * 2 * 4));
+  const Tensor x = read_npy(kFp8Block + "/input.npy");
+  const Tensor want = read_npy(kFp8Block + "/output.npy");
+  const Tensor y = layer.forward(x);
+  ASSERT_EQ(y.shape(), want.shape());
+  const testing::MaxDiff d = testing::max_diff(y, want);
+  EXPECT_LE(d.err, 1e-5 * d.ref) << "max |y - y_ref| = " << d.err << ", max |y_ref| = " << d.ref;
+  RecordProperty("rel_err", std::to_string(d.err / d.ref));
+  for (const int t : {1, 2}) {  // a thread's share starting inside a 128-row block computes the same bits
+    set_num_threads(t);
+    const Tensor yt = layer.forward(x);
+    EXPECT_EQ(std::memcmp(yt.data(), y.data(), y.nbytes()), 0) << t << " threads";
+  }
+}
+
+TEST(Fp8Golden, BlockScaledDecodesAsTransformers) {
+  const MoeLayer layer = load_moe_layer(kFp8Block, 1);
+  expect_fp8_decoded(kFp8Block, layer);
+}
+
+TEST(Fp8Golden, PerChannelMatchesCompressedTensors) {
+  const MoeLayer layer = load_moe_layer(kFp8Channel, 1);
+  WeightFormat want = WeightFormat::fp8(1, 64, DType::bf16);
+  want.decode_dtype = DType::bf16;  // compressed-tensors multiplies in the scale's dtype
+  EXPECT_EQ(layer.weights().experts.gate.format, want);
+  EXPECT_EQ(layer.weights().experts.down.format.block_cols, 32);
+  expect_fp8_decoded(kFp8Channel, layer);
+  const Tensor x = read_npy(kFp8Channel + "/input.npy");
+  const Tensor want_y = read_npy(kFp8Channel + "/output.npy");
+  const testing::MaxDiff d = testing::max_diff(layer.forward(x), want_y);
+  EXPECT_LE(d.err, 1e-5 * d.ref) << "max |y - y_ref| = " << d.err << ", max |y_ref| = " << d.ref;
+}
+
+// Fine-tuning from an FP8 release: the fp32 copy holds exactly the reference's decoded weights.
+TEST(Fp8Golden, WidensExactlyForTraining) {
+  const MoeLayer layer = load_moe_layer(kFp8Block, 1);
+  const MoeTensors p = trainable_parameters(layer);
+  const auto decoded = Checkpoint::open(kFp8Block + "/reference/decoded.safetensors");
+  const std::int64_t F = 96, D = 160;
+  for (const std::int64_t e : {0, 7}) {
+    const TensorView down = decoded->view("model.layers.1.mlp.experts." + std::to_string(e) + ".down_proj.weight");
+    ASSERT_EQ(std::memcmp(p.down.data_as<const float>() + e * D * F, down.data(), D * F * 4), 0) << e;
+  }
+  const MoeLayer trainable = make_trainable_layer(layer.config(), p, layer.weights().selection_bias);
+  const Tensor x = read_npy(kFp8Block + "/input.npy");
   const Tensor y = layer.forward(x), y_trainable = trainable.forward(x);
   ASSERT_EQ(std::memcmp(y.data(), y_trainable.data(), y.nbytes()), 0) << "the widened layer computes other bits";
 }
@@ -232,6 +321,96 @@ TEST(MlxMxfp4Errors, ConfigAndTensorsMustAgree) {
   load_err(mutated(
                "mlx_mode", [](nlohmann::json& c) { c["quantization"]["mode"] = "nvfp4"; }, kKeepTensors, src),
            {"quantization mode 'nvfp4'", "supported: affine, mxfp4, mxfp8"});
+}
+
+TEST(Fp8Errors, ScalesMustBeThereWithTheirShapeDtypeAndValues) {
+  const std::string down = "model.layers.1.mlp.experts.3.down_proj";
+  expect_error(mutated(
+                   "fp8_no_scale", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == down + ".weight_scale_inv") s.name.clear();
+                   },
+                   kFp8Block),
+               {down + ".weight_scale_inv", "is missing", "(2, 1)", "128 × 128 blocks of [160, 96]"});
+  expect_error(mutated(
+                   "fp8_scale_shape", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == down + ".weight_scale_inv") s.shape = {1, 2};
+                   },
+                   kFp8Block),
+               {down + ".weight_scale_inv", "has shape (1, 2), expected (2, 1)"});
+  expect_error(mutated(
+                   "fp8_scale_dtype", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == down + ".weight_scale_inv") s.dtype = "I32";
+                   },
+                   kFp8Block),
+               {down + ".weight_scale_inv", "has dtype I32", "F32, BF16, F16 or F8_E8M0"});
+  expect_error(mutated(
+                   "fp8_scale_nan", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == down + ".weight_scale_inv") {
+                       const float inf = std::numeric_limits<float>::infinity();
+                       std::memcpy(s.bytes.data() + 4, &inf, 4);
+                     }
+                   },
+                   kFp8Block),
+               {down + ".weight_scale_inv", "non-finite scale inf", "flat index 1", "block row 1, column 0"});
+  expect_error(mutated(
+                   "fp8_weight_shape", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == down + ".weight") s.shape = {96, 160};
+                   },
+                   kFp8Block),
+               {down + ".weight", "has shape (96, 160), expected (160, 96)"});
+}
+
+TEST(Fp8Errors, ConfigAndTensorsMustAgree) {
+  expect_error(mutated(
+                   "fp8_no_method", [](nlohmann::json& c) { c.erase("quantization_config"); }, kKeepTensors, kFp8Block),
+               {"holds FP8 (F8_E4M3) weights", "has no quant_method (expected fp8 or compressed-tensors)"});
+  const auto load_config_err = [](const std::function<void(nlohmann::json&)>& edit, const std::string& tag,
+                                  const std::vector<std::string>& parts) {
+    try {
+      load_moe_layer(mutated(tag, edit, kKeepTensors, kFp8Block), 1);
+      FAIL() << tag << " loaded";
+    } catch (const std::exception& e) {
+      for (const std::string& p : parts)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
+    }
+  };
+  load_config_err([](nlohmann::json& c) { c["quantization_config"]["fmt"] = "e5m2"; }, "fp8_fmt",
+                  {"quantization_config", "fmt 'e5m2'", "supported: e4m3"});
+  load_config_err([](nlohmann::json& c) { c["quantization_config"]["scale_fmt"] = "e4m3"; }, "fp8_scale_fmt",
+                  {"scale_fmt 'e4m3'", "supported: float, ue8m0"});
+  load_config_err([](nlohmann::json& c) { c["quantization_config"]["weight_block_size"] = {128}; }, "fp8_block",
+                  {"weight_block_size", "two positive integers"});
+  // A block the scales do not match.
+  load_config_err(
+      [](nlohmann::json& c) {
+        c["quantization_config"]["weight_block_size"] = {64, 128};
+      },
+      "fp8_block_64", {"weight_scale_inv", "expected (2, 2)", "64 × 128 blocks of [96, 160]"});
+  // An expert projection stored as float in an FP8 release, not excluded.
+  const std::string up = "model.layers.1.mlp.experts.5.up_proj";
+  const auto widen = [&](Stored& s) {
+    if (s.name == up + ".weight") {
+      std::vector<std::uint8_t> f32(s.bytes.size() * 4);
+      s.dtype = "F32";
+      s.bytes = f32;
+    }
+    if (s.name == up + ".weight_scale_inv") s.name.clear();
+  };
+  expect_error(mutated("fp8_float_module", kKeepConfig, widen, kFp8Block),
+               {up + ".weight", "is F32", "quant_method fp8", "expected F8_E4M3 with 'weight_scale_inv'"});
+  // Listed in modules_to_not_convert, it is read as float, and then differs from its siblings.
+  expect_error(mutated(
+                   "fp8_excluded",
+                   [&](nlohmann::json& c) {
+                     c["quantization_config"]["modules_to_not_convert"] = {"lm_head", "experts.5.up_proj"};
+                   },
+                   widen, kFp8Block),
+               {"up mixes formats across experts", "expert 5: f32"});
 }
 
 }  // namespace

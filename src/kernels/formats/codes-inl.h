@@ -21,6 +21,18 @@ namespace moekit::kernels::HWY_NAMESPACE {
 
 using DU = hn::RebindToUnsigned<DF>;
 
+// A decoded weight rounded to `dtype` as the format's reference rounds it (WeightFormat::
+// decode_dtype): f32 unchanged; bf16 to nearest even (f32_to_bf16's rule); f16 to nearest even
+// through the target's f32 -> f16 conversion (f32_to_f16's rule).
+HWY_INLINE hn::Vec<DF> RoundTo(DF df, hn::Vec<DF> v, DType dtype) {
+  if (dtype == DType::bf16) return hn::BitCast(df, hn::And(RoundedBf16Bits(DU(), v), hn::Set(DU(), 0xffff0000u)));
+  if (dtype == DType::f16) {
+    const hn::Rebind<hwy::float16_t, DF> d16;
+    return hn::PromoteTo(df, hn::DemoteTo(d16, v));
+  }
+  return v;
+}
+
 // Lanes of this target, when known at compile time (0 on scalable targets).
 #if HWY_HAVE_SCALABLE
 constexpr int kLanes = 0;

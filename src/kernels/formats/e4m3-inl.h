@@ -49,7 +49,7 @@ struct E4m3B {
     const auto sign = hn::BitCast(df, hn::ShiftLeft<24>(hn::And(bits, hn::Set(du, 0x80u))));
     const auto nan = hn::RebindMask(df, hn::Eq(magnitude, hn::Set(du, 0x7Fu)));
     const auto v = hn::IfThenElse(nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()), hn::Or(value, sign));
-    return hn::Mul(v, hn::Set(df, s.s));
+    return RoundTo(df, hn::Mul(v, hn::Set(df, s.s)), B.format.decode_dtype);
   }
 };
 

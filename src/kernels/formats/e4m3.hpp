@@ -24,7 +24,7 @@ namespace moekit::kernels::formats::e4m3 {
 inline float decode(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
   const auto* row = static_cast<const std::uint8_t*>(B.data) + n * B.ld;
   const std::int64_t g = scale_index(B, n, k);
-  return e4m3_to_f32(row[k]) * load_f32(B.scales, B.format.scale_dtype, g);
+  return round_to(e4m3_to_f32(row[k]) * load_f32(B.scales, B.format.scale_dtype, g), B.format.decode_dtype);
 }
 
 inline std::int64_t row_elements(const WeightFormat&, std::int64_t cols) { return cols; }
@@ -37,14 +37,17 @@ inline std::string check(const WeightFormat& f, std::int64_t, std::int64_t) {
       f.scale_dtype != DType::f8_e8m0)
     return MOEKIT_MSG("e4m3 scales must be f32, bf16, f16 or f8_e8m0, got " << dtype_name(f.scale_dtype));
   if (f.has_bias) return "e4m3 blocks have no bias";
+  if (f.decode_dtype != DType::f32 && f.decode_dtype != DType::bf16 && f.decode_dtype != DType::f16)
+    return MOEKIT_MSG("e4m3 weights decode to f32, bf16 or f16, got " << dtype_name(f.decode_dtype));
   return {};
 }
 
 inline std::string describe(const WeightFormat& f) {
   if (f.block_rows == 1 && f.block_cols == 32 && f.scale_dtype == DType::f8_e8m0)
     return MOEKIT_MSG("mxfp8 (e4m3, group " << f.block_cols << ", " << dtype_name(f.scale_dtype) << " scales)");
-  return MOEKIT_MSG("fp8 e4m3, " << f.block_rows << " × " << f.block_cols << " blocks, " << dtype_name(f.scale_dtype)
-                                 << " scales");
+  return MOEKIT_MSG(
+      "fp8 e4m3, " << f.block_rows << " × " << f.block_cols << " blocks, " << dtype_name(f.scale_dtype) << " scales"
+                   << (f.decode_dtype != DType::f32 ? std::string(", decoded in ") + dtype_name(f.decode_dtype) : ""));
 }
 
 inline constexpr FormatTraits kTraits{"e4m3", DType::u8, row_elements, check, describe, decode};

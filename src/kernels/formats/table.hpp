@@ -46,6 +46,13 @@ inline std::int64_t scale_cols(const WeightFormat& f, std::int64_t cols) {
   return (cols + f.block_cols - 1) / f.block_cols;
 }
 
+/// `v` rounded to `dtype` (WeightFormat::decode_dtype): bf16 or f16 to nearest even, f32 as is.
+inline float round_to(float v, DType dtype) {
+  if (dtype == DType::bf16) return bf16_to_f32(f32_to_bf16(v));
+  if (dtype == DType::f16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
 /// The dtype `experts` / WeightMatrix::data hold in format `f` (`plain`: the float dtype itself).
 DType container_dtype(const WeightFormat& f, DType plain);
 
