@@ -343,16 +343,94 @@ def build_fp8_channel(dequant, source):
                 margin=lg.MARGIN)
 
 
+def int4_references():
+    """compressed-tensors' unpack_from_int32 and _dequantize, from its wheel."""
+    import sys as _sys
+    helpers = _wheel_source("compressed-tensors", COMPRESSED_TENSORS_PIN,
+                            "compressed_tensors/compressors/pack_quantized/helpers.py")
+    fwd = _wheel_source("compressed-tensors", COMPRESSED_TENSORS_PIN,
+                        "compressed_tensors/quantization/lifecycle/forward_helpers.py")
+    import typing
+    ns = {"torch": torch, "sys": _sys, "Literal": typing.Literal}
+    unpack = _function_from(helpers, "compressed_tensors/compressors/pack_quantized/helpers.py", "unpack_from_int32",
+                            ns)
+    dequant = _function_from(fwd, "compressed_tensors/quantization/lifecycle/forward_helpers.py", "_dequantize",
+                             {"torch": torch})
+    return unpack, dequant, (f"compressed-tensors {COMPRESSED_TENSORS_PIN} unpack_from_int32 + _dequantize "
+                             "(wheel from PyPI)")
+
+
+def build_int4_kimi(unpack, dequant, source):
+    """Kimi-K2-Thinking's layout: routed experts int4 (group 32, BF16 scales), shared experts BF16 by
+    an `re:` ignore entry."""
+    name = "int4_kimi_k2"
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    c = dict(name=name, family="deepseek_v3", seed=2031, D=128, F=64, E=8, K=2, T=16, layer=1, n_layers=2,
+             layout="per_expert", dtype="bf16", sharded=False, n_shared=1, rsf=2.827, n_group=1, topk_group=1,
+             norm=True)
+    rng = np.random.default_rng(c["seed"])
+    D, F, E, L = c["D"], c["F"], c["E"], c["layer"]
+    cfg = lg.make_config(c)
+    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
+               "block_structure": None, "dynamic": False, "observer": "minmax", "actorder": None}
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]}
+    blk = f"model.layers.{L}.mlp"
+    bf = lg.bf16_round
+    router = bf(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
+    bias = rng.uniform(-0.05, 0.3, E).astype(np.float32)
+    tensors = [(f"{blk}.gate.weight", router, "BF16"), (f"{blk}.gate.e_score_correction_bias", bias, "F32")]
+    st = {f"{blk}.gate.weight": (router, "BF16"), f"{blk}.gate.e_score_correction_bias": (bias, "F32")}
+    for p in ("gate_proj", "up_proj", "down_proj"):
+        out, inp = (D, F) if p == "down_proj" else (F, D)
+        w = bf(rng.standard_normal((out, inp)).astype(np.float32) / np.sqrt(inp))
+        tensors.append((f"{blk}.shared_experts.{p}.weight", w, "BF16"))
+        st[f"{blk}.shared_experts.{p}.weight"] = (w, "BF16")
+    decoded = []
+    for e in range(E):
+        for p in ("gate_proj", "up_proj", "down_proj"):
+            module = f"{blk}.experts.{e}.{p}"
+            out, inp = (D, F) if p == "down_proj" else (F, D)
+            nib = rng.integers(0, 16, size=(out, inp), dtype=np.uint8)  # q + 8, every value
+            packed = (nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8).view("<i4").reshape(out, inp // 8)
+            scale = bf((rng.uniform(0.5, 2.0, (out, inp // 32)) * 2.0 ** -6).astype(np.float32))
+            s_bf16 = torch.from_numpy(scale).to(torch.bfloat16)
+            q = unpack(torch.from_numpy(packed.copy()), 4, torch.Size([out, inp]))
+            g = q.reshape(out, inp // 32, 32).to(torch.bfloat16)
+            w = dequant(g, s_bf16.unsqueeze(-1)).reshape(out, inp).to(torch.float32).numpy()
+            tensors += [(f"{module}.weight_packed", packed, "I32"), (f"{module}.weight_scale", scale, "BF16"),
+                        (f"{module}.weight_shape", np.array([out, inp], dtype=np.int32), "I32")]
+            decoded.append((f"{module}.weight", w, "F32"))
+            st[f"{module}.weight"] = (w, "F32")
+    lg.write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
+    os.makedirs(os.path.join(d, "reference"))
+    lg.write_safetensors(os.path.join(d, "reference", "decoded.safetensors"), decoded)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    x = rng.standard_normal((c["T"], D), dtype=np.float32)
+    save_io(d, x, *settle_routing(c, st, x, rng))
+    return dict(name=name, layer=L, format="int4 symmetric, group 32, bf16 scales (compressed-tensors pack-quantized)",
+                decoded_by=source, reference="tools/gen_layer_goldens.py reference_torch (DeepseekV3MoE) in float32",
+                margin=lg.MARGIN)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     convert, source = mxfp4_reference()
     block, channel, fp8_source = fp8_references()
     cases = [build_mxfp4(convert, source), build_fp8_deepseek(block, fp8_source),
              build_fp8_channel(channel, fp8_source)]
+    unpack, dequant, int4_source = int4_references()
+    cases.append(build_int4_kimi(unpack, dequant, int4_source))
     import ml_dtypes
     recipe = dict(command="/usr/bin/python3 tools/gen_format_goldens.py", python=sys.version.split()[0],
                   numpy=np.__version__, torch=torch.__version__, ml_dtypes=ml_dtypes.__version__,
-                  mxfp4_decode=source, fp8_decode=fp8_source)
+                  mxfp4_decode=source, fp8_decode=fp8_source, int4_decode=int4_source)
     with open(os.path.join(OUT, "manifest.json"), "w") as f:
         json.dump(dict(recipe=recipe, cases=cases), f, indent=2)
         f.write("\n")

@@ -29,6 +29,12 @@ enum class Element : std::uint8_t {
   /// shares a scale (DeepSeek-V3's release: 128 × 128, f32; compressed-tensors per channel:
   /// 1 × cols; MXFP8: 1 × 32, f8_e8m0); w = value × scale. Edge blocks may be ragged.
   e4m3,
+  /// Signed 4-bit integers as compressed-tensors packs them (`pack-quantized`): nibbles, element
+  /// 2j in the low nibble of byte j (I32 words, element k at bits 4·(k mod 8) of word k / 8, little
+  /// endian: the same bytes), each stored as q + 8; each group of block_cols inputs shares a scale;
+  /// w = (nibble − 8) × scale, rounded to decode_dtype (compressed-tensors computes in the scale's
+  /// dtype).
+  int4,
 };
 
 /// A weight format. Plain float matrices use the default (Element::plain).
@@ -55,6 +61,13 @@ struct WeightFormat {
   static WeightFormat mxfp4() { return {Element::e2m1, 4, 1, 32, DType::f8_e8m0, false}; }
   /// MXFP8: e4m3 bytes, groups of 32 inputs, e8m0 scales (mlx's mxfp8 mode).
   static WeightFormat mxfp8() { return {Element::e4m3, 8, 1, 32, DType::f8_e8m0, false}; }
+  /// compressed-tensors' symmetric int4, groups of `group_size` inputs (a row's length for a
+  /// scale per row), decoded in `scale_dtype` as compressed-tensors does.
+  static WeightFormat int4(int group_size, DType scale_dtype) {
+    WeightFormat f{Element::int4, 4, 1, group_size, scale_dtype, false};
+    f.decode_dtype = scale_dtype;
+    return f;
+  }
   /// FP8 e4m3 with one scale per block of `rows` × `cols` weights (DeepSeek-V3's 128 × 128, f32
   /// scales; a scale per output row: 1 × the row's length).
   static WeightFormat fp8(int rows, int cols, DType scale_dtype) {

@@ -205,6 +205,74 @@ class BlockReader {
   // [E, out, in] (E > 0) or one [out, in] matrix (E == 0): float as stored, or MLX-quantized when
   // `<rel>.scales` exists (affine: codes, scales and biases; mxfp4 / mxfp8: codes and scales; in
   // place).
+  // compressed-tensors' pack-quantized int4 (Kimi-K2-Thinking, K2.5): `<rel>.weight_packed` I32
+  // [out, ceil(in / 8)] (eight nibbles q + 8 per word, element k at bits 4·(k mod 8) of word k / 8),
+  // `<rel>.weight_scale` BF16 / F16 / F32 [out, ceil(in / group)], and `<rel>.weight_shape` (I32 or
+  // I64 [2]) = [out, in]; symmetric (no zero point). Used in place.
+  ExpertMatrix packed_int4(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
+                           std::vector<std::shared_ptr<const void>>& keep, bool& copied) const {
+    const ReleaseQuant& rq = quant_.release;
+    const std::string packed = rel + ".weight_packed", sname = rel + ".weight_scale", wshape = rel + ".weight_shape";
+    if (rq.element != "int4")
+      fail(packed,
+           "holds packed int4 weights, but config.json's quantization_config has no compressed-tensors "
+           "pack-quantized int4 scheme" +
+               (quant_.method.empty() ? std::string() : " (quant_method '" + quant_.method + "')"));
+    if (E > 0) fail(packed, "is stacked over experts; compressed-tensors stores one tensor per expert");
+    if (!rq.symmetric || has(rel + ".weight_zero_point"))
+      fail(rel + ".weight_zero_point", "asymmetric int4 (a zero point per group) is not supported yet");
+    const std::int64_t group = rq.block_cols > 0 ? rq.block_cols : in, groups = (in + group - 1) / group;
+    const auto expect = [&](const std::string& t, const Shape& shape, std::initializer_list<const char*> dtypes) {
+      if (!has(t))
+        fail(t, MOEKIT_MSG("is missing, expected shape " << shape_str(shape) << " (int4, group " << group << " of "
+                                                         << in << " inputs)"));
+      const TensorInfo& info = ckpt_->info(full(t));
+      if (info.shape != shape)
+        fail(t, MOEKIT_MSG("has shape " << shape_str(info.shape) << ", expected " << shape_str(shape)
+                                        << " (int4, group " << group << " of " << in << " inputs)"));
+      for (const char* d : dtypes)
+        if (info.dtype_name == d) return info;
+      fail(t, "has dtype " + info.dtype_name + ", which is not one of the int4 format's");
+    };
+    expect(packed, {out, (in + 7) / 8}, {"I32"});
+    expect(sname, {out, groups}, {"BF16", "F16", "F32"});
+    const TensorInfo& shi = expect(wshape, {2}, {"I32", "I64"});
+    const std::uint8_t* sb = ckpt_->bytes(full(wshape));
+    std::int64_t dims[2];
+    for (int i = 0; i < 2; ++i) {
+      if (shi.dtype_name == "I64") {
+        std::memcpy(&dims[i], sb + 8 * i, 8);
+      } else {
+        std::int32_t v;
+        std::memcpy(&v, sb + 4 * i, 4);
+        dims[i] = v;
+      }
+    }
+    if (dims[0] != out || dims[1] != in)
+      fail(wshape, MOEKIT_MSG("holds [" << dims[0] << ", " << dims[1] << "], expected [" << out << ", " << in << "]"));
+    TensorView sv = ckpt_->view(full(sname));
+    for (std::int64_t i = 0; i < sv.numel(); ++i) {
+      const float x = kernels::load_f32(sv.data(), sv.dtype(), i);
+      if (!std::isfinite(x))
+        fail(sname, MOEKIT_MSG("has a non-finite scale " << x << " at flat index " << i << " (row " << i / groups
+                                                         << ", group " << i % groups << ")"));
+    }
+    if (reinterpret_cast<std::uintptr_t>(sv.data()) % dtype_size(sv.dtype()) != 0) {
+      auto t = std::make_shared<Tensor>(sv.shape(), sv.dtype());
+      std::memcpy(t->data(), sv.data(), sv.nbytes());
+      keep.push_back(t);
+      copied = true;
+      sv = t->view();
+    }
+    const std::int64_t row_bytes = (in + 7) / 8 * 4;
+    ExpertMatrix m = ExpertMatrix::stacked(TensorView(ckpt_->bytes(full(packed)), {1, out, row_bytes}, DType::u8));
+    m.cols = in;  // row_stride stays the bytes per row
+    m.format = WeightFormat::int4(static_cast<int>(group), sv.dtype());
+    m.scales = ExpertMatrix::stacked(TensorView(sv.data(), {1, out, groups}, sv.dtype())).experts;
+    m.scale_stride = groups;
+    return m;
+  }
+
   // `projection`: an expert's (routed or shared) gate, up or down, which a release's
   // quantization_config quantizes unless it lists the module as excluded.
   ExpertMatrix matrix(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
@@ -214,6 +282,7 @@ class BlockReader {
     const QuantParams q = quant_.of(module);
     if (has(rel + ".weight") && ckpt_->info(full(rel + ".weight")).dtype_name == "F8_E4M3")
       return fp8(rel, E, out, in, shape, keep, copied);
+    if (has(rel + ".weight_packed")) return packed_int4(rel, E, out, in, keep, copied);
     const ReleaseQuant& rq = quant_.release;
     if (projection && rq.quantizes() && !rq.excludes(module) && !has(rel + ".scales")) {
       const std::string stored = has(rel + ".weight") ? ckpt_->info(full(rel + ".weight")).dtype_name : "missing";
@@ -443,8 +512,11 @@ void load_per_expert(const BlockReader& r, const MoeConfig& c, ExpertWeights& ex
   const bool gated = is_gated(c.body);
   const std::string e0 = n.experts + ".0.";
   const std::string first = e0 + (gated ? n.gate_proj : n.up_proj) + ".weight";
-  if (!r.has(e0 + n.gate_proj + ".weight") && !r.has(e0 + n.up_proj + ".weight") &&
-      !r.has(e0 + n.down_proj + ".weight"))
+  // `.weight`, or compressed-tensors' packed int4 `.weight_packed`.
+  const auto present = [&](const std::string& module) {
+    return r.has(module + ".weight") || r.has(module + ".weight_packed");
+  };
+  if (!present(e0 + n.gate_proj) && !present(e0 + n.up_proj) && !present(e0 + n.down_proj))
     throw std::runtime_error(MOEKIT_MSG(
         "[moekit::load_moe_layer] " << r.checkpoint()->path() << ": no routed experts found; tried '" << r.full(first)
                                     << "' (per_expert), '" << r.full(n.experts + ".gate_up_proj") << "' (fused) and '"

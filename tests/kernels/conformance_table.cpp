@@ -555,6 +555,21 @@ std::shared_ptr<const WeightFormat> fp8_blocks_format(int block_rows, int block_
   return scaled_format(name, format, e4m3_number, make_set("edges", std::move(cases)));
 }
 
+// compressed-tensors' int4: every nibble (−8 … 7), groups of `group` inputs, decoded in the scale's
+// dtype; K of one and three groups, and a ragged last group.
+std::shared_ptr<const WeightFormat> int4_format(int group, DType scale_dtype) {
+  std::vector<Case> cases;
+  int i = 0;
+  for (const std::int64_t M : {1, 2, 3, 7, 40})
+    for (const std::int64_t N : {13, 70})
+      for (const std::int64_t K : {std::int64_t{group}, std::int64_t{3} * group, std::int64_t{group} + 16})
+        cases.push_back(variant(M, N, K, i++ % 4));
+  std::string name = "int4g" + std::to_string(group) + dtype_name(scale_dtype);
+  return scaled_format(
+      name, moekit::WeightFormat::int4(group, scale_dtype), [](std::uint8_t b) { return b; },
+      make_set("groups", std::move(cases)));
+}
+
 }  // namespace
 
 const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
@@ -574,6 +589,9 @@ const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
     out.push_back(fp8_blocks_format(16, 32, DType::bf16));
     out.push_back(fp8_blocks_format(1, 256, DType::bf16, DType::bf16));  // compressed-tensors, per row
     out.push_back(fp8_blocks_format(1, 256, DType::f16, DType::f16));
+    out.push_back(int4_format(32, DType::bf16));  // Kimi-K2-Thinking's
+    out.push_back(int4_format(128, DType::f16));
+    out.push_back(int4_format(64, DType::f32));
     return out;
   }();
   return formats;

@@ -115,7 +115,7 @@ const std::string kFp8Channel = kDir + "/fp8_channel_qwen3";  // compressed-tens
 
 // Every routed and shared projection of `dir` decoded bit for bit as the reference decoded it
 // (reference/decoded.safetensors holds its decode under each stored name).
-void expect_fp8_decoded(const std::string& dir, const MoeLayer& layer) {
+void expect_release_decoded(const std::string& dir, const MoeLayer& layer) {
   const auto decoded = Checkpoint::open(dir + "/reference/decoded.safetensors");
   const MoeWeights& w = layer.weights();
   const char* names[] = {"gate_proj", "up_proj", "down_proj"};
@@ -132,7 +132,7 @@ void expect_fp8_decoded(const std::string& dir, const MoeLayer& layer) {
       }
   };
   check(w.experts, "experts.", true);
-  if (w.shared.down.defined()) check(w.shared, "shared_experts.", false);
+  if (w.shared.down.defined() && w.shared.down.quantized()) check(w.shared, "shared_experts.", false);
 }
 
 TEST(Fp8Golden, BlockScaledLoadsInPlaceAndMatchesTheReference) {
@@ -163,7 +163,7 @@ TEST(Fp8Golden, BlockScaledLoadsInPlaceAndMatchesTheReference) {
 
 TEST(Fp8Golden, BlockScaledDecodesAsTransformers) {
   const MoeLayer layer = load_moe_layer(kFp8Block, 1);
-  expect_fp8_decoded(kFp8Block, layer);
+  expect_release_decoded(kFp8Block, layer);
 }
 
 TEST(Fp8Golden, PerChannelMatchesCompressedTensors) {
@@ -172,7 +172,7 @@ TEST(Fp8Golden, PerChannelMatchesCompressedTensors) {
   want.decode_dtype = DType::bf16;  // compressed-tensors multiplies in the scale's dtype
   EXPECT_EQ(layer.weights().experts.gate.format, want);
   EXPECT_EQ(layer.weights().experts.down.format.block_cols, 32);
-  expect_fp8_decoded(kFp8Channel, layer);
+  expect_release_decoded(kFp8Channel, layer);
   const Tensor x = read_npy(kFp8Channel + "/input.npy");
   const Tensor want_y = read_npy(kFp8Channel + "/output.npy");
   const testing::MaxDiff d = testing::max_diff(layer.forward(x), want_y);
@@ -193,6 +193,31 @@ TEST(Fp8Golden, WidensExactlyForTraining) {
   const Tensor x = read_npy(kFp8Block + "/input.npy");
   const Tensor y = layer.forward(x), y_trainable = trainable.forward(x);
   ASSERT_EQ(std::memcmp(y.data(), y_trainable.data(), y.nbytes()), 0) << "the widened layer computes other bits";
+}
+
+// ---- int4 (compressed-tensors pack-quantized) ------------------------------------------------
+
+const std::string kInt4 = kDir + "/int4_kimi_k2";  // routed experts int4 group 32 BF16; shared BF16 (ignored)
+
+TEST(Int4Golden, LoadsInPlaceAndMatchesCompressedTensors) {
+  const MoeLayer layer = load_moe_layer(kInt4, 1);
+  const MoeWeights& w = layer.weights();
+  for (const ExpertMatrix* m : {&w.experts.gate, &w.experts.up, &w.experts.down}) {
+    EXPECT_EQ(m->format, WeightFormat::int4(32, DType::bf16));
+    EXPECT_EQ(m->describe(), "int4 (symmetric, group 32, bf16 scales, decoded in bf16)");
+  }
+  EXPECT_FALSE(w.shared.down.quantized()) << "the shared experts are in the ignore list (re:.*shared_experts.*)";
+  EXPECT_TRUE(w.mapped) << "int4 experts are used in place";
+  const std::int64_t E = 8, D = 128, F = 64;  // 4 bits per weight + a bf16 scale per 32
+  EXPECT_EQ(w.experts.nbytes(), static_cast<std::size_t>(3 * E * F * D / 2 + 3 * E * F * D / 32 * 2));
+  expect_release_decoded(kInt4, layer);
+  const Tensor x = read_npy(kInt4 + "/input.npy");
+  const testing::MaxDiff d = testing::max_diff(layer.forward(x), read_npy(kInt4 + "/output.npy"));
+  EXPECT_LE(d.err, 1e-5 * d.ref) << "max |y - y_ref| = " << d.err << ", max |y_ref| = " << d.ref;
+  const MoeTensors p = trainable_parameters(layer);
+  const MoeLayer trainable = make_trainable_layer(layer.config(), p, w.selection_bias);
+  const Tensor y = layer.forward(x), y_trainable = trainable.forward(x);
+  EXPECT_EQ(std::memcmp(y.data(), y_trainable.data(), y.nbytes()), 0) << "the widened layer computes other bits";
 }
 
 // ---- bad files -----------------------------------------------------------------------------
@@ -411,6 +436,51 @@ TEST(Fp8Errors, ConfigAndTensorsMustAgree) {
                    },
                    widen, kFp8Block),
                {"up mixes formats across experts", "expert 5: f32"});
+}
+
+TEST(Int4Errors, TensorsMustAgreeWithTheScheme) {
+  const std::string up = "model.layers.1.mlp.experts.2.up_proj";
+  expect_error(mutated(
+                   "int4_shape", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == up + ".weight_shape") s.bytes[0] = 65;
+                   },
+                   kInt4),
+               {up + ".weight_shape", "holds [65, 128], expected [64, 128]"});
+  expect_error(mutated(
+                   "int4_packed", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == up + ".weight_packed") s.shape = {128, 8};
+                   },
+                   kInt4),
+               {up + ".weight_packed", "has shape (128, 8), expected (64, 16)"});
+  expect_error(mutated(
+                   "int4_no_scale", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == up + ".weight_scale") s.name.clear();
+                   },
+                   kInt4),
+               {up + ".weight_scale", "is missing", "(64, 4)", "group 32 of 128 inputs"});
+  expect_error(mutated(
+                   "int4_zero_point", kKeepConfig,
+                   [&](Stored& s) {
+                     if (s.name == up + ".weight_shape") {
+                       s.name = up + ".weight_zero_point";
+                     }
+                   },
+                   kInt4),
+               {up + ".weight_zero_point", "asymmetric int4", "not supported"});
+  expect_error(
+      mutated(
+          "int4_not_ignored", [](nlohmann::json& c) { c["quantization_config"]["ignore"] = {"lm_head"}; }, kKeepTensors,
+          kInt4),
+      {"shared_experts.gate_proj.weight", "is BF16", "quant_method compressed-tensors", "expected 'weight_packed'"});
+  expect_error(
+      mutated(
+          "int4_bits",
+          [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
+          kKeepTensors, kInt4),
+      {"pack-quantized int 8-bit weights are not supported", "supported: int 4-bit"});
 }
 
 }  // namespace

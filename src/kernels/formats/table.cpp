@@ -5,6 +5,7 @@
 #include "kernels/formats/affine.hpp"
 #include "kernels/formats/e2m1.hpp"
 #include "kernels/formats/e4m3.hpp"
+#include "kernels/formats/int4.hpp"
 #include "util/error.hpp"
 
 namespace moekit::kernels::formats {

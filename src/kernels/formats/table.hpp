@@ -13,7 +13,7 @@
 
 // X(element): one line per quantized format; `element` names both the Element enumerator and the
 // format's namespace (kernels::formats::element, and kernels::HWY_NAMESPACE::element for SIMD).
-#define MOEKIT_QUANTIZED_FORMATS(X) X(affine) X(e2m1) X(e4m3)
+#define MOEKIT_QUANTIZED_FORMATS(X) X(affine) X(e2m1) X(e4m3) X(int4)
 
 namespace moekit::kernels::formats {
 

@@ -1,0 +1,60 @@
+// Signed int4 weights in registers (per-target Highway header; the format's rules: int4.hpp).
+//
+// Int4B is the format's view for dot-inl.h's tiles: a vector of nibbles is unpacked from the row
+// (codes-inl.h, as 4-bit codes), converted to f32 and offset by −8 (exact), multiplied by the
+// group's scale and rounded to the format's decode dtype as the reference rounds it (RoundTo), so
+// the tiles see exactly the reference decode's values.
+#if defined(MOEKIT_KERNELS_FORMATS_INT4_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MOEKIT_KERNELS_FORMATS_INT4_INL_H_
+#undef MOEKIT_KERNELS_FORMATS_INT4_INL_H_
+#else
+#define MOEKIT_KERNELS_FORMATS_INT4_INL_H_
+#endif
+
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include "kernels/dot-inl.h"
+#include "kernels/formats/codes-inl.h"
+#include "kernels/formats/int4.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::kernels::HWY_NAMESPACE::int4 {
+
+constexpr bool kInRegisters = kUnpacks<4> && kLanes >= 4;  // nibble pairs: not one lane
+
+struct Int4B {
+  static constexpr bool kGrouped = true;
+  using Row = const std::uint8_t*;
+  struct Scale {
+    float s;
+  };
+  WeightMatrix B;  // a copy: the tiles then reach its fields through one pointer, not two
+
+  Row row(int64_t n) const { return static_cast<const std::uint8_t*>(B.data) + n * B.ld; }
+  int64_t group() const { return B.format.block_cols; }
+  int64_t row_bytes(int64_t K) const { return K / 2; }
+  NextRows next(int64_t, int64_t, int64_t, int64_t) const { return {}; }  // GroupedTile prefetches
+  Scale scale(int64_t n, int64_t k) const { return {load_f32(B.scales, B.format.scale_dtype, scale_index(B, n, k))}; }
+  void prefetch(Row r, int rows_ahead, int64_t g0) const { hwy::Prefetch(r + rows_ahead * B.ld + g0 / 2); }
+  hn::Vec<DF> decode(DF df, Row r, int64_t k, int64_t K, Scale s) const {
+    const hn::RebindToSigned<DF> di;
+    const auto q = hn::Sub(hn::BitCast(di, CodeBits<4>(r, k, K)), hn::Set(di, 8));
+    return RoundTo(df, hn::Mul(hn::ConvertTo(df, q), hn::Set(df, s.s)), B.format.decode_dtype);
+  }
+};
+
+// The format's entry points (gemm_quant.cpp): dot-inl.h's, on this view.
+inline bool GemmInRegisters(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N,
+                            int64_t K) {
+  return GemmWithView<Int4B, kInRegisters>(A, B, C, M, N, K);
+}
+
+inline void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
+  DecodeRowsWith<Int4B, kInRegisters>(B, n0, rows, K, dst, formats::int4::decode);
+}
+
+}  // namespace moekit::kernels::HWY_NAMESPACE::int4
+HWY_AFTER_NAMESPACE();
+
+#endif  // MOEKIT_KERNELS_FORMATS_INT4_INL_H_
