@@ -49,7 +49,9 @@ dict="{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"
 # quantized loader paths and the affine kernels.
 # And a GPT-OSS block in MXFP4 as OpenAI ships it, for the MXFP4 loader and kernels.
 MOEKIT_FUZZ_WRITE_SEED="$seeds/quantized_block.safetensors" \
-  MOEKIT_FUZZ_WRITE_MXFP4_SEED="$seeds/mxfp4_block.safetensors" build-fuzz/bin/safetensors_fuzz -runs=0 >/dev/null 2>&1
+  MOEKIT_FUZZ_WRITE_MXFP4_SEED="$seeds/mxfp4_block.safetensors" \
+  MOEKIT_FUZZ_WRITE_FP8_SEED="$seeds/fp8_block.safetensors" \
+  MOEKIT_FUZZ_WRITE_INT4_SEED="$seeds/int4_block.safetensors" build-fuzz/bin/safetensors_fuzz -runs=0 >/dev/null 2>&1
 [ -s "$seeds/quantized_block.safetensors" ] || { echo "fuzz.sh: no quantized seed" >&2; exit 1; }
 [ -s "$seeds/mxfp4_block.safetensors" ] || { echo "fuzz.sh: no mxfp4 seed" >&2; exit 1; }
 
