@@ -76,6 +76,9 @@ CASES = [
          bits=4, group=32, scales="e8m0", mode="mxfp4", extra=dict(norm=True)),
     dict(name="gpt_oss_mxfp4", family="gpt_oss", seed=2013, D=128, F=64, E=8, K=2, T=16,
          bits=4, group=32, scales="e8m0", mode="mxfp4", extra={}),
+    # nvfp4: e2m1 codes, groups of 16, e4m3 scales (uint8), no biases.
+    dict(name="qwen3_moe_nvfp4", family="qwen3_moe", seed=2015, D=128, F=64, E=8, K=2, T=16,
+         bits=4, group=16, scales="e4m3", mode="nvfp4", extra=dict(norm=True)),
     # mxfp8: e4m3 bytes, e8m0 scales, no biases.
     dict(name="qwen3_moe_mxfp8", family="qwen3_moe", seed=2014, D=128, F=64, E=8, K=2, T=16,
          bits=8, group=32, scales="e8m0", mode="mxfp8", extra=dict(norm=True)),
@@ -151,7 +154,7 @@ def build(c):
     n_quant = 0
     for k, v in params.items():
         name = f"{block}.{k}"
-        if v.dtype == mx.uint8:  # mxfp4's e8m0 scales
+        if v.dtype == mx.uint8:  # mxfp4's / mxfp8's e8m0 and nvfp4's e4m3 scales, stored as U8
             tensors.append((name, np.array(v), "U8"))
         elif k.endswith(".scales") or k.endswith(".biases"):
             a = np.array(v.astype(mx.float32))

@@ -23,7 +23,8 @@ enum class Element : std::uint8_t {
   /// block_cols consecutive inputs of a row has a scale s and a bias b; w = fma(s, q, b) in fp32.
   affine,
   /// e2m1 (FP4): nibbles, two per byte, element 2j in the low nibble of byte j; each group of
-  /// block_cols inputs shares a scale (MXFP4: group 32, f8_e8m0 2^(s − 127)); w = value × scale.
+  /// block_cols inputs shares a scale (MXFP4: group 32, f8_e8m0 2^(s − 127); NVFP4: group 16,
+  /// f8_e4m3); w = value × scale.
   e2m1,
   /// e4m3 (FP8, OCP E4M3FN): one byte per weight; each block of block_rows × block_cols weights
   /// shares a scale (DeepSeek-V3's release: 128 × 128, f32; compressed-tensors per channel:
@@ -59,6 +60,8 @@ struct WeightFormat {
   }
   /// MXFP4: e2m1 nibbles, groups of 32 inputs, e8m0 scales (GPT-OSS's release, mlx's mxfp4 mode).
   static WeightFormat mxfp4() { return {Element::e2m1, 4, 1, 32, DType::f8_e8m0, false}; }
+  /// NVFP4: e2m1 nibbles, groups of 16 inputs, e4m3 scales (mlx's nvfp4 mode).
+  static WeightFormat nvfp4() { return {Element::e2m1, 4, 1, 16, DType::f8_e4m3, false}; }
   /// MXFP8: e4m3 bytes, groups of 32 inputs, e8m0 scales (mlx's mxfp8 mode).
   static WeightFormat mxfp8() { return {Element::e4m3, 8, 1, 32, DType::f8_e8m0, false}; }
   /// compressed-tensors' symmetric int4, groups of `group_size` inputs (a row's length for a

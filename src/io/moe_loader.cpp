@@ -93,39 +93,42 @@ class BlockReader {
     return microscaled(b.data(), s, scales, E, out, in, WeightFormat::mxfp4());
   }
 
-  // A microscaled format's bytes (MXFP4: two e2m1 per byte; MXFP8: one e4m3; [E or 1, out,
-  // in · bits / 8] from `bytes`) and e8m0 scales `s` ([.., out, in / 32], tensor `scales_rel`,
-  // checked for the NaN 0xFF) as one ExpertMatrix, in place.
+  // A microscaled format's bytes (MXFP4 / NVFP4: two e2m1 per byte; MXFP8: one e4m3; [E or 1,
+  // out, in · bits / 8] from `bytes`) and its scales `s` ([.., out, in / group]: e8m0, or e4m3 for
+  // NVFP4; tensor `scales_rel`, checked for NaN) as one ExpertMatrix, in place.
   ExpertMatrix microscaled(const void* bytes, const TensorView& s, const std::string& scales_rel, std::int64_t E,
                            std::int64_t out, std::int64_t in, const WeightFormat& format) const {
-    const std::int64_t n = std::max<std::int64_t>(E, 1);
-    const auto* e8 = static_cast<const std::uint8_t*>(s.data());
+    const std::int64_t n = std::max<std::int64_t>(E, 1), groups = in / format.block_cols;
+    const bool e8m0 = format.scale_dtype == DType::f8_e8m0;
+    const auto* raw = static_cast<const std::uint8_t*>(s.data());
     for (std::int64_t i = 0; i < s.numel(); ++i)
-      if (e8[i] == 0xFF)
-        fail(scales_rel, MOEKIT_MSG("has the e8m0 NaN (0xFF) at flat index " << i << " (expert " << i / (out * in / 32)
-                                                                             << ", row " << i / (in / 32) % out
-                                                                             << ", group " << i % (in / 32) << ")"));
+      if (e8m0 ? raw[i] == 0xFF : (raw[i] & 0x7F) == 0x7F)
+        fail(scales_rel, MOEKIT_MSG("has the " << (e8m0 ? "e8m0 NaN (0xFF)" : "e4m3 NaN (0x7F / 0xFF)")
+                                               << " at flat index " << i << " (expert " << i / (out * groups)
+                                               << ", row " << i / groups % out << ", group " << i % groups << ")"));
     ExpertMatrix m = ExpertMatrix::stacked(TensorView(bytes, {n, out, in * format.bits / 8}, DType::u8));
     m.cols = in;  // row_stride stays the bytes per row
     m.format = format;
-    m.scales = ExpertMatrix::stacked(TensorView(s.data(), {n, out, in / 32}, DType::f8_e8m0)).experts;
-    m.scale_stride = in / 32;
+    m.scales = ExpertMatrix::stacked(TensorView(s.data(), {n, out, groups}, format.scale_dtype)).experts;
+    m.scale_stride = groups;
     return m;
   }
 
-  // mlx's microscaled modes (mx.quantize(w, 32, bits, mode=...)): `mxfp4` (4 bits, e2m1) and `mxfp8`
-  // (8 bits, e4m3): `.weight` U32 [.., out, in · bits / 32] holding the elements little-endian
-  // (mxfp4: the same bytes as GPT-OSS's blocks), `.scales` U8 e8m0 [.., out, in / 32], no
-  // `.biases`. Used in place.
+  // mlx's microscaled modes (mx.quantize(w, group, bits, mode=...)): `mxfp4` (4 bits, e2m1, group
+  // 32, e8m0), `nvfp4` (4 bits, e2m1, group 16, e4m3) and `mxfp8` (8 bits, e4m3, group 32, e8m0):
+  // `.weight` U32 [.., out, in · bits / 32] holding the elements little-endian (mxfp4: the same
+  // bytes as GPT-OSS's blocks), `.scales` U8 [.., out, in / group], no `.biases`. Used in place.
   template <typename ShapeOf>
   ExpertMatrix mlx_microscaled(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
                                const QuantParams& q, const ShapeOf& shape, const WeightFormat& format) const {
     const std::string& mode = q.mode;
-    if (q.bits != format.bits || q.group_size != 32)
-      fail(rel + ".weight",
-           MOEKIT_MSG("is " << mode << " with bits " << q.bits << " and group_size " << q.group_size
-                            << " in config.json (" << mode << " is " << format.bits << " bits, group 32)"));
-    if (in % 32 != 0) fail(rel + ".weight", MOEKIT_MSG("has input dimension " << in << ", not a multiple of 32"));
+    const std::int64_t group = format.block_cols;
+    if (q.bits != format.bits || q.group_size != group)
+      fail(rel + ".weight", MOEKIT_MSG("is " << mode << " with bits " << q.bits << " and group_size " << q.group_size
+                                             << " in config.json (" << mode << " is " << format.bits << " bits, group "
+                                             << group << ")"));
+    if (in % group != 0)
+      fail(rel + ".weight", MOEKIT_MSG("has input dimension " << in << ", not a multiple of " << group));
     if (has(rel + ".biases")) fail(rel + ".biases", "exists, but mlx's " + mode + " mode has no biases");
     const auto expect = [&](const std::string& t, const char* dtype, std::int64_t last) {
       if (!has(t))
@@ -138,7 +141,7 @@ class BlockReader {
       return ckpt_->view(full(t));
     };
     const TensorView codes = expect(rel + ".weight", "U32", in * format.bits / 32);
-    const TensorView scales = expect(rel + ".scales", "U8", in / 32);
+    const TensorView scales = expect(rel + ".scales", "U8", in / group);
     return microscaled(codes.data(), scales, rel + ".scales", E, out, in, format);
   }
 
@@ -304,9 +307,10 @@ class BlockReader {
     if (q.bits == 0) fail(rel + ".scales", "marks a quantized module that config.json's 'quantization' excludes");
     if (q.mode == "mxfp4") return mlx_microscaled(rel, E, out, in, q, shape, WeightFormat::mxfp4());
     if (q.mode == "mxfp8") return mlx_microscaled(rel, E, out, in, q, shape, WeightFormat::mxfp8());
+    if (q.mode == "nvfp4") return mlx_microscaled(rel, E, out, in, q, shape, WeightFormat::nvfp4());
     if (q.mode != "affine")
-      fail(rel + ".weight",
-           "uses quantization mode '" + q.mode + "', which moekit cannot compute on (supported: affine, mxfp4, mxfp8)");
+      fail(rel + ".weight", "uses quantization mode '" + q.mode +
+                                "', which moekit cannot compute on (supported: affine, mxfp4, nvfp4, mxfp8)");
     if (in % q.group_size != 0)
       fail(rel + ".weight", MOEKIT_MSG("has input dimension " << in << ", not a multiple of group_size "
                                                               << q.group_size));

@@ -503,6 +503,13 @@ std::shared_ptr<const WeightFormat> scaled_format(const std::string& name, const
         const std::uint32_t r = rng() % 64;
         s[i] = static_cast<std::uint8_t>(r == 0 ? 0 : r == 1 ? 130 : 119 + r % 6);
       }
+    } else if (format.scale_dtype == DType::f8_e4m3) {  // NVFP4: positive e4m3, around 2^-4, the extremes
+      w.scales = Tensor({srows, sld}, DType::f8_e4m3);
+      auto* s = static_cast<std::uint8_t*>(w.scales.data());
+      for (std::int64_t i = 0; i < w.scales.numel(); ++i) {
+        const std::uint32_t r = rng() % 64;
+        s[i] = static_cast<std::uint8_t>(r == 0 ? 0x01 : r == 1 ? 0x7E : r == 2 ? 0x00 : 0x18 + rng() % 0x18);
+      }
     } else {
       Tensor s({srows, sld}, DType::f32);
       std::uniform_real_distribution<float> mag(0.5f, 2.0f);
@@ -528,6 +535,12 @@ std::shared_ptr<const WeightFormat> scaled_format(const std::string& name, const
 std::shared_ptr<const WeightFormat> mxfp4_format() {
   return scaled_format(
       "mxfp4", moekit::WeightFormat::mxfp4(), [](std::uint8_t b) { return b; }, exact_tails(32));
+}
+
+// NVFP4 (mlx's nvfp4 mode): every byte value, groups of 16, e4m3 scales.
+std::shared_ptr<const WeightFormat> nvfp4_format() {
+  return scaled_format(
+      "nvfp4", moekit::WeightFormat::nvfp4(), [](std::uint8_t b) { return b; }, exact_tails(16));
 }
 
 // Every e4m3 byte but the two NaNs, subnormals included.
@@ -584,6 +597,7 @@ const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
           out.push_back(affine_format(bits, group, scale_dtype));
     out.push_back(mxfp4_format());
     out.push_back(mxfp8_format());
+    out.push_back(nvfp4_format());
     out.push_back(fp8_blocks_format(128, 128, DType::f32));
     out.push_back(fp8_blocks_format(128, 128, DType::f8_e8m0));
     out.push_back(fp8_blocks_format(16, 32, DType::bf16));

@@ -344,8 +344,20 @@ TEST(MlxMxfp4Errors, ConfigAndTensorsMustAgree) {
                src),
            {"up_proj.scales", "e8m0 NaN (0xFF)", "flat index 3"});
   load_err(mutated(
-               "mlx_mode", [](nlohmann::json& c) { c["quantization"]["mode"] = "nvfp4"; }, kKeepTensors, src),
-           {"quantization mode 'nvfp4'", "supported: affine, mxfp4, mxfp8"});
+               "mlx_mode", [](nlohmann::json& c) { c["quantization"]["mode"] = "mxfp6"; }, kKeepTensors, src),
+           {"quantization mode 'mxfp6'", "supported: affine, mxfp4, nvfp4, mxfp8"});
+  // mxfp4's tensors under a config that says nvfp4: its group of 16 does not match.
+  load_err(mutated(
+               "mlx_nvfp4", [](nlohmann::json& c) { c["quantization"]["mode"] = "nvfp4"; }, kKeepTensors, src),
+           {"is nvfp4 with bits 4 and group_size 32", "nvfp4 is 4 bits, group 16"});
+  const std::string nv = std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/qwen3_moe_nvfp4";
+  load_err(mutated(
+               "mlx_nvfp4_nan", kKeepConfig,
+               [&](Stored& s) {
+                 if (s.name == up + ".scales") s.bytes[6] = 0x7F;
+               },
+               nv),
+           {"up_proj.scales", "e4m3 NaN (0x7F / 0xFF)", "flat index 6", "group 6"});
 }
 
 TEST(Fp8Errors, ScalesMustBeThereWithTheirShapeDtypeAndValues) {

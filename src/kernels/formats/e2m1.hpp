@@ -1,13 +1,15 @@
-// e2m1 (FP4) weights with a power-of-two scale per group: MXFP4 as OpenAI ships GPT-OSS and as
-// mlx writes its `mxfp4` mode (docs/formats.md). The format's rules, outside the SIMD code; the
+// e2m1 (FP4) weights with a scale per group: MXFP4 as OpenAI ships GPT-OSS and as mlx writes its
+// `mxfp4` mode (groups of 32, e8m0 scales), and NVFP4 as mlx writes its `nvfp4` mode (groups of
+// 16, e4m3 scales; docs/formats.md). The format's rules, outside the SIMD code; the
 // kernels' decode is e2m1-inl.h.
 //
 // A row of K weights is K nibbles, two per byte, element 2j in the low nibble of byte j (GPT-OSS's
 // `*_blocks` [.., out, in / 32, 16] U8, and mlx's U32 words [.., out, in / 8] little-endian, are the
 // same bytes). A nibble is sign (bit 3), exponent (bits 2-1, bias 1), mantissa (bit 0): ±{0, 0.5,
-// 1, 1.5, 2, 3, 4, 6}. Each group of block_cols = 32 inputs of a row shares an e8m0 scale 2^(s −
-// 127); the weight is value × scale in fp32, which is exact (what transformers'
-// convert_moe_packed_tensors computes with ldexp, and mlx's dequantize).
+// 1, 1.5, 2, 3, 4, 6}. Each group of block_cols inputs of a row shares a scale: MXFP4 32 inputs
+// and e8m0 2^(s − 127), NVFP4 16 inputs and e4m3. The weight is value × scale in fp32, which is
+// exact for both (2 significant bits times 1 or 4): what transformers' convert_moe_packed_tensors
+// computes with ldexp, and mlx's dequantize.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +38,11 @@ inline std::int64_t row_elements(const WeightFormat&, std::int64_t cols) { retur
 inline std::string check(const WeightFormat& f, std::int64_t, std::int64_t cols) {
   if (f.bits != 4) return MOEKIT_MSG("e2m1 elements are 4 bits, got " << f.bits);
   if (f.block_rows != 1) return MOEKIT_MSG("block_rows " << f.block_rows << ": e2m1 groups are one row");
-  if (f.scale_dtype != DType::f8_e8m0)
-    return MOEKIT_MSG("e2m1 scales must be f8_e8m0 (MXFP4), got " << dtype_name(f.scale_dtype));
-  if (f.block_cols != 32) return MOEKIT_MSG("MXFP4 groups are 32 inputs, got " << f.block_cols);
+  const bool mx = f.block_cols == 32 && f.scale_dtype == DType::f8_e8m0;
+  const bool nv = f.block_cols == 16 && f.scale_dtype == DType::f8_e4m3;
+  if (!mx && !nv)
+    return MOEKIT_MSG("e2m1 groups are 32 inputs with f8_e8m0 scales (MXFP4) or 16 with f8_e4m3 scales (NVFP4), got "
+                      << f.block_cols << " with " << dtype_name(f.scale_dtype));
   if (cols % f.block_cols != 0)
     return MOEKIT_MSG("cols " << cols << " is not a multiple of the group " << f.block_cols);
   if (f.has_bias) return "e2m1 groups have no bias";
@@ -46,7 +50,8 @@ inline std::string check(const WeightFormat& f, std::int64_t, std::int64_t cols)
 }
 
 inline std::string describe(const WeightFormat& f) {
-  return MOEKIT_MSG("mxfp4 (e2m1, group " << f.block_cols << ", " << dtype_name(f.scale_dtype) << " scales)");
+  return MOEKIT_MSG((f.scale_dtype == DType::f8_e4m3 ? "nvfp4" : "mxfp4")
+                    << " (e2m1, group " << f.block_cols << ", " << dtype_name(f.scale_dtype) << " scales)");
 }
 
 inline constexpr FormatTraits kTraits{"e2m1", DType::u8, row_elements, check, describe, decode};
