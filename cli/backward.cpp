@@ -35,13 +35,25 @@ struct BackwardCliOptions {
 
 const std::string kPrefix = "[moekit backward] ";
 
-MoeLayer load_float_layer(const BackwardCliOptions& opt) {
-  MoeLayer layer = load_layer_with_knobs(kPrefix, opt.model, opt.layer, opt.router_knobs);
-  if (layer.weights().router_quantized.defined() || layer.weights().experts.up.quantized())
-    throw std::invalid_argument(kPrefix + "layer " + std::to_string(opt.layer) + " of '" + opt.model +
-                                "' is quantized: its stored tensors are codes, which have no gradient "
-                                "(backward needs a float checkpoint)");
-  return layer;
+// The layer as the checkpoint stores it (its names and layout name the gradients) and the layer
+// the gradients are computed on: the same layer for float weights. Quantized weights (MLX affine,
+// MXFP4, FP8, int4, ...) have no gradient as codes; the gradients are those of the decoded weights,
+// computed on an fp32 copy holding exactly those values (trainable_parameters), which computes the
+// same forward bits (tested on every format's golden), and written under the stored modules' names.
+struct BackwardLayers {
+  std::shared_ptr<const MoeLayer> stored;
+  std::shared_ptr<MoeLayer> compute;
+};
+
+BackwardLayers load_layers(const BackwardCliOptions& opt) {
+  auto stored = std::make_shared<MoeLayer>(load_layer_with_knobs(kPrefix, opt.model, opt.layer, opt.router_knobs));
+  const MoeWeights& w = stored->weights();
+  const bool quantized = w.router_quantized.defined() || w.shared_gate_quantized.defined() ||
+                         w.experts.up.quantized() || w.experts.down.quantized() || w.shared.down.quantized();
+  if (!quantized) return {stored, stored};
+  auto compute = std::make_shared<MoeLayer>(
+      make_trainable_layer(stored->config(), trainable_parameters(*stored), w.selection_bias));
+  return {stored, compute};
 }
 
 struct Inputs {
@@ -74,13 +86,14 @@ void write_gradients(const BackwardCliOptions& opt, const MoeLayer& layer, const
 void run_backward(const BackwardCliOptions& opt) {
   check_output_path(kPrefix, opt.output, "--output");
   apply_threads_option(opt.threads_option, opt.threads);
-  const MoeLayer layer = load_float_layer(opt);
+  const BackwardLayers layers = load_layers(opt);
+  const MoeLayer& layer = *layers.compute;
   const Inputs in = read_inputs(opt, layer.config().hidden_size);
   SavedForward saved;
   layer.forward_train(in.x, saved, !opt.recompute);
   MoeTensors grads;
   const Tensor dx = backward(layer, saved, in.dy, grads);
-  write_gradients(opt, layer, dx, grads);
+  write_gradients(opt, *layers.stored, dx, grads);
 }
 
 #ifdef MOEKIT_HAVE_DIST
@@ -102,13 +115,15 @@ MoeTensors gather_expert_grads(const dist::ExpertPlacement& placement, MoeTensor
 // writes (dx and the expert gradients the same bytes; router and shared-expert gradients summed
 // over the ranks in rank order, docs/distributed.md). Failures are agreed on by every rank.
 void run_backward_expert_parallel(const MpiSession& mpi, const BackwardCliOptions& opt) {
+  BackwardLayers layers;
   std::shared_ptr<MoeLayer> layer;
   dist::ExpertPlacement placement;
   Inputs in;
   agreed([&] {
     if (mpi.rank == 0) check_output_path(kPrefix, opt.output, "--output");
     apply_threads_option(opt.threads_option, opt.threads);
-    layer = std::make_shared<MoeLayer>(load_float_layer(opt));
+    layers = load_layers(opt);
+    layer = layers.compute;
     placement = parse_placement(kPrefix, opt.ep.placement, layer->config().router.num_experts, mpi.size);
     if (mpi.rank == 0) in = read_inputs(opt, layer->config().hidden_size);
   });
@@ -122,7 +137,7 @@ void run_backward_expert_parallel(const MpiSession& mpi, const BackwardCliOption
   const Tensor dx = split.gather(ep.backward(saved, dy, grads), D, DType::f32);
   grads = gather_expert_grads(placement, std::move(grads));
   agreed([&] {
-    if (mpi.rank == 0) write_gradients(opt, *layer, dx, grads);
+    if (mpi.rank == 0) write_gradients(opt, *layers.stored, dx, grads);
   });
 }
 #endif
@@ -133,7 +148,10 @@ void register_backward(CLI::App& app) {
   auto opt = std::make_shared<BackwardCliOptions>();
   auto* cmd = app.add_subcommand(
       "backward", "Gradients of one MoE layer of a checkpoint for L = sum(y * dy), under the checkpoint's names");
-  cmd->add_option("--model", opt->model, "Checkpoint folder (config.json + *.safetensors), float weights")->required();
+  cmd->add_option("--model", opt->model,
+                  "Checkpoint folder (config.json + *.safetensors); quantized weights get the gradient of their "
+                  "decoded values")
+      ->required();
   cmd->add_option("--layer", opt->layer, "Decoder layer index (must be an MoE layer)")->required();
   cmd->add_option("--input", opt->input, "X: .npy, f32 (or f16) [..., D]")->required();
   cmd->add_option("--grad-output", opt->grad_output, "dL/dy: .npy, f32 (or f16), X's shape")->required();

@@ -92,7 +92,8 @@ std::vector<std::pair<std::string, Tensor>> stored_tensors(const MoeConfig& c, c
     put(p + "gate_proj.bias", t.gate_bias);
     put(p + "up_proj.bias", t.up_bias);
     put(p + "down_proj.bias", t.down_bias);
-  } else if (L == "fused_gate_up" || L == "fused_gate_up_transposed" || L == "fused_gate_up_transposed_interleaved") {
+  } else if (L == "fused_gate_up" || L == "fused_gate_up_transposed" || L == "fused_gate_up_transposed_interleaved" ||
+             L == "mxfp4_interleaved") {
     if (!gated) throw std::invalid_argument("[moekit::stored_tensors] a fused gate/up layout needs a gated body");
     const std::string gu = b + n.experts + ".gate_up_proj", dn = b + n.experts + ".down_proj";
     const float* g = t.gate.data_as<const float>();
@@ -112,7 +113,9 @@ std::vector<std::pair<std::string, Tensor>> stored_tensors(const MoeConfig& c, c
           }));
       put(dn, t.down);
     } else {
-      const bool il = L == "fused_gate_up_transposed_interleaved";
+      // GPT-OSS's MXFP4 release: the gradients of the decoded weights in the layout transformers
+      // dequantizes the blocks into, which is the float release's ([E, D, 2F] interleaved).
+      const bool il = L == "fused_gate_up_transposed_interleaved" || L == "mxfp4_interleaved";
       put(gu, relayout(both, {E, D, 2 * F}, [&](std::int64_t e, std::int64_t d, std::int64_t f) {
             return gate_or_up(e, f, d, il);
           }));
@@ -121,7 +124,7 @@ std::vector<std::pair<std::string, Tensor>> stored_tensors(const MoeConfig& c, c
           }));
     }
     if (t.up_bias.numel() > 0) {
-      const bool il = L == "fused_gate_up_transposed_interleaved";
+      const bool il = L == "fused_gate_up_transposed_interleaved" || L == "mxfp4_interleaved";
       Tensor fused({E, 2 * F}, DType::f32);
       float* fb = fused.data_as<float>();
       for (std::int64_t e = 0; e < E; ++e)
@@ -134,8 +137,9 @@ std::vector<std::pair<std::string, Tensor>> stored_tensors(const MoeConfig& c, c
     put(dn + "_bias", t.down_bias);
   } else {
     throw std::invalid_argument(MOEKIT_MSG("[moekit::stored_tensors] unknown layout '"
-                                           << L << "' (known: per_expert, fused_gate_up, fused_gate_up_transposed, "
-                                              "fused_gate_up_transposed_interleaved, switch_mlp)"));
+                                           << L
+                                           << "' (known: per_expert, fused_gate_up, fused_gate_up_transposed, "
+                                              "fused_gate_up_transposed_interleaved, mxfp4_interleaved, switch_mlp)"));
   }
   const std::string sh = b + n.shared + ".";
   put(sh + "gate_proj.weight", t.shared_gate_proj);

@@ -2,7 +2,7 @@
 """Compares the gradient file of `mpirun -np N moekit backward --expert-parallel` (GOT) with the
 single-process `moekit backward` file (WANT), as docs/distributed.md's reduction contract says:
 the same tensors (names, dtypes, shapes, in order); `dx` and every routed expert's tensor (a name
-with an `.experts.` part) the same bytes; the router, router-bias and shared-expert gradients —
+with an `.experts.` or `.switch_mlp.` part) the same bytes; the router, router-bias and shared-expert gradients —
 sums over all tokens that each rank adds up over its own before the ranks' partials are added in
 rank order — within REL (default 1e-5) of the tensor's max |WANT|.
 
@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-EXACT = re.compile(r"^dx$|\.experts\.")
+EXACT = re.compile(r"^dx$|\.experts\.|\.switch_mlp\.")
 
 
 def read(path):

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "cli/run_cli.hpp"
 #include "experts/weight_matrix.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/ref/gemm_ref.hpp"
@@ -493,6 +494,64 @@ TEST(Int4Errors, TensorsMustAgreeWithTheScheme) {
           [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
           kKeepTensors, kInt4),
       {"pack-quantized int 8-bit weights are not supported", "supported: int 4-bit"});
+}
+
+// `moekit backward` on a release in a quantized format writes the gradients of the decoded
+// weights under the stored modules' names: the same file, byte for byte, as on a float folder
+// holding the reference's decoded weights (the float path is held to torch autograd by
+// GradGolden). Quantized tensors (codes, scales, packed words, shapes) are replaced there by the
+// decoded `.weight`; every other tensor is copied as stored.
+TEST(ReleaseBackward, GradientsOfTheDecodedWeightsUnderTheStoredNames) {
+  const fs::path tmp = fs::temp_directory_path() / "moekit_release_backward";
+  fs::remove_all(tmp);
+  for (const std::string& src : {kFp8Block, kInt4, kFp8Channel}) {
+    SCOPED_TRACE(src);
+    const fs::path flt = tmp / fs::path(src).filename();
+    fs::create_directories(flt);
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+    cfg.erase("quantization_config");
+    std::ofstream(flt / "config.json") << cfg.dump(2);
+    const auto stored = Checkpoint::open(src + "/model.safetensors");
+    const auto decoded = Checkpoint::open(src + "/reference/decoded.safetensors");
+    std::vector<Stored> tensors;
+    const auto ends_with = [](const std::string& a, const std::string& b) {
+      return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
+    };
+    for (const auto* ck : {&stored, &decoded})
+      for (const std::string& name : (*ck)->names()) {
+        const TensorInfo& info = (*ck)->info(name);
+        if (ck == &stored && (decoded->contains(name) || ends_with(name, "_scale_inv") || ends_with(name, "_scale") ||
+                              ends_with(name, "_packed") || ends_with(name, "_shape")))
+          continue;
+        const std::uint8_t* p = (*ck)->bytes(name);
+        tensors.push_back(
+            {name, info.dtype_name, info.shape, std::vector<std::uint8_t>(p, p + (info.end - info.begin))});
+      }
+    std::vector<SafetensorsWriter::Entry> entries;
+    for (const Stored& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes.size()});
+    SafetensorsWriter out((flt / "model.safetensors").string(), entries);
+    for (const Stored& t : tensors) out.write(t.bytes.data(), t.bytes.size());
+    out.commit();
+    const auto run = [&](const std::string& model, const std::string& file) {
+      const testing::RunResult r =
+          testing::run_cli({"backward", "--model", model, "--layer", "1", "--input", src + "/input.npy",
+                            "--grad-output", src + "/output.npy", "--output", (tmp / file).string()},
+                           tmp);
+      EXPECT_TRUE(r.exited && r.exit_code == 0) << r.err;
+    };
+    run(src, "quantized.safetensors");
+    run(flt.string(), "float.safetensors");
+    const auto q = SafetensorsFile::open((tmp / "quantized.safetensors").string());
+    const auto f = SafetensorsFile::open((tmp / "float.safetensors").string());
+    ASSERT_EQ(q->names(), f->names());
+    EXPECT_TRUE(q->contains("model.layers.1.mlp.experts.3.down_proj.weight"));
+    for (const std::string& name : q->names()) {
+      const TensorInfo &a = q->info(name), &b = f->info(name);
+      ASSERT_EQ(a.shape, b.shape) << name;
+      EXPECT_EQ(std::memcmp(q->bytes(name), f->bytes(name), a.end - a.begin), 0) << name;
+    }
+  }
+  fs::remove_all(tmp);
 }
 
 }  // namespace
