@@ -68,6 +68,11 @@ class SafetensorsFile {
   TensorView view(const std::string& name) const;
   /// The raw bytes of a tensor (any dtype).
   const std::uint8_t* bytes(const std::string& name) const;
+  /// Copies a tensor's bytes (info(name).end - begin of them) into `dst` by reading the file, not
+  /// the mapping: small tensors interleaved with large ones (an FP8 weight's scales) then do not
+  /// make their neighbours' pages resident, as touching the mapping would (the kernel maps up to
+  /// 64 KB of cached pages around each fault). Throws std::runtime_error if the read fails.
+  void read(const std::string& name, void* dst) const;
   /// Bytes of the whole file.
   std::size_t file_size() const noexcept { return size_; }
 
@@ -79,6 +84,7 @@ class SafetensorsFile {
   std::size_t size_ = 0;
   std::size_t data_start_ = 0;  // 8 + header length
   bool mapped_ = false;
+  int fd_ = -1;                      // the mapped file, for read(); -1 for from_bytes
   std::vector<std::uint8_t> owned_;  // from_bytes
   std::map<std::string, std::string> metadata_;
   std::vector<TensorInfo> tensors_;
@@ -102,6 +108,7 @@ class Checkpoint {
   const TensorInfo& info(const std::string& name) const;  ///< std::out_of_range if absent
   TensorView view(const std::string& name) const;         ///< as SafetensorsFile::view
   const std::uint8_t* bytes(const std::string& name) const;  ///< as SafetensorsFile::bytes
+  void read(const std::string& name, void* dst) const;       ///< as SafetensorsFile::read
   std::vector<std::string> names() const;                 ///< sorted
   const std::vector<std::shared_ptr<const SafetensorsFile>>& files() const noexcept { return files_; }
 

@@ -152,7 +152,7 @@ class BlockReader {
   // the NaN 0xFF).
   template <typename ShapeOf>
   ExpertMatrix fp8(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in, const ShapeOf& shape,
-                   std::vector<std::shared_ptr<const void>>& keep, bool& copied) const {
+                   std::vector<std::shared_ptr<const void>>& keep) const {
     const ReleaseQuant& rq = quant_.release;
     const std::string w = rel + ".weight";
     if (rq.element != "e4m3")
@@ -180,23 +180,21 @@ class BlockReader {
            MOEKIT_MSG("has shape " << shape_str(si.shape) << ", expected " << shape_str(want) << " (" << block << ")"));
     if (si.dtype_name != "F32" && si.dtype_name != "BF16" && si.dtype_name != "F16" && si.dtype_name != "F8_E8M0")
       fail(sname, "has dtype " + si.dtype_name + ", expected F32, BF16, F16 or F8_E8M0 (FP8 scales)");
-    TensorView sv = ckpt_->view(full(sname));
-    const DType sd = sv.dtype();
+    // The scales are read into an owned copy (a few bytes per 128 × 128 block), not through the
+    // mapping, where each would make its neighbours' pages resident (SafetensorsFile::read).
+    const DType sd = ckpt_->view(full(sname)).dtype();
+    auto owned = std::make_shared<Tensor>(Shape{numel}, sd);
+    ckpt_->read(full(sname), owned->data());
+    keep.push_back(owned);
+    const TensorView sv = owned->view();
     for (std::int64_t i = 0; i < numel; ++i) {
       const float x = kernels::load_f32(sv.data(), sd, i);
       if (!std::isfinite(x))
         fail(sname, MOEKIT_MSG("has a non-finite scale " << x << " at flat index " << i << " (block row "
                                                          << i / scols % srows << ", column " << i % scols << ")"));
     }
-    if (reinterpret_cast<std::uintptr_t>(sv.data()) % dtype_size(sd) != 0) {
-      auto t = std::make_shared<Tensor>(sv.shape(), sd);
-      std::memcpy(t->data(), sv.data(), sv.nbytes());
-      keep.push_back(t);
-      copied = true;
-      sv = t->view();
-    }
     const std::int64_t n = std::max<std::int64_t>(E, 1);
-    ExpertMatrix m = ExpertMatrix::stacked(TensorView(ckpt_->view(full(w)).data(), {n, out, in}, DType::u8));
+    ExpertMatrix m = ExpertMatrix::stacked(TensorView(ckpt_->bytes(full(w)), {n, out, in}, DType::u8));
     m.format = WeightFormat::fp8(static_cast<int>(br), static_cast<int>(bc), sd);
     if (rq.round_to_scale_dtype) m.format.decode_dtype = sd == DType::bf16 || sd == DType::f16 ? sd : DType::f32;
     m.scales = ExpertMatrix::stacked(TensorView(sv.data(), {n, srows, scols}, sd)).experts;
@@ -284,7 +282,7 @@ class BlockReader {
     const std::string module = full(rel);
     const QuantParams q = quant_.of(module);
     if (has(rel + ".weight") && ckpt_->info(full(rel + ".weight")).dtype_name == "F8_E4M3")
-      return fp8(rel, E, out, in, shape, keep, copied);
+      return fp8(rel, E, out, in, shape, keep);
     if (has(rel + ".weight_packed")) return packed_int4(rel, E, out, in, keep, copied);
     const ReleaseQuant& rq = quant_.release;
     if (projection && rq.quantizes() && !rq.excludes(module) && !has(rel + ".scales")) {

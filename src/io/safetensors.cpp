@@ -109,6 +109,7 @@ const std::vector<std::string>& safetensors_dtype_names() {
 
 SafetensorsFile::~SafetensorsFile() {
   if (mapped_ && base_ != nullptr) ::munmap(const_cast<std::uint8_t*>(base_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path) {
@@ -137,7 +138,7 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& 
     f->base_ = static_cast<const std::uint8_t*>(p);
     f->mapped_ = true;
   }
-  ::close(fd);  // the mapping keeps the file alive
+  f->fd_ = fd;  // kept for read(): the file mapped, even if its path is replaced later
   f->parse(path);
   return f;
 }
@@ -332,6 +333,24 @@ const std::uint8_t* SafetensorsFile::bytes(const std::string& name) const {
   return base_ + data_start_ + info(name).begin;
 }
 
+void SafetensorsFile::read(const std::string& name, void* dst) const {
+  const TensorInfo& t = info(name);
+  const std::size_t n = t.end - t.begin;
+  if (fd_ < 0) {
+    std::memcpy(dst, base_ + data_start_ + t.begin, n);
+    return;
+  }
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r =
+        ::pread(fd_, static_cast<char*>(dst) + done, n - done, static_cast<off_t>(data_start_ + t.begin + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      fail_tensor(path_, name, MOEKIT_MSG("cannot be read (" << (r < 0 ? std::strerror(errno) : "end of file") << ")"));
+    done += static_cast<std::size_t>(r);
+  }
+}
+
 TensorView SafetensorsFile::view(const std::string& name) const {
   const TensorInfo& t = info(name);
   if (!t.dtype)
@@ -462,6 +481,8 @@ const SafetensorsFile& Checkpoint::file_of(const std::string& name) const {
 const TensorInfo& Checkpoint::info(const std::string& name) const { return file_of(name).info(name); }
 
 const std::uint8_t* Checkpoint::bytes(const std::string& name) const { return file_of(name).bytes(name); }
+
+void Checkpoint::read(const std::string& name, void* dst) const { file_of(name).read(name, dst); }
 
 TensorView Checkpoint::view(const std::string& name) const { return file_of(name).view(name); }
 

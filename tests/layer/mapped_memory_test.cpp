@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "layer/checkpoint_builder.hpp"
 #include "moekit/model.hpp"
@@ -38,32 +39,35 @@ std::size_t resident_bytes() {
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 // Writes a qwen3_moe checkpoint with per-expert f32 weights straight to disk, a chunk at a time,
-// so that writing it does not itself make ~100 MB resident.
-void write_big_checkpoint(const std::filesystem::path& dir, std::int64_t E, std::int64_t D,
-                          std::int64_t F) {
-  const nlohmann::json config = {{"model_type", "qwen3_moe"},  {"hidden_size", D},
-                                 {"moe_intermediate_size", F}, {"intermediate_size", F},
-                                 {"num_hidden_layers", 1},     {"num_experts", E},
-                                 {"num_experts_per_tok", 2},   {"norm_topk_prob", true},
-                                 {"decoder_sparse_step", 1},   {"hidden_act", "silu"}};
+// so that writing it does not itself make ~100 MB resident. `fp8`: the experts as DeepSeek-style
+// FP8 releases store them instead (F8_E4M3 bytes, an F32 weight_scale_inv per 128 × 128 block).
+void write_big_checkpoint(const std::filesystem::path& dir, std::int64_t E, std::int64_t D, std::int64_t F,
+                          bool fp8 = false) {
+  nlohmann::json config = {{"model_type", "qwen3_moe"}, {"hidden_size", D},       {"moe_intermediate_size", F},
+                           {"intermediate_size", F},    {"num_hidden_layers", 1}, {"num_experts", E},
+                           {"num_experts_per_tok", 2},  {"norm_topk_prob", true}, {"decoder_sparse_step", 1},
+                           {"hidden_act", "silu"}};
+  if (fp8) config["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
   testing::write_text(dir / "config.json", config.dump());
   struct Item {
     std::string name;
     Shape shape;
+    std::string dtype = "F32";
   };
   std::vector<Item> items = {{"model.layers.0.mlp.gate.weight", {E, D}}};
   for (std::int64_t e = 0; e < E; ++e) {
     const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
-    items.push_back({p + "gate_proj.weight", {F, D}});
-    items.push_back({p + "up_proj.weight", {F, D}});
-    items.push_back({p + "down_proj.weight", {D, F}});
+    for (const auto& [name, out, in] :
+         {std::tuple{"gate_proj", F, D}, std::tuple{"up_proj", F, D}, std::tuple{"down_proj", D, F}}) {
+      items.push_back({p + name + ".weight", {out, in}, fp8 ? "F8_E4M3" : "F32"});
+      if (fp8) items.push_back({p + name + ".weight_scale_inv", {(out + 127) / 128, (in + 127) / 128}});
+    }
   }
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   std::size_t offset = 0;
   for (const Item& it : items) {
-    const std::size_t n = static_cast<std::size_t>(shape_numel(it.shape)) * 4;
-    header[it.name] = {
-        {"dtype", "F32"}, {"shape", it.shape}, {"data_offsets", {offset, offset + n}}};
+    const std::size_t n = static_cast<std::size_t>(shape_numel(it.shape)) * (it.dtype == "F32" ? 4 : 1);
+    header[it.name] = {{"dtype", it.dtype}, {"shape", it.shape}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();
@@ -77,9 +81,28 @@ void write_big_checkpoint(const std::filesystem::path& dir, std::int64_t E, std:
   // Uniform in [-a, a] with a = sqrt(3 / fan_in) (unit-variance outputs), from a xorshift.
   std::uint64_t state = 0x9E3779B97F4A7C15ull;
   std::vector<float> chunk(1 << 16);
+  std::vector<std::uint8_t> bytes(1 << 16);
   for (const Item& it : items) {
     const float a = std::sqrt(3.0f / static_cast<float>(it.shape[1]));
     std::int64_t left = shape_numel(it.shape);
+    if (it.dtype == "F8_E4M3") {  // random e4m3 but the NaNs; the scales: 2^-14
+      while (left > 0) {
+        const std::int64_t n = std::min<std::int64_t>(left, static_cast<std::int64_t>(bytes.size()));
+        for (std::int64_t i = 0; i < n; ++i) {
+          state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+          const auto b = static_cast<std::uint8_t>(state >> 32);
+          bytes[static_cast<std::size_t>(i)] = (b & 0x7F) == 0x7F ? static_cast<std::uint8_t>(b ^ 1) : b;
+        }
+        out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(n));
+        left -= n;
+      }
+      continue;
+    }
+    if (fp8 && it.name.find("weight_scale_inv") != std::string::npos) {
+      const std::vector<float> s(static_cast<std::size_t>(left), 0x1p-14f);
+      out.write(reinterpret_cast<const char*>(s.data()), static_cast<std::streamsize>(left * 4));
+      continue;
+    }
     while (left > 0) {
       const std::int64_t n = std::min<std::int64_t>(left, static_cast<std::int64_t>(chunk.size()));
       for (std::int64_t i = 0; i < n; ++i) {
@@ -136,6 +159,46 @@ TEST(MappedMemory, LoadingMapsAndAForwardTouchesOnlyItsExperts) {
       mib(static_cast<double>(nbytes)), mib(load_growth), static_cast<long long>(T), touched.size(),
       mib(touched_bytes), mib(fwd_growth));
   RecordProperty("rss_load_growth_bytes", std::to_string(static_cast<long long>(load_growth)));
+  RecordProperty("rss_forward_growth_bytes", std::to_string(static_cast<long long>(fwd_growth)));
+}
+
+// An FP8 release is used in place too (issue target: resident memory at most 1.1 × the packed
+// bytes of the experts a forward touches, plus O(T · D)): loading adds next to nothing, and a
+// forward of a few tokens adds the touched experts' FP8 bytes, the router and the decode scratch.
+TEST(MappedMemory, Fp8ReleaseTouchesOnlyItsExpertsBytes) {
+#ifdef MOEKIT_TEST_ASAN
+  GTEST_SKIP() << "RSS is not meaningful under a sanitizer (shadow memory, quarantine)";
+#endif
+  // 3 x 64 x 1024 x 512 B = 96 MiB of FP8 experts; one expert is 1.5 MiB.
+  constexpr std::int64_t E = 64, D = 1024, F = 512, T = 4;
+  TempDir tmp("mapped_memory_fp8");
+  write_big_checkpoint(tmp.path(), E, D, F, true);
+  const Tensor x = testing::random_f32({T, D}, 5);
+  const MoeLayer warm = load_moe_layer(tmp.path().string(), 0);  // thread pool and scratch, once
+  (void)warm.forward(x);
+  const std::size_t rss0 = resident_bytes();
+  const MoeLayer layer = load_moe_layer(tmp.path().string(), 0);
+  const std::size_t rss1 = resident_bytes();
+  const std::size_t nbytes = layer.weights().experts.nbytes();
+  ASSERT_EQ(layer.weights().experts.up.format, WeightFormat::fp8(128, 128, DType::f32));
+  EXPECT_TRUE(layer.weights().mapped);
+  const double load_growth = static_cast<double>(rss1) - static_cast<double>(rss0);
+  EXPECT_LT(load_growth, 0.02 * static_cast<double>(nbytes));
+  ForwardInfo info;
+  const Tensor x2 = testing::random_f32({T, D}, 6);  // another routing than the warm-up's
+  (void)layer.forward(x2, &info);
+  const double fwd_growth = static_cast<double>(resident_bytes()) - static_cast<double>(rss0);
+  std::set<std::int32_t> touched(info.routing.ids.data_as<const std::int32_t>(),
+                                 info.routing.ids.data_as<const std::int32_t>() + info.routing.ids.numel());
+  const double touched_bytes = static_cast<double>(touched.size()) * static_cast<double>(nbytes) / E;
+  // The touched experts' bytes (the warm-up's pages of the same file count where they overlap),
+  // the router's E · D f32 and the activations: within 1.1 × the touched bytes + 1 MiB.
+  EXPECT_LT(fwd_growth, 1.1 * touched_bytes + static_cast<double>(E * D * 4 + (1 << 20)));
+  std::printf(
+      "[ RSS      ] FP8 experts %.1f MiB; after load +%.2f MiB; after forward (T=%lld, %zu experts = %.2f MiB "
+      "touched) +%.2f MiB (%.2f x touched)\n",
+      mib(static_cast<double>(nbytes)), mib(load_growth), static_cast<long long>(T), touched.size(), mib(touched_bytes),
+      mib(fwd_growth), fwd_growth / touched_bytes);
   RecordProperty("rss_forward_growth_bytes", std::to_string(static_cast<long long>(fwd_growth)));
 }
 
