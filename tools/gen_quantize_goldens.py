@@ -343,6 +343,20 @@ def write_vectors():
                 tensors.append((key + ".codes", np.array(q), "U32"))
                 tensors.append((key + ".scales", np.array(s.astype(mx.float32)), st))
                 tensors.append((key + ".biases", np.array(b.astype(mx.float32)), st))
+    # mlx's fp modes (mx.quantize(..., mode=M): codes and uint8 scales, no biases), from f32, bf16
+    # and f16 weights: the CPU quantizer composes ops evaluated in the weights' dtype.
+    # Beside the edge rows: 56 rows of random magnitudes from 2^-30 to 2^30 (f16 overflows and
+    # underflows at the ends, as mlx's arithmetic does).
+    extra = [values(f"vectors.fp{i}", 128, int(i) - 28, 0.0) for i in range(0, 56)]
+    wfp = np.concatenate([w, np.stack(extra).astype(np.float32)])
+    tensors += [("wfp.f32", wfp, "F32"), ("wfp.bf16", wfp, "BF16"), ("wfp.f16", wfp.astype(np.float16), "F16")]
+    for dname, mdt in (("f32", mx.float32), ("bf16", mx.bfloat16), ("f16", mx.float16)):
+        wm = mx.array(wfp).astype(mdt)
+        for mode, group, bits in (("mxfp4", 32, 4), ("nvfp4", 16, 4), ("mxfp8", 32, 8)):
+            q, s = mx.quantize(wm, group_size=group, bits=bits, mode=mode)
+            key = f"{dname}.{mode}"
+            tensors.append((key + ".codes", np.array(q), "U32"))
+            tensors.append((key + ".scales", np.array(s), "U8"))
     L.write_safetensors(os.path.join(OUT, "quantize_vectors.safetensors"), tensors)
 
 

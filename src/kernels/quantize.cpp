@@ -48,4 +48,102 @@ void quantize_affine_row(const float* w, std::int64_t in, int bits, int group, s
   }
 }
 
+std::uint8_t f32_to_e4m3_saturating(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const std::uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  std::uint8_t result;
+  if (bits >= 543u << 21) {  // |x| >= 464 (and NaN): saturate
+    result = 0x7E;
+  } else if (bits < 121u << 23) {  // below 2^-6: the subnormal range, rounded by an f32 add
+    const float denorm = [] {
+      const std::uint32_t b = 141u << 23;
+      float f;
+      std::memcpy(&f, &b, 4);
+      return f;
+    }();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    f += denorm;
+    std::uint32_t low;
+    std::memcpy(&low, &f, 4);
+    result = static_cast<std::uint8_t>(low - (141u << 23));
+  } else {  // normal: rebias the exponent, round the 20 dropped mantissa bits to nearest even
+    const std::uint32_t odd = (bits >> 20) & 1u;
+    result = static_cast<std::uint8_t>((bits + ((static_cast<std::uint32_t>(7 - 127) << 23) + 0x7FFFFu) + odd) >> 20);
+  }
+  return static_cast<std::uint8_t>(result | (sign >> 24));
+}
+
+namespace {
+
+// x rounded to `dtype` (f32: unchanged), as an array op of that dtype stores its result.
+float in_dtype(float x, DType dtype) {
+  if (dtype == DType::bf16) return bf16_to_f32(f32_to_bf16(x));
+  if (dtype == DType::f16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
+// e4m3 byte -> f32 (mlx's from_fp8: exact).
+float e4m3_value(std::uint8_t b) { return e4m3_to_f32(b); }
+
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// The nearest e2m1 value's index, the first on a tie (argmin over |v − lut|, the difference and
+// its magnitude in `dtype`).
+std::uint32_t nearest_e2m1(float v, DType dtype) {
+  std::uint32_t best = 0;
+  float best_d = 0.0f;
+  for (std::uint32_t i = 0; i < 16; ++i) {
+    const float d = std::abs(in_dtype(v - kE2m1[i], dtype));
+    if (i == 0 || d < best_d) {
+      best = i;
+      best_d = d;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+void quantize_fp_row(const float* w, std::int64_t in, FpMode mode, DType dtype, std::uint32_t* codes,
+                     std::uint8_t* scales) {
+  const int bits = mode == FpMode::mxfp8 ? 8 : 4;
+  const std::int64_t group = mode == FpMode::nvfp4 ? 16 : 32;
+  const float maxval = bits == 4 ? 6.0f : 448.0f;
+  std::memset(codes, 0, static_cast<std::size_t>(in * bits / 32) * sizeof(std::uint32_t));
+  auto* code_bytes = reinterpret_cast<std::uint8_t*>(codes);
+  for (std::int64_t g = 0; g < in / group; ++g) {
+    const float* p = w + g * group;
+    float m = 0.0f;
+    for (std::int64_t j = 0; j < group; ++j) m = std::max(m, std::abs(p[j]));
+    const float s = in_dtype(m / maxval, dtype);
+    float divisor;
+    DType q_dtype = dtype;  // the dtype the scaled weights are in
+    if (mode == FpMode::nvfp4) {
+      scales[g] = f32_to_e4m3_saturating(s);  // s · 1.0f (an f32 scale_encode): f32
+      divisor = in_dtype(e4m3_value(scales[g]), dtype);
+    } else {
+      // e = ceil(log2 s) (0 where s = 0): the smallest power of two that keeps every |w| / 2^e
+      // within the element's range (mlx 0.32.4; its earlier releases rounded to nearest). The
+      // logarithm is taken in f32, the scale byte e + 127 cast to uint8 as mlx casts it.
+      const float e = s == 0.0f ? 0.0f : std::ceil(std::log2(s));
+      scales[g] = static_cast<std::uint8_t>(static_cast<std::int32_t>(in_dtype(e + 127.0f, dtype)));
+      divisor = in_dtype(std::pow(2.0f, e), dtype);
+    }
+    for (std::int64_t j = 0; j < group; ++j) {
+      float v = in_dtype(p[j] / divisor, dtype);
+      if (mode == FpMode::nvfp4) q_dtype = DType::f32;  // times the f32 scale_encode: f32 from here
+      const std::int64_t k = g * group + j;
+      if (bits == 8) {
+        code_bytes[k] = f32_to_e4m3_saturating(v);
+      } else {
+        codes[k / 8] |= nearest_e2m1(v, q_dtype) << (4 * (k % 8));
+      }
+    }
+  }
+}
+
 }  // namespace moekit::kernels

@@ -4,22 +4,25 @@
 //    (same tensors, same bytes, same `quantization` entries, same index metadata), and moekit's
 //    forward on its own output equals mlx-lm's MoE module on mlx-lm's output;
 //  - bad options and bad checkpoints are named errors that leave nothing behind.
+#include "kernels/quantize.hpp"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "io/family.hpp"
 #include "io/safetensors_writer.hpp"
-#include "util/mlx_tiny_models.hpp"
-#include "kernels/quantize.hpp"
 #include "moekit/model.hpp"
 #include "moekit/npy.hpp"
 #include "moekit/quantize.hpp"
 #include "moekit/safetensors.hpp"
 #include "util/compare.hpp"
+#include "util/mlx_tiny_models.hpp"
 
 namespace moekit {
 namespace {
@@ -78,6 +81,41 @@ TEST(QuantizeRow, MatchesMlxCoreQuantize) {
           }
         }
       }
+  }
+}
+
+// mlx's fp modes: the codes and scale bytes mx.quantize(..., mode=M) returns for f32, bf16 and f16
+// weights (its CPU quantizer computes in the weights' dtype), byte for byte, on rows that hit the
+// edge cases (zeros, constants, tiny values whose scales underflow, a spike, wide ranges).
+TEST(QuantizeFpRow, MatchesMlxQuantizeByteForByte) {
+  const auto f = SafetensorsFile::open(kDir + "/quantize_vectors.safetensors");
+  for (const auto& [src, dtype] :
+       {std::pair{"f32", DType::f32}, std::pair{"bf16", DType::bf16}, std::pair{"f16", DType::f16}}) {
+    const Tensor w32 = to_dtype(f->view(std::string("wfp.") + src), DType::f32);
+    const std::int64_t rows = w32.dim(0), in = w32.dim(1);
+    for (const auto& [name, mode, group, bits] :
+         {std::tuple{"mxfp4", kernels::FpMode::mxfp4, 32, 4}, std::tuple{"nvfp4", kernels::FpMode::nvfp4, 16, 4},
+          std::tuple{"mxfp8", kernels::FpMode::mxfp8, 32, 8}}) {
+      const std::string key = std::string(src) + "." + name;
+      const std::uint8_t* want_codes = f->bytes(key + ".codes");
+      const std::uint8_t* want_scales = f->bytes(key + ".scales");
+      const std::int64_t words = in * bits / 32, groups = in / group;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        // Rows that overflow f16 are not weights moekit quantize accepts (it refuses non-finite rows).
+        const float* row = w32.data_as<const float>() + r * in;
+        if (!std::all_of(row, row + in, [](float v) { return std::isfinite(v); })) continue;
+        std::vector<std::uint32_t> codes(static_cast<std::size_t>(words));
+        std::vector<std::uint8_t> scales(static_cast<std::size_t>(groups));
+        kernels::quantize_fp_row(w32.data_as<const float>() + r * in, in, mode, dtype, codes.data(), scales.data());
+        EXPECT_EQ(std::memcmp(scales.data(), want_scales + r * groups, scales.size()), 0) << key << " row " << r;
+        for (std::int64_t i = 0; i < words; ++i) {
+          std::uint32_t want;
+          std::memcpy(&want, want_codes + (r * words + i) * 4, 4);
+          EXPECT_EQ(codes[static_cast<std::size_t>(i)], want) << key << " row " << r << " word " << i;
+          if (codes[static_cast<std::size_t>(i)] != want) break;
+        }
+      }
+    }
   }
 }
 

@@ -290,8 +290,8 @@ TEST(QuantizedLayer, BrokenFilesAreNamedErrors) {
   }
   {  // a mode moekit cannot compute on
     Built b = qwen2_block();
-    b.q.config()["quantization"][up] = {{"group_size", 32}, {"bits", 4}, {"mode", "nvfp4"}};
-    expect_error([&] { load_built(b.q); }, {up + ".weight'", "'nvfp4'", "affine, mxfp4, mxfp8"});
+    b.q.config()["quantization"][up] = {{"group_size", 32}, {"bits", 4}, {"mode", "mxfp6"}};
+    expect_error([&] { load_built(b.q); }, {up + ".weight'", "'mxfp6'", "affine, mxfp4, nvfp4, mxfp8"});
   }
   {  // affine tensors (with biases) under a module the config calls mxfp4
     Built b = qwen2_block();
