@@ -16,16 +16,23 @@ namespace moekit::cli {
 namespace {
 
 struct QuantizeCliOptions {
-  std::string model, out, recipe, dtype, error_csv;
+  std::string model, out, recipe, dtype, error_csv, mode = "affine";
   int bits = 4, group_size = 64, router_bits = -1, threads = 0;
   const CLI::Option* threads_option = nullptr;
+  const CLI::Option *bits_option = nullptr, *group_option = nullptr;
 };
 
 void run_quantize(const QuantizeCliOptions& o) {
   apply_threads_option(o.threads_option, o.threads);
   QuantizeOptions q;
+  q.mode = o.mode;
   q.bits = o.bits;
   q.group_size = o.group_size;
+  // mlx_lm.convert's defaults for a mode when --bits / --group-size are not given.
+  if (o.mode == "mxfp4" || o.mode == "nvfp4" || o.mode == "mxfp8") {
+    if (o.bits_option->count() == 0) q.bits = o.mode == "mxfp8" ? 8 : 4;
+    if (o.group_option->count() == 0) q.group_size = o.mode == "nvfp4" ? 16 : 32;
+  }
   q.router_bits = o.router_bits;
   q.recipe = o.recipe;
   q.dtype = o.dtype;
@@ -71,11 +78,17 @@ void run_quantize(const QuantizeCliOptions& o) {
 void register_quantize(CLI::App& app) {
   auto o = std::make_shared<QuantizeCliOptions>();
   auto* cmd = app.add_subcommand(
-      "quantize", "Write an MLX-affine-quantized copy of a float checkpoint that mlx-lm loads (as mlx_lm.convert -q)");
+      "quantize", "Write an MLX-quantized copy of a float checkpoint that mlx-lm loads (as mlx_lm.convert -q)");
   cmd->add_option("--model", o->model, "Float checkpoint folder (config.json + *.safetensors)")->required();
   cmd->add_option("--out", o->out, "Output folder (must not exist, or be empty)")->required();
-  cmd->add_option("--bits", o->bits, "Bits per weight: 2, 3, 4, 5, 6 or 8")->capture_default_str();
-  cmd->add_option("--group-size", o->group_size, "Weights per scale/bias group: 32, 64 or 128")->capture_default_str();
+  cmd->add_option("--q-mode", o->mode,
+                  "mlx's quantization mode: affine, or mxfp4, nvfp4, mxfp8 (as mlx_lm.convert --q-mode)")
+      ->capture_default_str();
+  o->bits_option = cmd->add_option("--bits", o->bits, "Bits per weight: 2, 3, 4, 5, 6 or 8 (fp modes: the mode's)")
+                       ->capture_default_str();
+  o->group_option = cmd->add_option("--group-size", o->group_size,
+                                    "Weights per scale/bias group: 32, 64 or 128 (fp modes: the mode's)")
+                        ->capture_default_str();
   cmd->add_option("--router-bits", o->router_bits,
                   "Bits of the MoE routers (0 = keep them float); default: mlx-lm's rule for the family "
                   "(Qwen3-MoE and MiniMax routers at 8 bits group 64)");

@@ -134,6 +134,11 @@ CASES = [
     dict(name="deepseek_v3_q4_g32", family="deepseek_v3", bits=4, group=32),
     dict(name="gpt_oss_q4_g32", family="gpt_oss", bits=4, group=32),
     dict(name="minimax_q4_g128_router_float", family="minimax", bits=4, group=128, router_bits=0),
+    # mlx's fp modes (mlx_lm.convert --q-mode): codes and uint8 scales; Qwen3's router stays
+    # 8-bit affine through its entry without "mode".
+    dict(name="qwen3_moe_mxfp4", family="qwen3_moe", bits=4, group=32, mode="mxfp4"),
+    dict(name="deepseek_v3_nvfp4", family="deepseek_v3", bits=4, group=16, mode="nvfp4"),
+    dict(name="qwen3_moe_mxfp8_f16", family="qwen3_moe", bits=8, group=32, mode="mxfp8", dtype="float16"),
 ]
 
 
@@ -273,7 +278,7 @@ def convert(hf, dst, c, cfg):
         pred = mlx_convert.mixed_quant_predicate_builder(c["recipe"], model, c["group"])
     elif "router_bits" in c:
         pred = router_bits_predicate(cfg, c["router_bits"], c["group"])
-    model, config = mlx_utils.quantize_model(model, config, c["group"], c["bits"], mode="affine",
+    model, config = mlx_utils.quantize_model(model, config, c["group"], c["bits"], mode=c.get("mode", "affine"),
                                              quant_predicate=pred)
     mlx_utils.save_model(Path(dst), model, donate_model=False)
     mlx_utils.save_config(config, config_path=Path(dst) / "config.json")
@@ -312,7 +317,7 @@ def build_case(c, tmp):
     os.makedirs(d)
     np.save(os.path.join(d, "input.npy"), x)
     np.save(os.path.join(d, "output.npy"), y)
-    options = {k: c[k] for k in ("recipe", "router_bits", "dtype") if k in c}
+    options = {k: c[k] for k in ("recipe", "router_bits", "dtype", "mode") if k in c}
     return dict(name=c["name"], family=c["family"], bits=c["bits"], group_size=c["group"], options=options,
                 layer=layer, config=cfg,
                 inputs=[dict(name=s[0], shape=s[1], dtype=s[2], amp_log2=s[3], offset=s[4]) for s in specs],

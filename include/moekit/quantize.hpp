@@ -1,5 +1,6 @@
-// moekit quantize: a float checkpoint folder -> an MLX-affine-quantized folder that mlx-lm's own
-// `load` reads, laid out as `mlx_lm.convert --quantize` writes it (docs/formats.md, "Writing").
+// moekit quantize: a float checkpoint folder -> an MLX-quantized folder (affine, or the mxfp4 /
+// nvfp4 / mxfp8 modes) that mlx-lm's own `load` reads, laid out as `mlx_lm.convert --quantize`
+// writes it (docs/formats.md, "Writing").
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,11 @@
 namespace moekit {
 
 struct QuantizeOptions {
+  /// mlx's quantization mode: "affine" (codes, scales and biases), or the floating-point modes
+  /// "mxfp4" (bits 4, group 32), "nvfp4" (bits 4, group 16), "mxfp8" (bits 8, group 32): codes
+  /// and uint8 scales, as `mlx_lm.convert -q --q-mode M` writes them (bits and group_size must
+  /// then be the mode's).
+  std::string mode = "affine";
   int bits = 4;         ///< 2, 3, 4, 5, 6 or 8
   int group_size = 64;  ///< 32, 64 or 128
   /// The MoE routers' bits: -1 keeps mlx-lm's rule for the family (Qwen3-MoE and MiniMax

@@ -19,10 +19,22 @@ using detail::quantize_bad;
 
 void validate_options(const QuantizeOptions& opt) {
   const std::set<int> kBits = {2, 3, 4, 5, 6, 8};
-  if (!kBits.count(opt.bits))
-    quantize_bad(MOEKIT_MSG("bits " << opt.bits << " unsupported (2, 3, 4, 5, 6 or 8)"));
-  if (opt.group_size != 32 && opt.group_size != 64 && opt.group_size != 128)
-    quantize_bad(MOEKIT_MSG("group size " << opt.group_size << " unsupported (32, 64 or 128)"));
+  if (opt.mode != "affine") {
+    const auto mode = detail::fp_mode_named(opt.mode);
+    if (!mode) quantize_bad("mode '" + opt.mode + "' unsupported (affine, mxfp4, nvfp4 or mxfp8)");
+    const int bits = *mode == kernels::FpMode::mxfp8 ? 8 : 4, group = *mode == kernels::FpMode::nvfp4 ? 16 : 32;
+    if (opt.bits != bits || opt.group_size != group)
+      quantize_bad(MOEKIT_MSG("mode " << opt.mode << " is " << bits << " bits in groups of " << group << ", got bits "
+                                      << opt.bits << " and group size " << opt.group_size));
+    if (!opt.recipe.empty())
+      quantize_bad("mixed recipes are affine only (as mlx_lm.convert's): drop --recipe or --q-mode");
+    if (opt.router_bits > 0 && group == 16)
+      quantize_bad("--router-bits quantizes the routers affine in groups of the mode's 16, which affine does not take");
+  } else {
+    if (!kBits.count(opt.bits)) quantize_bad(MOEKIT_MSG("bits " << opt.bits << " unsupported (2, 3, 4, 5, 6 or 8)"));
+    if (opt.group_size != 32 && opt.group_size != 64 && opt.group_size != 128)
+      quantize_bad(MOEKIT_MSG("group size " << opt.group_size << " unsupported (32, 64 or 128)"));
+  }
   if (opt.router_bits != -1 && opt.router_bits != 0 && !kBits.count(opt.router_bits))
     quantize_bad(MOEKIT_MSG("router bits " << opt.router_bits
                                            << " unsupported (0 = float, 2, 3, 4, 5, 6 or 8)"));

@@ -393,7 +393,8 @@ json decide_storage(std::vector<Job>& jobs, const MoeConfig& cfg, const FamilyRu
   std::set<std::string> routers;
   for (const std::int64_t L : cfg.moe_layer_indices())
     routers.insert(replace_layer(cfg.names.block, L) + "." + cfg.names.router);
-  json qconfig = {{"group_size", opt.group_size}, {"bits", opt.bits}, {"mode", "affine"}};
+  json qconfig = {{"group_size", opt.group_size}, {"bits", opt.bits}, {"mode", opt.mode}};
+  const std::optional<kernels::FpMode> fp = fp_mode_named(opt.mode);
   for (Job& j : jobs) {
     if (!is_float_name(j.src_dtype)) continue;  // integer tensors are copied as they are
     const DType stored = j.src_dtype == "F32"    ? DType::f32
@@ -431,6 +432,8 @@ json decide_storage(std::vector<Job>& jobs, const MoeConfig& cfg, const FamilyRu
     if (j.shape.back() % group != 0) continue;
     j.bits = bits;
     j.group = group;
+    // A per-module entry without "mode" (the routers') is affine, mlx's default.
+    if (entry.is_null() || entry.contains("mode")) j.fp_mode = fp;
     j.counted = true;
     if (!entry.is_null()) qconfig[path] = entry;
   }
@@ -446,9 +449,13 @@ void plan_shards(QuantizePlan& plan, std::int64_t max_shard_bytes) {
       Shape codes = j.shape, groups = j.shape;
       codes.back() = j.shape.back() * j.bits / 32;
       groups.back() = j.shape.back() / j.group;
-      const std::size_t sb = static_cast<std::size_t>(shape_numel(groups)) * dtype_size(*j.cast);
       plan.outs.push_back(
           {i, {j.out, "U32", codes, static_cast<std::size_t>(shape_numel(codes)) * 4}});
+      if (j.fp_mode) {  // uint8 scales (e8m0, or e4m3 for nvfp4), no biases
+        plan.outs.push_back({i, {path + ".scales", "U8", groups, static_cast<std::size_t>(shape_numel(groups))}});
+        continue;
+      }
+      const std::size_t sb = static_cast<std::size_t>(shape_numel(groups)) * dtype_size(*j.cast);
       plan.outs.push_back({i, {path + ".scales", safetensors_dtype_name(*j.cast), groups, sb}});
       plan.outs.push_back({i, {path + ".biases", safetensors_dtype_name(*j.cast), groups, sb}});
     } else {
@@ -482,6 +489,13 @@ const std::map<std::string, Recipe>& quantize_recipe_table() {
   static const std::map<std::string, Recipe> kRecipes = {
       {"mixed_2_6", {2, 6}}, {"mixed_3_4", {3, 4}}, {"mixed_3_6", {3, 6}}, {"mixed_4_6", {4, 6}}};
   return kRecipes;
+}
+
+std::optional<kernels::FpMode> fp_mode_named(const std::string& name) {
+  if (name == "mxfp4") return kernels::FpMode::mxfp4;
+  if (name == "nvfp4") return kernels::FpMode::nvfp4;
+  if (name == "mxfp8") return kernels::FpMode::mxfp8;
+  return std::nullopt;
 }
 
 std::optional<DType> float_dtype_named(const std::string& name) {

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/quantize.hpp"
 #include "moekit/quantize.hpp"
 #include "moekit/safetensors.hpp"
 
@@ -32,6 +33,9 @@ struct Recipe {
 /// The recipes by name ("mixed_3_6", ...).
 const std::map<std::string, Recipe>& quantize_recipe_table();
 
+/// "mxfp4" / "nvfp4" / "mxfp8" as mlx spells them; nullopt for anything else ("affine" included).
+std::optional<kernels::FpMode> fp_mode_named(const std::string& name);
+
 /// float32 / bfloat16 / float16 as config.json and --dtype spell them; nullopt for anything else.
 std::optional<DType> float_dtype_named(const std::string& name);
 
@@ -44,6 +48,7 @@ struct Job {
   std::string src_dtype;             // as the file spells it
   std::optional<DType> cast;         // float output / quantization dtype; nullopt: raw copy
   int bits = 0, group = 0;           // bits != 0: quantized
+  std::optional<kernels::FpMode> fp_mode;  // quantized in an fp mode (codes + uint8 scales); else affine
   // Counted in the index's total_parameters: mlx_lm.utils.get_total_parameters counts only leaf
   // modules' parameters, so a parameter held by a module with children is left out.
   bool counted = true;
@@ -59,8 +64,8 @@ struct Job {
   std::int64_t fp = 0, fq = 0;
 };
 
-/// One tensor of a shard and the job that produces it (a quantized job produces three: codes,
-/// scales, biases).
+/// One tensor of a shard and the job that produces it (an affine-quantized job produces three:
+/// codes, scales, biases; an fp-mode one two: codes, scales).
 struct OutTensor {
   std::size_t job;
   SafetensorsWriter::Entry entry;

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "io/quantize_plan.hpp"
+#include "kernels/formats/table.hpp"
 #include "kernels/quantize.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
@@ -95,15 +96,34 @@ struct Packed {
   std::int64_t in = 0, words = 0, groups = 0;
   std::vector<std::uint32_t> codes;
   std::vector<float> scales, biases;
+  std::vector<std::uint8_t> scale_bytes;  // an fp mode's
   std::vector<ErrorSums> errs = std::vector<ErrorSums>(kTasks);
 };
 
-// Quantizes row `w` (in values) into row r of `pk`, scales and biases rounded to the job's
-// dtype, and adds its dequantization error to `er`.
+// One weight's dequantization error into `er`.
+void add_error(float deq, float w, ErrorSums& er) {
+  const double d = std::abs(static_cast<double>(deq) - w);
+  er.max_abs = std::max(er.max_abs, d);
+  er.sq += d * d;
+  er.wsq += static_cast<double>(w) * w;
+}
+
+// Quantizes row `w` (in values) into row r of `pk` — affine: scales and biases rounded to the
+// job's dtype; an fp mode: scale bytes — and adds its dequantization error to `er`.
 void quantize_row(const Job& j, const float* w, std::int64_t r, Packed& pk, ErrorSums& er) {
+  std::uint32_t* q = pk.codes.data() + r * pk.words;
+  if (j.fp_mode) {  // an fp mode: codes and scale bytes, decoded back by the format's rule
+    std::uint8_t* sb = pk.scale_bytes.data() + r * pk.groups;
+    kernels::quantize_fp_row(w, pk.in, *j.fp_mode, *j.cast, q, sb);
+    const WeightFormat f = *j.fp_mode == kernels::FpMode::mxfp4   ? WeightFormat::mxfp4()
+                           : *j.fp_mode == kernels::FpMode::nvfp4 ? WeightFormat::nvfp4()
+                                                                  : WeightFormat::mxfp8();
+    const kernels::WeightMatrix m{q, DType::u8, pk.words * 4, kernels::WeightLayout::rows, f, sb, nullptr, pk.groups};
+    for (std::int64_t k = 0; k < pk.in; ++k) add_error(kernels::formats::decode(m, 0, k), w[k], er);
+    return;
+  }
   float* sc = pk.scales.data() + r * pk.groups;
   float* bi = pk.biases.data() + r * pk.groups;
-  std::uint32_t* q = pk.codes.data() + r * pk.words;
   kernels::quantize_affine_row(w, pk.in, j.bits, j.group, q, sc, bi);
   for (std::int64_t g = 0; g < pk.groups; ++g) {
     sc[g] = round_to(sc[g], *j.cast);
@@ -114,11 +134,7 @@ void quantize_row(const Job& j, const float* w, std::int64_t r, Packed& pk, Erro
     std::uint64_t pair = q[bit / 32];
     if (bit % 32 + j.bits > 32) pair |= static_cast<std::uint64_t>(q[bit / 32 + 1]) << 32;
     const float code = static_cast<float>((pair >> (bit % 32)) & ((1u << j.bits) - 1u));
-    const float deq = std::fma(sc[k / j.group], code, bi[k / j.group]);
-    const double d = std::abs(static_cast<double>(deq) - w[k]);
-    er.max_abs = std::max(er.max_abs, d);
-    er.sq += d * d;
-    er.wsq += static_cast<double>(w[k]) * w[k];
+    add_error(std::fma(sc[k / j.group], code, bi[k / j.group]), w[k], er);
   }
 }
 
@@ -170,8 +186,12 @@ Produced produce_quantized(const Checkpoint& ck, const Job& j, std::int64_t step
   pk.groups = pk.in / j.group;
   const std::int64_t rows = shape_numel(j.shape) / pk.in, rows_per_lead = inner / pk.in;
   pk.codes.resize(static_cast<std::size_t>(rows * pk.words));
-  pk.scales.resize(static_cast<std::size_t>(rows * pk.groups));
-  pk.biases.resize(pk.scales.size());
+  if (j.fp_mode) {
+    pk.scale_bytes.resize(static_cast<std::size_t>(rows * pk.groups));
+  } else {
+    pk.scales.resize(static_cast<std::size_t>(rows * pk.groups));
+    pk.biases.resize(pk.scales.size());
+  }
   for (std::int64_t l0 = 0; l0 < lead; l0 += step) {
     const std::int64_t l1 = std::min(lead, l0 + step);
     quantize_rows(ck, j, read_values(ck, j, l0, l1), l0 * rows_per_lead, (l1 - l0) * rows_per_lead,
@@ -191,8 +211,12 @@ Produced produce_quantized(const Checkpoint& ck, const Job& j, std::int64_t step
   Produced p;
   const auto* cb = reinterpret_cast<const std::uint8_t*>(pk.codes.data());
   p.tensors.emplace_back(cb, cb + pk.codes.size() * 4);
-  p.tensors.push_back(encode(pk.scales, *j.cast));
-  p.tensors.push_back(encode(pk.biases, *j.cast));
+  if (j.fp_mode) {
+    p.tensors.push_back(std::move(pk.scale_bytes));
+  } else {
+    p.tensors.push_back(encode(pk.scales, *j.cast));
+    p.tensors.push_back(encode(pk.biases, *j.cast));
+  }
   p.params = shape_numel(j.shape);
   return p;
 }

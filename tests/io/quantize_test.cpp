@@ -45,6 +45,7 @@ QuantizeOptions options_of(const json& c) {
   if (x.contains("recipe")) o.recipe = x.at("recipe").get<std::string>();
   if (x.contains("router_bits")) o.router_bits = x.at("router_bits").get<int>();
   if (x.contains("dtype")) o.dtype = x.at("dtype").get<std::string>();
+  if (x.contains("mode")) o.mode = x.at("mode").get<std::string>();
   return o;
 }
 
@@ -259,6 +260,18 @@ TEST(Quantize, BadOptionsAreNamed) {
   o = {};
   o.dtype = "float64";
   expect_refused(s, o, {"dtype 'float64'"});
+  o = {};
+  o.mode = "mxfp6";
+  expect_refused(s, o, {"mode 'mxfp6'", "affine, mxfp4, nvfp4 or mxfp8"});
+  o = {};
+  o.mode = "mxfp4";  // bits 4 group 64: not the mode's group
+  expect_refused(s, o, {"mode mxfp4 is 4 bits in groups of 32", "group size 64"});
+  o = {};
+  o.mode = "mxfp8";
+  o.bits = 8;
+  o.group_size = 32;
+  o.recipe = "mixed_3_6";
+  expect_refused(s, o, {"mixed recipes are affine only"});
   EXPECT_FALSE(fs::exists(s.out()));
 }
 
