@@ -120,11 +120,10 @@ Row make_row(const BenchShape& s, const WeightFormat& format, const std::string&
   row.saved_bytes_per_token = t.saved_bytes;
   row.shape = s.name;
   row.dtype = format.name();
-  row.layout = format.element == Element::e2m1         ? "mxfp4"
-               : format.element == Element::e4m3       ? "fp8"
-               : format.quantized()                    ? "affine"
-               : format.bf16_act && layout == "panels" ? "amx_tiles"
-                                                       : layout;
+  row.layout = format.quantized() && format.element != Element::affine ? format.name()
+               : format.quantized()                                    ? "affine"
+               : format.bf16_act && layout == "panels"                 ? "amx_tiles"
+                                                                       : layout;
   row.tokens = T;
   row.threads = static_cast<int>(nt);
   const double med = median_of(t.secs);

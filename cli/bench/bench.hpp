@@ -38,6 +38,7 @@ struct WeightFormat {
   bool bf16_act = false;
   /// With bits != 0: affine, e2m1 (MXFP4: group 32, e8m0 scales) or e4m3 (FP8, 128 × 128 blocks).
   Element element = Element::affine;
+  bool nv = false;  ///< e2m1 as NVFP4 (group 16, e4m3 scales) rather than MXFP4
   static constexpr int kGroup = 64;
   bool quantized() const { return bits != 0; }
   std::string name() const;

@@ -13,13 +13,15 @@ namespace moekit::cli::bench {
 
 const char* const kDtypeList =
     "f32, bf16, f16; q2, q3, q4, q5, q6, q8 (MLX affine, group 64, bf16 scales); q4-int8, q8-int8 (the "
-    "int8 fast mode); mxfp4 (e2m1, group 32, e8m0 scales); fp8 (e4m3, 128 x 128 blocks, f32 scales); bf16-act "
+    "int8 fast mode); mxfp4 (e2m1, group 32, e8m0 scales); nvfp4 (e2m1, group 16, e4m3 scales); int4 "
+    "(compressed-tensors, group 32, bf16 scales); fp8 (e4m3, 128 x 128 blocks, f32 scales); bf16-act "
     "(bf16 weights, bf16 compute mode)";
 
 std::string WeightFormat::name() const {
   if (bf16_act) return "bf16-act";
   if (!quantized()) return dtype_name(dtype);
-  if (element == Element::e2m1) return "mxfp4";
+  if (element == Element::e2m1) return nv ? "nvfp4" : "mxfp4";
+  if (element == Element::int4) return "int4";
   if (element == Element::e4m3) return "fp8";
   std::string n{'q', static_cast<char>('0' + bits)};
   if (int8) n += "-int8";
@@ -30,7 +32,10 @@ synth::WeightSpec WeightFormat::spec() const {
   synth::WeightSpec s;
   s.dtype = dtype;
   s.bits = bits;
-  s.group = element == Element::e2m1 ? 32 : element == Element::e4m3 ? 128 : kGroup;
+  s.group = element == Element::e2m1   ? (nv ? 16 : 32)
+            : element == Element::e4m3 ? 128
+            : element == Element::int4 ? 32
+                                       : kGroup;
   s.element = element;
   return s;
 }
@@ -78,6 +83,11 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
       f.dtype = DType::u8;
       f.bits = 4;
       f.element = Element::e2m1;
+    } else if (item == "nvfp4" || item == "int4") {
+      f.dtype = DType::u8;
+      f.bits = 4;
+      f.element = item == "int4" ? Element::int4 : Element::e2m1;
+      f.nv = item == "nvfp4";
     } else if (item == "fp8") {
       f.dtype = DType::u8;
       f.bits = 8;
@@ -113,7 +123,8 @@ std::vector<std::string> parse_layouts(const std::string& text) {
 // + one e8m0 byte per 32; FP8: bytes + one f32 per 128 × 128 block).
 double expert_bytes(const BenchShape& s, const WeightFormat& f) {
   const double n = 3.0 * static_cast<double>(s.D) * static_cast<double>(s.F);
-  if (f.element == Element::e2m1) return n * 4 / 8.0 + n / 32.0;
+  if (f.element == Element::e2m1) return n * 4 / 8.0 + n / (f.nv ? 16.0 : 32.0);
+  if (f.element == Element::int4) return n * 4 / 8.0 + n / 32.0 * 2.0;
   if (f.element == Element::e4m3) {
     const double blocks = 3.0 * std::ceil(static_cast<double>(s.D) / 128) * std::ceil(static_cast<double>(s.F) / 128);
     return n + 4.0 * blocks;

@@ -90,23 +90,34 @@ void fill_uniform(const Tensor& t, float stddev, std::uint64_t stream) {
 }
 
 namespace {
-// MXFP4: random bytes (every e2m1 value equally likely, magnitudes up to 6) and the scale 2^-8
-// everywhere: values in [-0.023, 0.023], of the float weights' spread.
-ExpertMatrix random_mxfp4(std::int64_t n, std::int64_t out, std::int64_t in, std::uint64_t& stream,
-                          std::vector<std::shared_ptr<const void>>& keep) {
+// A 4-bit format of random nibbles and one scale per group of `format.block_cols`, every scale
+// the byte pattern `scale` (a one- or two-byte dtype): MXFP4 (e8m0 2^-8: values within ±0.023),
+// NVFP4 (e4m3 2^-8) and compressed-tensors' int4 (bf16 2^-9: values within ±0.016), of the float
+// weights' spread.
+ExpertMatrix random_nibbles(const WeightFormat& format, std::uint16_t scale, std::int64_t n, std::int64_t out,
+                            std::int64_t in, std::uint64_t& stream, std::vector<std::shared_ptr<const void>>& keep) {
+  const std::int64_t groups = in / format.block_cols;
   auto blocks = std::make_shared<Tensor>(Tensor::uninitialized({n, out, in / 2}, DType::u8));
-  auto scales = std::make_shared<Tensor>(Tensor::uninitialized({n, out, in / 32}, DType::f8_e8m0));
+  auto scales = std::make_shared<Tensor>(Tensor::uninitialized({n, out, groups}, format.scale_dtype));
   std::uint64_t state = stream++ * 0xD1B54A32D192ED03ull;
   auto* b = blocks->data_as<std::uint8_t>();
   for (std::int64_t i = 0; i < blocks->numel(); ++i) b[i] = static_cast<std::uint8_t>(detail::splitmix(state));
-  std::memset(scales->data(), 127 - 8, static_cast<std::size_t>(scales->numel()));
+  auto* sb = static_cast<std::uint8_t*>(scales->data());
+  const std::size_t es = dtype_size(format.scale_dtype);
+  for (std::int64_t i = 0; i < scales->numel(); ++i)
+    std::memcpy(sb + static_cast<std::size_t>(i) * es, &scale, es);  // little-endian: the low byte first
   keep.insert(keep.end(), {blocks, scales});
   ExpertMatrix m = ExpertMatrix::stacked(*blocks);
   m.cols = in;
-  m.format = WeightFormat::mxfp4();
+  m.format = format;
   m.scales = ExpertMatrix::stacked(*scales).experts;
-  m.scale_stride = in / 32;
+  m.scale_stride = groups;
   return m;
+}
+
+ExpertMatrix random_mxfp4(std::int64_t n, std::int64_t out, std::int64_t in, std::uint64_t& stream,
+                          std::vector<std::shared_ptr<const void>>& keep) {
+  return random_nibbles(WeightFormat::mxfp4(), 127 - 8, n, out, in, stream, keep);
 }
 // FP8 in DeepSeek-V3's layout: random e4m3 bytes but the NaNs (magnitudes up to 448) and the f32
 // scale 2^-14 for every 128 × 128 block: values within ±0.027, of the float weights' spread.
@@ -139,8 +150,12 @@ ExpertMatrix random_matrix(const WeightSpec& spec, std::int64_t n, std::int64_t 
     keep.push_back(t);
     return ExpertMatrix::stacked(*t);
   }
+  if (spec.element == Element::e2m1 && spec.group == 16)  // NVFP4: e4m3 scales 2^-8 (subnormal 2 · 2^-9)
+    return random_nibbles(WeightFormat::nvfp4(), 0x02, n, out, in, stream, keep);
   if (spec.element == Element::e2m1) return random_mxfp4(n, out, in, stream, keep);
   if (spec.element == Element::e4m3) return random_fp8(n, out, in, stream, keep);
+  if (spec.element == Element::int4)
+    return random_nibbles(WeightFormat::int4(spec.group, DType::bf16), 0x3B00, n, out, in, stream, keep);
   const std::int64_t words = in * spec.bits / 32, groups = in / spec.group;
   auto codes = std::make_shared<Tensor>(Tensor::uninitialized({n, out, words}, DType::u32));
   auto scales = std::make_shared<Tensor>(Tensor::uninitialized({n, out, groups}, DType::bf16));

@@ -43,8 +43,9 @@ struct WeightSpec {
   DType dtype = DType::f32;  ///< f32, bf16 or f16 (when bits == 0)
   int bits = 0;              ///< 2..8: MLX affine codes (u32 words), bf16 scales and biases
   int group = 64;            ///< the affine group size
-  /// With bits != 0: the quantized format (affine; e2m1: MXFP4, bits 4, group 32; e4m3: FP8,
-  /// bits 8, 128 × 128 blocks with f32 scales).
+  /// With bits != 0: the quantized format (affine; e2m1: MXFP4, bits 4, group 32, or NVFP4 with
+  /// group 16; e4m3: FP8, bits 8, 128 × 128 blocks with f32 scales; int4: compressed-tensors,
+  /// bf16 scales per `group`).
   Element element = Element::affine;
   /// Standard deviation of the weights; <= 0: 1/sqrt(fan-in), which keeps activations at unit
   /// scale through the block.

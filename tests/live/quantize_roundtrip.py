@@ -52,6 +52,8 @@ def check(binary, c, tmp):
         args += ["--router-bits", str(c["router_bits"])]
     if "dtype" in c:
         args += ["--dtype", c["dtype"]]
+    if "mode" in c:
+        args += ["--q-mode", c["mode"]]
     moekit(binary, *args)
     theirs = os.path.join(tmp, c["name"] + "_mlx")
     G.convert(G.mlx_input(c, cfg, specs, hf, tmp), theirs, c, cfg)
