@@ -248,6 +248,19 @@ def save_io(d, x, y, ids, wts):
     np.save(os.path.join(d, "weights.npy"), wts.numpy().astype(np.float32))
 
 
+def write_release(d, cfg, c, tensors, decoded, st, rng):
+    """A release folder: model.safetensors, reference/decoded.safetensors, config.json, and the
+    block's input (redrawn until its routing clears the margins), output, ids and weights."""
+    lg.write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
+    os.makedirs(os.path.join(d, "reference"))
+    lg.write_safetensors(os.path.join(d, "reference", "decoded.safetensors"), decoded)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    x = rng.standard_normal((c["T"], c["D"]), dtype=np.float32)
+    save_io(d, x, *settle_routing(c, st, x, rng))
+
+
 def build_fp8_deepseek(dequant, source):
     name = "fp8_deepseek_v3"
     d = os.path.join(OUT, name)
@@ -282,14 +295,7 @@ def build_fp8_deepseek(dequant, source):
         tensors += [(f"{module}.weight", codes, "F8_E4M3"), (f"{module}.weight_scale_inv", scale, "F32")]
         decoded.append((f"{module}.weight", w, "F32"))
         st[f"{module}.weight"] = (w, "F32")
-    lg.write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
-    os.makedirs(os.path.join(d, "reference"))
-    lg.write_safetensors(os.path.join(d, "reference", "decoded.safetensors"), decoded)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    x = rng.standard_normal((c["T"], D), dtype=np.float32)
-    save_io(d, x, *settle_routing(c, st, x, rng))
+    write_release(d, cfg, c, tensors, decoded, st, rng)
     return dict(name=name, layer=L, format="fp8 e4m3, 128 x 128 blocks, f32 scale_inv",
                 decoded_by=source, reference="tools/gen_layer_goldens.py reference_torch (DeepseekV3MoE) in float32",
                 margin=lg.MARGIN)
@@ -330,14 +336,7 @@ def build_fp8_channel(dequant, source):
             tensors += [(f"{module}.weight", codes, "F8_E4M3"), (f"{module}.weight_scale", scale, "BF16")]
             decoded.append((f"{module}.weight", w, "F32"))
             st[f"{module}.weight"] = (w, "F32")
-    lg.write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
-    os.makedirs(os.path.join(d, "reference"))
-    lg.write_safetensors(os.path.join(d, "reference", "decoded.safetensors"), decoded)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    x = rng.standard_normal((c["T"], D), dtype=np.float32)
-    save_io(d, x, *settle_routing(c, st, x, rng))
+    write_release(d, cfg, c, tensors, decoded, st, rng)
     return dict(name=name, layer=L, format="fp8 e4m3, a bf16 scale per row (compressed-tensors channel)",
                 decoded_by=source, reference="tools/gen_layer_goldens.py reference_torch (Qwen3MoeSparseMoeBlock)",
                 margin=lg.MARGIN)
@@ -406,14 +405,7 @@ def build_int4_kimi(unpack, dequant, source):
                         (f"{module}.weight_shape", np.array([out, inp], dtype=np.int32), "I32")]
             decoded.append((f"{module}.weight", w, "F32"))
             st[f"{module}.weight"] = (w, "F32")
-    lg.write_safetensors(os.path.join(d, "model.safetensors"), tensors, {"format": "pt"})
-    os.makedirs(os.path.join(d, "reference"))
-    lg.write_safetensors(os.path.join(d, "reference", "decoded.safetensors"), decoded)
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    x = rng.standard_normal((c["T"], D), dtype=np.float32)
-    save_io(d, x, *settle_routing(c, st, x, rng))
+    write_release(d, cfg, c, tensors, decoded, st, rng)
     return dict(name=name, layer=L, format="int4 symmetric, group 32, bf16 scales (compressed-tensors pack-quantized)",
                 decoded_by=source, reference="tools/gen_layer_goldens.py reference_torch (DeepseekV3MoE) in float32",
                 margin=lg.MARGIN)
