@@ -202,10 +202,6 @@ class BlockReader {
     return m;
   }
 
-  // Projection module `rel` (relative to the block, without ".weight") of E experts stacked
-  // [E, out, in] (E > 0) or one [out, in] matrix (E == 0): float as stored, or MLX-quantized when
-  // `<rel>.scales` exists (affine: codes, scales and biases; mxfp4 / mxfp8: codes and scales; in
-  // place).
   // compressed-tensors' pack-quantized int4 (Kimi-K2-Thinking, K2.5): `<rel>.weight_packed` I32
   // [out, ceil(in / 8)] (eight nibbles q + 8 per word, element k at bits 4·(k mod 8) of word k / 8),
   // `<rel>.weight_scale` BF16 / F16 / F32 [out, ceil(in / group)], and `<rel>.weight_shape` (I32 or
@@ -274,6 +270,11 @@ class BlockReader {
     return m;
   }
 
+  // Projection module `rel` (relative to the block, without ".weight") of E experts stacked
+  // [E, out, in] (E > 0) or one [out, in] matrix (E == 0): float as stored; FP8 (F8_E4M3 with its
+  // scales) or compressed-tensors int4 (`weight_packed`) as a release stores it; or MLX-quantized
+  // when `<rel>.scales` exists (affine: codes, scales and biases; mxfp4 / nvfp4 / mxfp8: codes and
+  // scales). Used in place.
   // `projection`: an expert's (routed or shared) gate, up or down, which a release's
   // quantization_config quantizes unless it lists the module as excluded.
   ExpertMatrix matrix(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in,
