@@ -9,6 +9,7 @@
 
 #include <regex>
 #include <stdexcept>
+#include <vector>
 
 #include "util/error.hpp"
 
@@ -85,6 +86,39 @@ struct Fields {
     return out;
   }
 };
+
+// Why an `re:` pattern from an untrusted config is refused, or "": one that does not compile, is
+// longer than 512 characters, or repeats a group that itself holds a repetition ("(a+)+"), the
+// shape whose backtracking is exponential — std::regex would hang on it. The releases' patterns
+// (".*mlp\\.(gate|up)_proj.*") have none.
+std::string unsafe_pattern(const std::string& re) {
+  if (re.size() > 512) return "is longer than 512 characters";
+  std::vector<bool> inner;  // per open group: whether it holds a quantifier
+  for (std::size_t i = 0; i < re.size(); ++i) {
+    const char c = re[i];
+    if (c == '\\') {
+      ++i;
+      continue;
+    }
+    const bool quant = c == '*' || c == '+' || c == '{' || c == '?';
+    if (c == '(') inner.push_back(false);
+    if (quant && !inner.empty()) inner.back() = true;
+    if (c == ')' && !inner.empty()) {
+      const bool held = inner.back();
+      inner.pop_back();
+      const char next = i + 1 < re.size() ? re[i + 1] : '\0';
+      if (held && (next == '*' || next == '+' || next == '{'))
+        return "repeats a group that repeats (exponential matching)";
+      if (held && !inner.empty()) inner.back() = true;
+    }
+  }
+  try {
+    (void)std::regex(re);
+  } catch (const std::regex_error&) {
+    return "is not a valid regular expression";
+  }
+  return {};
+}
 
 // Fine-grained FP8 (transformers' FineGrainedFP8Config; DeepSeek-V3, Qwen3-FP8, MiniMax-M2).
 ReleaseQuant fp8(const Fields& f) {
@@ -165,6 +199,9 @@ ReleaseQuant compressed_tensors(const Fields& f) {
   r.scale_suffix = "weight_scale";
   r.round_to_scale_dtype = true;
   r.exclude = f.strings("ignore");
+  for (const std::string& e : r.exclude)
+    if (e.rfind("re:", 0) == 0)
+      if (const std::string why = unsafe_pattern(e.substr(3)); !why.empty()) f.bad("ignore entry '" + e + "' " + why);
   return r;
 }
 

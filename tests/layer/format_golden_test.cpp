@@ -494,6 +494,15 @@ TEST(Int4Errors, TensorsMustAgreeWithTheScheme) {
           [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
           kKeepTensors, kInt4),
       {"pack-quantized int 8-bit weights are not supported", "supported: int 4-bit"});
+  // An `re:` pattern whose matching would take exponential time is refused before it runs.
+  expect_error(mutated(
+                   "int4_redos", [](nlohmann::json& c) { c["quantization_config"]["ignore"] = {"re:(a+)+$"}; },
+                   kKeepTensors, kInt4),
+               {"ignore entry 're:(a+)+$'", "repeats a group that repeats"});
+  expect_error(mutated(
+                   "int4_bad_re", [](nlohmann::json& c) { c["quantization_config"]["ignore"] = {"re:(unclosed"}; },
+                   kKeepTensors, kInt4),
+               {"ignore entry 're:(unclosed'", "not a valid regular expression"});
 }
 
 // `moekit backward` on a release in a quantized format writes the gradients of the decoded
