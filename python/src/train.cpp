@@ -2,6 +2,7 @@
 // arrays sharing memory with what moekit computes with, its training forward and backward,
 // the loss-free balancer and the auxiliary losses (train.hpp).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -306,11 +307,14 @@ void bind_checkpoints(nb::module_& m) {
       "(per-expert, fused, transposed, mlx switch_mlp), as float32 numpy arrays.");
   m.def(
       "quantize_checkpoint",
-      [](const std::string& model_dir, const std::string& out_dir, int bits, int group_size, int router_bits,
-         const std::string& recipe, const std::string& dtype) {
+      [](const std::string& model_dir, const std::string& out_dir, std::optional<int> bits,
+         std::optional<int> group_size, int router_bits, const std::string& recipe, const std::string& dtype,
+         const std::string& mode) {
         QuantizeOptions o;
-        o.bits = bits;
-        o.group_size = group_size;
+        // Unset: the mode's (affine 4 bits, group 64; mxfp4 4 / 32; nvfp4 4 / 16; mxfp8 8 / 32).
+        o.mode = mode;
+        o.bits = bits.value_or(mode == "mxfp8" ? 8 : 4);
+        o.group_size = group_size.value_or(mode == "nvfp4" ? 16 : mode == "affine" ? 64 : 32);
         o.router_bits = router_bits;
         o.recipe = recipe;
         o.dtype = dtype;
@@ -342,11 +346,12 @@ void bind_checkpoints(nb::module_& m) {
         d["quantized"] = q;
         return d;
       },
-      "model_dir"_a, "out_dir"_a, nb::kw_only(), "bits"_a = 4, "group_size"_a = 64, "router_bits"_a = -1,
-      "recipe"_a = "", "dtype"_a = "",
+      "model_dir"_a, "out_dir"_a, nb::kw_only(), "bits"_a = nb::none(), "group_size"_a = nb::none(),
+      "router_bits"_a = -1, "recipe"_a = "", "dtype"_a = "", "mode"_a = "affine",
       "`moekit quantize`: writes out_dir (mlx-lm's quantized folder, byte for byte what\n"
-      "mlx_lm.convert -q writes) from the float checkpoint model_dir; returns the report (per\n"
-      "tensor errors). recipe: '', 'mixed_2_6', 'mixed_3_4', 'mixed_3_6', 'mixed_4_6'.");
+      "mlx_lm.convert -q [--q-mode mode] writes) from the float checkpoint model_dir; returns the\n"
+      "report (per tensor errors). recipe: '', 'mixed_2_6', 'mixed_3_4', 'mixed_3_6', 'mixed_4_6';\n"
+      "mode: 'affine', 'mxfp4', 'nvfp4', 'mxfp8' (bits and group_size default to the mode's).");
 }
 
 // The load metrics of per-expert counts.

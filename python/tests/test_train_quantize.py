@@ -96,6 +96,21 @@ def test_quantize_checkpoint(tmp_path):
         layer.backward(saved, x)
 
 
+def test_quantize_checkpoint_fp_modes(tmp_path):
+    """mlx's fp modes: bits and group size default to the mode's; the folder loads and computes."""
+    ref = moekit.load_moe_layer(str(GOLDENS / "olmoe"), 1)
+    x = np.load(GOLDENS / "olmoe" / "input.npy")
+    for mode, bits, group in (("mxfp4", 4, 32), ("nvfp4", 4, 16), ("mxfp8", 8, 32)):
+        out = tmp_path / mode
+        report = moekit.quantize_checkpoint(str(GOLDENS / "olmoe"), str(out), mode=mode)
+        assert {(q["bits"], q["group_size"]) for q in report["quantized"]} == {(bits, group)}
+        layer = moekit.load_moe_layer(str(out), 1)
+        assert rel_err(layer.forward(x), ref.forward(x)) < (0.06 if bits == 8 else 0.3)  # e4m3: 3 mantissa bits
+        assert mode in moekit.inspect(str(out), 1)
+    with pytest.raises(ValueError, match="mode mxfp4 is 4 bits in groups of 32"):
+        moekit.quantize_checkpoint(str(GOLDENS / "olmoe"), str(tmp_path / "bad"), mode="mxfp4", group_size=64)
+
+
 def test_lm_trainer(tmp_path):
     kw = dict(layers=1, dim=32, experts=4, top_k=2, expert_width=32, steps=30, batch_tokens=512, seq_len=64,
               warmup=3, eval_every=15, eval_tokens=1024, seed=3)
