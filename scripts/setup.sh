@@ -5,7 +5,7 @@
 #                               environment of Debian's /usr/bin/python3 (it sees Debian's numpy
 #                               and torch) with nanobind, scikit-build-core and pytest from PyPI,
 #                               for the Python module and its tests
-#   scripts/setup.sh --goldens  also mlx + mlx-lm (PyPI, CPU) for /usr/bin/python3: what
+#   scripts/setup.sh --goldens  also mlx + mlx-lm (PyPI, CPU) and ml_dtypes for /usr/bin/python3: what
 #                               tools/gen_*_goldens.py and the live mlx-lm oracle tests need.
 set -euo pipefail
 goldens=0
@@ -36,6 +36,12 @@ fi
 if ((goldens)) && ! /usr/bin/python3 -c "import mlx.core, mlx_lm" 2>/dev/null; then
   echo "setup: installing mlx[cpu]==0.32.4 mlx-lm==0.32.2 for /usr/bin/python3"
   $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "mlx[cpu]==0.32.4" "mlx-lm==0.32.2"
+fi
+# ml_dtypes decodes FP8 bytes for tools/gen_format_goldens.py; below 0.5, which would replace
+# Debian's numpy 1.24 with numpy 2 and break Debian's torch.
+if ((goldens)) && ! /usr/bin/python3 -c "import ml_dtypes" 2>/dev/null; then
+  echo "setup: installing ml_dtypes==0.4.1 for /usr/bin/python3"
+  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "ml_dtypes==0.4.1"
 fi
 # The Python module's build and test environment (CMake's default preset points at it).
 root="$(cd "$(dirname "$0")/.." && pwd)"
