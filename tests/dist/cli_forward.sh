@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np N moekit forward --expert-parallel` against `moekit forward` in one process, on
-# the layer goldens' checkpoints (several families, sharded and bf16 ones included): y, ids and
+# the layer goldens' checkpoints (several families, sharded and bf16 ones included) and the
+# released weight formats' goldens (FP8, int4, MXFP4, NVFP4): y, ids and
 # weights must be the same bytes, with the default placement and with scattered ones given as a
 # list and as @FILE (ranks owning no experts included). Then failures: a bad input on rank 0's
 # side, a missing checkpoint and bad placements end every rank within the timeout, with exit 1
@@ -32,6 +33,25 @@ for case in deepseek_v3 gpt_oss llama4_text mixtral glm4_moe_sharded deepseek_v3
     checked=$((checked + 1))
   done
   echo "ok: $case, np = 1..4: y, ids and weights equal the single-process run byte for byte"
+done
+
+# The released weight formats, computed in place on every rank: FP8 block-scaled (128 × 128,
+# ragged edges) and per channel, compressed-tensors int4, MXFP4 as GPT-OSS ships it, mlx's nvfp4.
+for rel in formats/fp8_deepseek_v3 formats/fp8_channel_qwen3 formats/int4_kimi_k2 formats/mxfp4_gpt_oss \
+  quantized/qwen3_moe_nvfp4; do
+  dir="$goldens/../$rel"
+  [[ -f "$dir/config.json" ]] || { echo "no golden $rel" >&2; exit 1; }
+  "$bin" forward --model "$dir" --layer 1 --input "$dir/input.npy" --output "$work/y1.npy" \
+    --ids-out "$work/i1.npy" --weights-out "$work/w1.npy"
+  for np in 2 3; do
+    timeout 120 "$mpiexec" -np "$np" --oversubscribe "$bin" forward --expert-parallel --model "$dir" \
+      --layer 1 --input "$dir/input.npy" --output "$work/y.npy" --ids-out "$work/i.npy" --weights-out "$work/w.npy"
+    for f in y i w; do
+      cmp -s "$work/${f}1.npy" "$work/$f.npy" || { echo "FAIL: $rel np=$np: $f differs from one process" >&2; exit 1; }
+    done
+    checked=$((checked + 1))
+  done
+  echo "ok: $rel, np = 2, 3: the single-process bytes"
 done
 
 # The placement moves experts, never the order of an expert's rows: the same bytes.
