@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/formats/table.hpp"
+
 namespace moekit::kernels {
 
 void quantize_affine_row(const float* w, std::int64_t in, int bits, int group, std::uint32_t* codes, float* scales,
@@ -78,15 +80,8 @@ std::uint8_t f32_to_e4m3_saturating(float x) {
 
 namespace {
 
-// x rounded to `dtype` (f32: unchanged), as an array op of that dtype stores its result.
-float in_dtype(float x, DType dtype) {
-  if (dtype == DType::bf16) return bf16_to_f32(f32_to_bf16(x));
-  if (dtype == DType::f16) return f16_to_f32(f32_to_f16(x));
-  return x;
-}
-
-// e4m3 byte -> f32 (mlx's from_fp8: exact).
-float e4m3_value(std::uint8_t b) { return e4m3_to_f32(b); }
+// An array op of `dtype` stores its result rounded to that dtype: formats::round_to.
+using formats::round_to;
 
 constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -97,7 +92,7 @@ std::uint32_t nearest_e2m1(float v, DType dtype) {
   std::uint32_t best = 0;
   float best_d = 0.0f;
   for (std::uint32_t i = 0; i < 16; ++i) {
-    const float d = std::abs(in_dtype(v - kE2m1[i], dtype));
+    const float d = std::abs(round_to(v - kE2m1[i], dtype));
     if (i == 0 || d < best_d) {
       best = i;
       best_d = d;
@@ -119,22 +114,22 @@ void quantize_fp_row(const float* w, std::int64_t in, FpMode mode, DType dtype, 
     const float* p = w + g * group;
     float m = 0.0f;
     for (std::int64_t j = 0; j < group; ++j) m = std::max(m, std::abs(p[j]));
-    const float s = in_dtype(m / maxval, dtype);
+    const float s = round_to(m / maxval, dtype);
     float divisor;
     DType q_dtype = dtype;  // the dtype the scaled weights are in
     if (mode == FpMode::nvfp4) {
       scales[g] = f32_to_e4m3_saturating(s);  // s · 1.0f (an f32 scale_encode): f32
-      divisor = in_dtype(e4m3_value(scales[g]), dtype);
+      divisor = round_to(e4m3_to_f32(scales[g]), dtype);
     } else {
       // e = ceil(log2 s) (0 where s = 0): the smallest power of two that keeps every |w| / 2^e
       // within the element's range (mlx 0.32.4; its earlier releases rounded to nearest). The
       // logarithm is taken in f32, the scale byte e + 127 cast to uint8 as mlx casts it.
       const float e = s == 0.0f ? 0.0f : std::ceil(std::log2(s));
-      scales[g] = static_cast<std::uint8_t>(static_cast<std::int32_t>(in_dtype(e + 127.0f, dtype)));
-      divisor = in_dtype(std::pow(2.0f, e), dtype);
+      scales[g] = static_cast<std::uint8_t>(static_cast<std::int32_t>(round_to(e + 127.0f, dtype)));
+      divisor = round_to(std::pow(2.0f, e), dtype);
     }
     for (std::int64_t j = 0; j < group; ++j) {
-      float v = in_dtype(p[j] / divisor, dtype);
+      float v = round_to(p[j] / divisor, dtype);
       if (mode == FpMode::nvfp4) q_dtype = DType::f32;  // times the f32 scale_encode: f32 from here
       const std::int64_t k = g * group + j;
       if (bits == 8) {
