@@ -72,6 +72,19 @@ class BlockReader {
 
   const std::shared_ptr<const Checkpoint>& checkpoint() const { return ckpt_; }
 
+  // Fails on the first non-finite entry of `v`, read as rows of `cols` (a row index taken modulo
+  // `wrap` where that is not 0): "has a non-finite <noun> X at flat index i (<row> r, <col> c)".
+  void check_finite(const std::string& rel, const TensorView& v, std::int64_t cols, std::int64_t wrap,
+                    const char* noun, const char* row, const char* col) const {
+    for (std::int64_t i = 0; i < v.numel(); ++i) {
+      const float x = kernels::load_f32(v.data(), v.dtype(), i);
+      if (!std::isfinite(x))
+        fail(rel, MOEKIT_MSG("has a non-finite " << noun << " " << x << " at flat index " << i << " (" << row << " "
+                                                 << (wrap > 0 ? i / cols % wrap : i / cols) << ", " << col << " "
+                                                 << i % cols << ")"));
+    }
+  }
+
   // MXFP4 as OpenAI ships GPT-OSS: `<rel>_blocks` U8 [E, out, in / 32, 16] (two e2m1 per byte, low
   // nibble first) and `<rel>_scales` U8 [E, out, in / 32] (e8m0), used in place.
   ExpertMatrix mxfp4(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in) const {
@@ -187,12 +200,7 @@ class BlockReader {
     ckpt_->read(full(sname), owned->data());
     keep.push_back(owned);
     const TensorView sv = owned->view();
-    for (std::int64_t i = 0; i < numel; ++i) {
-      const float x = kernels::load_f32(sv.data(), sd, i);
-      if (!std::isfinite(x))
-        fail(sname, MOEKIT_MSG("has a non-finite scale " << x << " at flat index " << i << " (block row "
-                                                         << i / scols % srows << ", column " << i % scols << ")"));
-    }
+    check_finite(sname, sv, scols, srows, "scale", "block row", "column");
     const std::int64_t n = std::max<std::int64_t>(E, 1);
     ExpertMatrix m = ExpertMatrix::stacked(TensorView(ckpt_->bytes(full(w)), {n, out, in}, DType::u8));
     m.format = WeightFormat::fp8(static_cast<int>(br), static_cast<int>(bc), sd);
@@ -247,20 +255,8 @@ class BlockReader {
     }
     if (dims[0] != out || dims[1] != in)
       fail(wshape, MOEKIT_MSG("holds [" << dims[0] << ", " << dims[1] << "], expected [" << out << ", " << in << "]"));
-    TensorView sv = ckpt_->view(full(sname));
-    for (std::int64_t i = 0; i < sv.numel(); ++i) {
-      const float x = kernels::load_f32(sv.data(), sv.dtype(), i);
-      if (!std::isfinite(x))
-        fail(sname, MOEKIT_MSG("has a non-finite scale " << x << " at flat index " << i << " (row " << i / groups
-                                                         << ", group " << i % groups << ")"));
-    }
-    if (reinterpret_cast<std::uintptr_t>(sv.data()) % dtype_size(sv.dtype()) != 0) {
-      auto t = std::make_shared<Tensor>(sv.shape(), sv.dtype());
-      std::memcpy(t->data(), sv.data(), sv.nbytes());
-      keep.push_back(t);
-      copied = true;
-      sv = t->view();
-    }
+    const TensorView sv = get_aligned(sname, {out, groups}, keep, copied);
+    check_finite(sname, sv, groups, 0, "scale", "row", "group");
     const std::int64_t row_bytes = (in + 7) / 8 * 4;
     ExpertMatrix m = ExpertMatrix::stacked(TensorView(ckpt_->bytes(full(packed)), {1, out, row_bytes}, DType::u8));
     m.cols = in;  // row_stride stays the bytes per row
@@ -332,12 +328,7 @@ class BlockReader {
       fail(rel + ".biases", MOEKIT_MSG("has dtype " << dtype_name(biases.dtype()) << " but the scales are "
                                                     << dtype_name(scales.dtype())));
     for (const auto& [t, v] : {std::pair{rel + ".scales", scales}, std::pair{rel + ".biases", biases}})
-      for (std::int64_t i = 0; i < v.numel(); ++i) {
-        const float x = kernels::load_f32(v.data(), v.dtype(), i);
-        if (!std::isfinite(x))
-          fail(t, MOEKIT_MSG("has a non-finite value " << x << " at flat index " << i << " (row " << i / groups
-                                                       << ", group " << i % groups << ")"));
-      }
+      check_finite(t, v, groups, 0, "value", "row", "group");
     return ExpertMatrix::stacked_affine(codes, scales, biases, q.bits, q.group_size);
   }
 
