@@ -28,11 +28,10 @@ void run_quantize(const QuantizeCliOptions& o) {
   q.mode = o.mode;
   q.bits = o.bits;
   q.group_size = o.group_size;
-  // mlx_lm.convert's defaults for a mode when --bits / --group-size are not given.
-  if (o.mode == "mxfp4" || o.mode == "nvfp4" || o.mode == "mxfp8") {
-    if (o.bits_option->count() == 0) q.bits = o.mode == "mxfp8" ? 8 : 4;
-    if (o.group_option->count() == 0) q.group_size = o.mode == "nvfp4" ? 16 : 32;
-  }
+  // mlx_lm.convert's defaults for the mode when --bits / --group-size are not given.
+  const auto [bits, group] = quantize_mode_defaults(o.mode);
+  if (o.bits_option->count() == 0) q.bits = bits;
+  if (o.group_option->count() == 0) q.group_size = group;
   q.router_bits = o.router_bits;
   q.recipe = o.recipe;
   q.dtype = o.dtype;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moekit/tensor.hpp"
@@ -48,6 +49,10 @@ struct QuantizeReport {
   std::int64_t tensors_written = 0, tensors_kept_float = 0, tensors_dropped = 0, shards = 0;
   std::int64_t bytes_in = 0, bytes_out = 0;  ///< tensor bytes read / written
 };
+
+/// The bits and group size of mlx's quantization `mode` (mlx_lm's defaults: affine 4 / 64,
+/// mxfp4 4 / 32, nvfp4 4 / 16, mxfp8 8 / 32); affine's for a name that is none of them.
+std::pair<int, int> quantize_mode_defaults(const std::string& mode);
 
 /// The mixed recipes QuantizeOptions::recipe accepts, comma separated.
 std::string quantize_recipes();

@@ -311,10 +311,11 @@ void bind_checkpoints(nb::module_& m) {
          std::optional<int> group_size, int router_bits, const std::string& recipe, const std::string& dtype,
          const std::string& mode) {
         QuantizeOptions o;
-        // Unset: the mode's (affine 4 bits, group 64; mxfp4 4 / 32; nvfp4 4 / 16; mxfp8 8 / 32).
+        // Unset: the mode's (quantize_mode_defaults).
+        const auto [mode_bits, mode_group] = quantize_mode_defaults(mode);
         o.mode = mode;
-        o.bits = bits.value_or(mode == "mxfp8" ? 8 : 4);
-        o.group_size = group_size.value_or(mode == "nvfp4" ? 16 : mode == "affine" ? 64 : 32);
+        o.bits = bits.value_or(mode_bits);
+        o.group_size = group_size.value_or(mode_group);
         o.router_bits = router_bits;
         o.recipe = recipe;
         o.dtype = dtype;

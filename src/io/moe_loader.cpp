@@ -74,8 +74,8 @@ class BlockReader {
 
   // Fails on the first non-finite entry of `v`, read as rows of `cols` (a row index taken modulo
   // `wrap` where that is not 0): "has a non-finite <noun> X at flat index i (<row> r, <col> c)".
-  void check_finite(const std::string& rel, const TensorView& v, std::int64_t cols, std::int64_t wrap,
-                    const char* noun, const char* row, const char* col) const {
+  void check_finite(const std::string& rel, const TensorView& v, std::int64_t cols, std::int64_t wrap, const char* noun,
+                    const char* row, const char* col) const {
     for (std::int64_t i = 0; i < v.numel(); ++i) {
       const float x = kernels::load_f32(v.data(), v.dtype(), i);
       if (!std::isfinite(x))

@@ -20,9 +20,9 @@ using detail::quantize_bad;
 void validate_options(const QuantizeOptions& opt) {
   const std::set<int> kBits = {2, 3, 4, 5, 6, 8};
   if (opt.mode != "affine") {
-    const auto mode = detail::fp_mode_named(opt.mode);
-    if (!mode) quantize_bad("mode '" + opt.mode + "' unsupported (affine, mxfp4, nvfp4 or mxfp8)");
-    const int bits = *mode == kernels::FpMode::mxfp8 ? 8 : 4, group = *mode == kernels::FpMode::nvfp4 ? 16 : 32;
+    if (!detail::fp_mode_named(opt.mode))
+      quantize_bad("mode '" + opt.mode + "' unsupported (affine, mxfp4, nvfp4 or mxfp8)");
+    const auto [bits, group] = quantize_mode_defaults(opt.mode);
     if (opt.bits != bits || opt.group_size != group)
       quantize_bad(MOEKIT_MSG("mode " << opt.mode << " is " << bits << " bits in groups of " << group << ", got bits "
                                       << opt.bits << " and group size " << opt.group_size));
@@ -51,6 +51,13 @@ void validate_options(const QuantizeOptions& opt) {
 }
 
 }  // namespace
+
+std::pair<int, int> quantize_mode_defaults(const std::string& mode) {
+  if (mode == "mxfp4") return {4, 32};
+  if (mode == "nvfp4") return {4, 16};
+  if (mode == "mxfp8") return {8, 32};
+  return {4, 64};
+}
 
 std::string quantize_recipes() {
   std::string out;
