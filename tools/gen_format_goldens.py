@@ -104,6 +104,14 @@ def mxfp4_reference():
     return ns["_convert_moe_packed_tensors"], f"transformers {TRANSFORMERS_PIN} (wheel from PyPI, mxfp4.py)"
 
 
+def fresh_dir(name):
+    """tests/goldens/formats/<name>, emptied."""
+    d = os.path.join(OUT, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    return d
+
+
 def draw_mxfp4(rng, E, out, inp):
     """Blocks: every byte value (so every nibble, -0 included); scales: e8m0 around 2^-5, plus the
     extremes 0 (2^-127, an f32 subnormal) and 2^3 on a few groups."""
@@ -117,9 +125,7 @@ def draw_mxfp4(rng, E, out, inp):
 
 def build_mxfp4(convert, source):
     name = "mxfp4_gpt_oss"
-    d = os.path.join(OUT, name)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    d = fresh_dir(name)
     c = dict(name=name, family="gpt_oss", seed=2028, D=64, F=32, E=8, K=4, T=16, layer=1, n_layers=2,
              layout="gpt_oss_interleaved_transposed", dtype="bf16", sharded=False)
     rng = np.random.default_rng(c["seed"])
@@ -261,11 +267,18 @@ def write_release(d, cfg, c, tensors, decoded, st, rng):
     save_io(d, x, *settle_routing(c, st, x, rng))
 
 
+def deepseek_router(rng, blk, E, D):
+    """A DeepSeek-V3 router as released: BF16 weight, F32 selection bias (tensors, and the reference's view)."""
+    router = lg.bf16_round(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
+    bias = rng.uniform(-0.05, 0.3, E).astype(np.float32)
+    tensors = [(f"{blk}.gate.weight", router, "BF16"), (f"{blk}.gate.e_score_correction_bias", bias, "F32")]
+    st = {f"{blk}.gate.weight": (router, "BF16"), f"{blk}.gate.e_score_correction_bias": (bias, "F32")}
+    return tensors, st
+
+
 def build_fp8_deepseek(dequant, source):
     name = "fp8_deepseek_v3"
-    d = os.path.join(OUT, name)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    d = fresh_dir(name)
     c = dict(name=name, family="deepseek_v3", seed=2029, D=160, F=96, E=8, K=2, T=16, layer=1, n_layers=2,
              layout="per_expert", dtype="bf16", sharded=False, n_shared=1, rsf=2.5, n_group=2, topk_group=1,
              norm=True)
@@ -275,11 +288,7 @@ def build_fp8_deepseek(dequant, source):
     cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                   "weight_block_size": [128, 128]}
     blk = f"model.layers.{L}.mlp"
-    bf = lg.bf16_round
-    router = bf(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
-    bias = rng.uniform(-0.05, 0.3, E).astype(np.float32)
-    tensors = [(f"{blk}.gate.weight", router, "BF16"), (f"{blk}.gate.e_score_correction_bias", bias, "F32")]
-    st = {f"{blk}.gate.weight": (router, "BF16"), f"{blk}.gate.e_score_correction_bias": (bias, "F32")}
+    tensors, st = deepseek_router(rng, blk, E, D)
     decoded = []
     projections = [(f"{blk}.experts.{e}.{p}", (D, F) if p == "down_proj" else (F, D))
                    for e in range(E) for p in ("gate_proj", "up_proj", "down_proj")]
@@ -303,9 +312,7 @@ def build_fp8_deepseek(dequant, source):
 
 def build_fp8_channel(dequant, source):
     name = "fp8_channel_qwen3"
-    d = os.path.join(OUT, name)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    d = fresh_dir(name)
     c = dict(name=name, family="qwen3_moe", seed=2030, D=64, F=32, E=8, K=2, T=16, layer=1, n_layers=2,
              layout="per_expert", dtype="bf16", sharded=False, norm=True)
     rng = np.random.default_rng(c["seed"])
@@ -363,9 +370,7 @@ def build_int4_kimi(unpack, dequant, source):
     """Kimi-K2-Thinking's layout: routed experts int4 (group 32, BF16 scales), shared experts BF16 by
     an `re:` ignore entry."""
     name = "int4_kimi_k2"
-    d = os.path.join(OUT, name)
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    d = fresh_dir(name)
     c = dict(name=name, family="deepseek_v3", seed=2031, D=128, F=64, E=8, K=2, T=16, layer=1, n_layers=2,
              layout="per_expert", dtype="bf16", sharded=False, n_shared=1, rsf=2.827, n_group=1, topk_group=1,
              norm=True)
@@ -380,10 +385,7 @@ def build_int4_kimi(unpack, dequant, source):
         "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]}
     blk = f"model.layers.{L}.mlp"
     bf = lg.bf16_round
-    router = bf(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
-    bias = rng.uniform(-0.05, 0.3, E).astype(np.float32)
-    tensors = [(f"{blk}.gate.weight", router, "BF16"), (f"{blk}.gate.e_score_correction_bias", bias, "F32")]
-    st = {f"{blk}.gate.weight": (router, "BF16"), f"{blk}.gate.e_score_correction_bias": (bias, "F32")}
+    tensors, st = deepseek_router(rng, blk, E, D)
     for p in ("gate_proj", "up_proj", "down_proj"):
         out, inp = (D, F) if p == "down_proj" else (F, D)
         w = bf(rng.standard_normal((out, inp)).astype(np.float32) / np.sqrt(inp))
