@@ -16,42 +16,36 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 source "$(dirname "$0")/cli_lib.sh"
 
 checked=0
-for case in deepseek_v3 gpt_oss llama4_text mixtral glm4_moe_sharded deepseek_v3_bf16; do
-  dir="$goldens/$case"
-  [[ -f "$dir/config.json" ]] || { echo "no golden $case" >&2; exit 1; }
-  input="$dir/input.npy"
-  [[ -f "$input" ]] || input="$dir/torch_bf16/input.npy"
-  layer="$(layer_of "$case")"
+# same_as_one_process LABEL DIR LAYER INPUT NP...: y, ids and weights of forward --expert-parallel
+# at each rank count NP equal the single-process run's bytes.
+same_as_one_process() {
+  local label="$1" dir="$2" layer="$3" input="$4"
+  shift 4
+  [[ -f "$dir/config.json" ]] || { echo "no golden $label" >&2; exit 1; }
   "$bin" forward --model "$dir" --layer "$layer" --input "$input" --output "$work/y1.npy" \
     --ids-out "$work/i1.npy" --weights-out "$work/w1.npy"
-  for np in 1 2 3 4; do
+  for np in "$@"; do
     timeout 120 "$mpiexec" -np "$np" --oversubscribe "$bin" forward --expert-parallel --model "$dir" \
       --layer "$layer" --input "$input" --output "$work/y.npy" --ids-out "$work/i.npy" --weights-out "$work/w.npy"
     for f in y i w; do
-      cmp -s "$work/${f}1.npy" "$work/$f.npy" || { echo "FAIL: $case np=$np: $f differs from one process" >&2; exit 1; }
+      cmp -s "$work/${f}1.npy" "$work/$f.npy" || { echo "FAIL: $label np=$np: $f differs from one process" >&2; exit 1; }
     done
     checked=$((checked + 1))
   done
-  echo "ok: $case, np = 1..4: y, ids and weights equal the single-process run byte for byte"
+  echo "ok: $label, np = $*: y, ids and weights equal the single-process run byte for byte"
+}
+
+for case in deepseek_v3 gpt_oss llama4_text mixtral glm4_moe_sharded deepseek_v3_bf16; do
+  input="$goldens/$case/input.npy"
+  [[ -f "$input" ]] || input="$goldens/$case/torch_bf16/input.npy"
+  same_as_one_process "$case" "$goldens/$case" "$(layer_of "$case")" "$input" 1 2 3 4
 done
 
 # The released weight formats, computed in place on every rank: FP8 block-scaled (128 × 128,
 # ragged edges) and per channel, compressed-tensors int4, MXFP4 as GPT-OSS ships it, mlx's nvfp4.
 for rel in formats/fp8_deepseek_v3 formats/fp8_channel_qwen3 formats/int4_kimi_k2 formats/mxfp4_gpt_oss \
   quantized/qwen3_moe_nvfp4; do
-  dir="$goldens/../$rel"
-  [[ -f "$dir/config.json" ]] || { echo "no golden $rel" >&2; exit 1; }
-  "$bin" forward --model "$dir" --layer 1 --input "$dir/input.npy" --output "$work/y1.npy" \
-    --ids-out "$work/i1.npy" --weights-out "$work/w1.npy"
-  for np in 2 3; do
-    timeout 120 "$mpiexec" -np "$np" --oversubscribe "$bin" forward --expert-parallel --model "$dir" \
-      --layer 1 --input "$dir/input.npy" --output "$work/y.npy" --ids-out "$work/i.npy" --weights-out "$work/w.npy"
-    for f in y i w; do
-      cmp -s "$work/${f}1.npy" "$work/$f.npy" || { echo "FAIL: $rel np=$np: $f differs from one process" >&2; exit 1; }
-    done
-    checked=$((checked + 1))
-  done
-  echo "ok: $rel, np = 2, 3: the single-process bytes"
+  same_as_one_process "$rel" "$goldens/../$rel" 1 "$goldens/../$rel/input.npy" 2 3
 done
 
 # The placement moves experts, never the order of an expert's rows: the same bytes.
