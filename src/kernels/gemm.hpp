@@ -128,14 +128,14 @@ struct WeightMatrix {
 };
 
 /// The index into B.scales (and B.biases) of the block holding weight (n, k).
-inline std::int64_t scale_index(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
+[[gnu::always_inline]] inline std::int64_t scale_index(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
   const std::int64_t r = B.format.block_rows == 1 ? n : (B.row_phase + n) / B.format.block_rows;
   return r * B.scale_ld + k / B.format.block_cols;
 }
 
 /// Element i of an f32, bf16, f16, f8_e8m0 or f8_e4m3 array, widened to f32 (scales, biases,
 /// scalar paths).
-inline float load_f32(const void* base, DType dtype, std::int64_t i) {
+[[gnu::always_inline]] inline float load_f32(const void* base, DType dtype, std::int64_t i) {
   if (dtype == DType::bf16) {  // the top half of an f32, inlined (kernels call this per group)
     const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<const std::uint16_t*>(base)[i]) << 16;
     float f;
