@@ -22,7 +22,9 @@ void validate_options(const QuantizeOptions& opt) {
   if (opt.mode != "affine") {
     if (!detail::fp_mode_named(opt.mode))
       quantize_bad("mode '" + opt.mode + "' unsupported (affine, mxfp4, nvfp4 or mxfp8)");
-    const auto [bits, group] = quantize_mode_defaults(opt.mode);
+    // Plain names, not a structured binding: clang 14 cannot capture a binding in MOEKIT_MSG's lambda.
+    const auto defaults = quantize_mode_defaults(opt.mode);
+    const int bits = defaults.first, group = defaults.second;
     if (opt.bits != bits || opt.group_size != group)
       quantize_bad(MOEKIT_MSG("mode " << opt.mode << " is " << bits << " bits in groups of " << group << ", got bits "
                                       << opt.bits << " and group size " << opt.group_size));
