@@ -12,18 +12,18 @@
 namespace moekit::cli::bench {
 
 const char* const kDtypeList =
-    "f32, bf16, f16; q2, q3, q4, q5, q6, q8 (MLX affine, group 64, bf16 scales); q4-int8, q8-int8 (the "
-    "int8 fast mode); mxfp4 (e2m1, group 32, e8m0 scales); nvfp4 (e2m1, group 16, e4m3 scales); int4 "
-    "(compressed-tensors, group 32, bf16 scales); fp8 (e4m3, 128 x 128 blocks, f32 scales); bf16-act "
-    "(bf16 weights, bf16 compute mode)";
+    "f32, bf16, f16; q2, q3, q4, q5, q6, q8 (MLX affine, group 64, bf16 scales); mxfp4 (e2m1, group 32, "
+    "e8m0 scales); nvfp4 (e2m1, group 16, e4m3 scales); int4 (compressed-tensors, group 32, bf16 scales); "
+    "q4-int8, q8-int8, mxfp4-int8, nvfp4-int8, int4-int8 (the int8 fast mode); fp8 (e4m3, 128 x 128 "
+    "blocks, f32 scales); bf16-act (bf16 weights, bf16 compute mode)";
 
 std::string WeightFormat::name() const {
   if (bf16_act) return "bf16-act";
   if (!quantized()) return dtype_name(dtype);
-  if (element == Element::e2m1) return nv ? "nvfp4" : "mxfp4";
-  if (element == Element::int4) return "int4";
-  if (element == Element::e4m3) return "fp8";
-  std::string n{'q', static_cast<char>('0' + bits)};
+  std::string n = element == Element::e2m1   ? (nv ? "nvfp4" : "mxfp4")
+                  : element == Element::int4 ? "int4"
+                  : element == Element::e4m3 ? "fp8"
+                                             : std::string{'q', static_cast<char>('0' + bits)};
   if (int8) n += "-int8";
   return n;
 }
@@ -65,8 +65,17 @@ std::vector<const BenchShape*> parse_shapes(const std::string& text) {
 
 std::vector<WeightFormat> parse_dtypes(const std::string& text) {
   std::vector<WeightFormat> out;
-  for (const std::string& item : split_list(text, "--dtype")) {
+  for (const std::string& listed : split_list(text, "--dtype")) {
+    // "-int8": the fast mode, on the formats it takes.
+    static const std::string kInt8 = "-int8";
+    const bool int8 =
+        listed.size() > kInt8.size() && listed.compare(listed.size() - kInt8.size(), kInt8.size(), kInt8) == 0;
+    const std::string item = int8 ? listed.substr(0, listed.size() - kInt8.size()) : listed;
+    if (int8 && item != "q4" && item != "q8" && item != "mxfp4" && item != "nvfp4" && item != "int4")
+      throw std::invalid_argument("--dtype '" + listed + "' is not a weight format moekit runs (expected " +
+                                  kDtypeList + ")");
     WeightFormat f;
+    f.int8 = int8;
     if (item == "f32") {
       f.dtype = DType::f32;
     } else if (item == "bf16") {
@@ -92,16 +101,12 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
       f.dtype = DType::u8;
       f.bits = 8;
       f.element = Element::e4m3;
-    } else if ((item == "q4-int8" || item == "q8-int8")) {
-      f.dtype = DType::u32;
-      f.bits = item[1] - '0';
-      f.int8 = true;
     } else {
-      throw std::invalid_argument("--dtype '" + item + "' is not a weight format moekit runs (expected " +
+      throw std::invalid_argument("--dtype '" + listed + "' is not a weight format moekit runs (expected " +
                                   kDtypeList + ")");
     }
     for (const WeightFormat& g : out)
-      if (g.name() == f.name()) throw std::invalid_argument("--dtype '" + text + "' lists " + item + " twice");
+      if (g.name() == f.name()) throw std::invalid_argument("--dtype '" + text + "' lists " + listed + " twice");
     out.push_back(f);
   }
   return out;

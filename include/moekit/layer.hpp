@@ -100,15 +100,16 @@ class MoeLayer {
   /// thread-safe against concurrent forwards; call it once after loading.
   void pack_weights();
 
-  /// The fast mode for MLX-affine-quantized experts (routed and shared; the router and the
-  /// shared-expert gate stay exact, so the routing is unchanged): with `on`, 4- and 8-bit
-  /// projections multiply int8-quantized activations (one scale per weight group) with the codes
-  /// as integers wherever an expert has at most kernels' 8 rows (decode, small batches), and for
-  /// any number of rows on CPUs with AMX-INT8 (group sizes that are multiples of 64); elsewhere
-  /// larger groups of rows keep the exact kernel. |y_fast − y_exact| per element is bounded by
-  /// Σ_groups (max|x_group| / 254) · Σ|w_group| of each projection (docs/numerics.md).
-  /// Deterministic for any thread count. No effect on float weights. Not thread-safe against
-  /// concurrent forwards.
+  /// The fast mode for quantized experts (routed and shared; the router and the shared-expert
+  /// gate stay exact, so the routing is unchanged): with `on`, 4- and 8-bit MLX affine, MXFP4,
+  /// NVFP4 and int4 projections multiply int8-quantized activations (one scale per weight group)
+  /// with the codes as integers wherever an expert has at most kernels' 8 rows (decode, small
+  /// batches), and MLX affine ones for any number of rows on CPUs with AMX-INT8 (group sizes that
+  /// are multiples of 64); elsewhere larger groups of rows keep the exact kernel.
+  /// |y_fast − y_exact| per element is bounded by Σ_groups (max|x_group| / 254) · Σ|w_group| of
+  /// each projection (int4 decoded in bf16 / f16: plus half an ulp of each weight times |x|;
+  /// docs/numerics.md). Deterministic for any thread count. No effect on float or FP8 weights.
+  /// Not thread-safe against concurrent forwards.
   void set_int8_activations(bool on);
 
   /// The bf16 compute mode, as torch and MLX run bf16 models (docs/numerics.md): with `on`, the

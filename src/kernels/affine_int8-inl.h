@@ -6,17 +6,28 @@
 // (bytes 4l..4l+3), so the two give the same bits (tested). For 8-bit codes AVX2's lane l holds
 // codes {2l, 2l+1, 16+2l, 17+2l} of a 32-block and VNNI's {4l..4l+3}: the same total, other f32
 // roundings per lane (they agree to f32 rounding, tested).
+// Signed 4-bit codes (Codes::signed4: e2m1 and int4 through a 16-entry table of small integers)
+// go in as |w| (u8) times the activation with w's sign (`vpsignb`), ggml's way of feeding a
+// signed operand to the u8 × int8 instructions.
 //   MOEKIT_I8_ATTR  the functions' target attribute
 //   MOEKIT_I8_NAME  name decoration of this instruction set's functions
 //   MOEKIT_I8_VNNI  1: vpdpbusd (8-bit activations as int8 for 8-bit codes too)
 // No include guard: included twice on purpose.
 
+// The 8 lanes of v summed pairwise in a fixed order.
+MOEKIT_I8_ATTR inline float MOEKIT_I8_NAME(reduce8)(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+}
+
 // MR rows of A against NR rows of B (MR · NR int32 accumulators of 8 lanes per group; a row's
 // unpacked codes serve all MR rows of A), then per group one multiply-add each into f32
 // accumulators; reduced at the end in a fixed order.
-template <int kBits, int MR, int NR>
-MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B, const Output& C,
-                                                  std::int64_t m, std::int64_t n) {
+template <Codes kCodes, int MR, int NR>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t m,
+                                         std::int64_t n) {
+  constexpr int kBits = kCodes == Codes::affine8 ? 8 : 4;
   const int gs = B.format.block_cols;
   const std::uint8_t* rows[NR];
   for (int j = 0; j < NR; ++j) rows[j] = row_bytes(B, n + j);
@@ -96,37 +107,107 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
   }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
-      // Lanes summed pairwise in a fixed order.
-      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[i][j]), _mm256_extractf128_ps(acc[i][j], 1));
-      const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
-      store(C, m + i, n + j, _mm_cvtss_f32(h1) + bacc[i][j]);
+      store(C, m + i, n + j, MOEKIT_I8_NAME(reduce8)(acc[i][j]) + bacc[i][j]);
     }
 }
 
+// The same for signed 4-bit codes (e2m1, int4): the nibbles' integers w from a 16-entry table
+// (`vpshufb`), multiplied as |w| (u8) times the activation with w's sign (`vpsignb`); no bias.
+// `ws` holds the NR rows' scales widened to f32 and multiplied by the codes' factor
+// (ws[j · groups + g]). A span is a group, or for groups of 16 (NVFP4) a 32-block holding two:
+// its int32 lanes {0, 1, 4, 5} hold the first group's products and {2, 3, 6, 7} the second's (the
+// nibble order), so the span's multiply-add takes a scale per lane.
+template <int MR, int NR>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(signed_tile)(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                                std::int64_t m, std::int64_t n, const float* ws) {
+  const int gs = B.format.block_cols, gstep = gs == 16 ? 2 : 1, span = gs * gstep;
+  const std::int64_t row_stride = row_stride_bytes(B), ahead = NR * row_stride;  // prefetch: as tile()
+  const std::uint8_t* rows[NR];
+  for (int j = 0; j < NR; ++j) rows[j] = row_bytes(B, n + j);
+#if !MOEKIT_I8_VNNI
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i table =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_codes(B.format).table)));
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (std::int64_t g = 0; g < qa.groups; g += gstep) {
+    __m256i isum[MR][NR];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
+    for (std::int64_t k = g * gs; k < g * gs + span; k += 32) {
+      if (MR == 1 || m == 0)
+        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + k / 2), _MM_HINT_T0);
+      __m256i a[MR];
+      for (int i = 0; i < MR; ++i)
+        a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
+      for (int j = 0; j < NR; ++j) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k / 2));
+        const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
+        const __m256i w = _mm256_shuffle_epi8(table, c);  // the codes' integers, |w| <= 12
+        const __m256i u = _mm256_abs_epi8(w);
+        for (int i = 0; i < MR; ++i) {
+          const __m256i sa = _mm256_sign_epi8(a[i], w);
+#if MOEKIT_I8_VNNI
+          isum[i][j] = _mm256_dpbusd_epi32(isum[i][j], u, sa);
+#else
+          isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, sa), ones));
+#endif
+        }
+      }
+    }
+    for (int j = 0; j < NR; ++j)
+      for (int i = 0; i < MR; ++i) {
+        const float* d = qa.d.data() + (m + i) * qa.groups + g;
+        const float a0 = ws[j * qa.groups + g] * d[0];
+        const float a1 = gstep == 2 ? ws[j * qa.groups + g + 1] * d[1] : a0;
+        acc[i][j] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]), _mm256_setr_ps(a0, a0, a1, a1, a0, a0, a1, a1), acc[i][j]);
+      }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) store(C, m + i, n + j, MOEKIT_I8_NAME(reduce8)(acc[i][j]));
+}
+
 // Every row of A over NR rows of B at a time (their codes stay in L1 across the strips of A):
-// strips of 2 rows of A (NR = 2) and then of 1, each unpacking the codes once for its rows.
+// strips of 2 rows of A (NR = 2) and then of 1, each unpacking the codes once for its rows;
+// signed codes' scales widened once for all the strips.
 // AVX2 has 16 vector registers: MR · NR int32 and as many f32 accumulators must leave room for
 // the activations, the codes and two constants, so tiles are 1 × 4 (a single row of A) or 2 × 2
 // (and 1 × 2 for an odd last row).
-template <int kBits, int NR>
-MOEKIT_I8_ATTR void MOEKIT_I8_NAME(columns)(const QuantA& qa, const WeightMatrix& B, const Output& C,
-                                                     std::int64_t M, std::int64_t n) {
+template <Codes kCodes, int NR>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(columns)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                            std::int64_t n) {
+  const float* ws = nullptr;
+  if constexpr (kCodes == Codes::signed4) ws = widen_scales(B, n, NR, qa.groups);
   std::int64_t m = 0;
   if constexpr (NR == 2)
-    for (; m + 2 <= M; m += 2) MOEKIT_I8_NAME(tile)<kBits, 2, 2>(qa, B, C, m, n);
-  for (; m < M; ++m) MOEKIT_I8_NAME(tile)<kBits, 1, NR>(qa, B, C, m, n);
+    for (; m + 2 <= M; m += 2) {
+      if constexpr (kCodes == Codes::signed4) {
+        MOEKIT_I8_NAME(signed_tile)<2, 2>(qa, B, C, m, n, ws);
+      } else {
+        MOEKIT_I8_NAME(tile)<kCodes, 2, 2>(qa, B, C, m, n);
+      }
+    }
+  for (; m < M; ++m) {
+    if constexpr (kCodes == Codes::signed4) {
+      MOEKIT_I8_NAME(signed_tile)<1, NR>(qa, B, C, m, n, ws);
+    } else {
+      MOEKIT_I8_NAME(tile)<kCodes, 1, NR>(qa, B, C, m, n);
+    }
+  }
 }
 
-template <int kBits>
-MOEKIT_I8_ATTR void MOEKIT_I8_NAME(kernel)(const QuantA& qa, const WeightMatrix& B, const Output& C,
-                                                    std::int64_t M, std::int64_t N) {
+template <Codes kCodes>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(kernel)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                           std::int64_t N) {
   std::int64_t n = 0;
   if (M == 1) {
-    for (; n + 4 <= N; n += 4) MOEKIT_I8_NAME(columns)<kBits, 4>(qa, B, C, M, n);
+    for (; n + 4 <= N; n += 4) MOEKIT_I8_NAME(columns)<kCodes, 4>(qa, B, C, M, n);
   } else {
-    for (; n + 2 <= N; n += 2) MOEKIT_I8_NAME(columns)<kBits, 2>(qa, B, C, M, n);
+    for (; n + 2 <= N; n += 2) MOEKIT_I8_NAME(columns)<kCodes, 2>(qa, B, C, M, n);
   }
   kernel_scalar(qa, B, C, M, N, n);  // the last N % tile-width columns
 }
-

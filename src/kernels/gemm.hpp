@@ -119,9 +119,10 @@ struct WeightMatrix {
   /// whole matrix; rows_of() sets it for a view that starts inside a block (a thread's share of
   /// a matrix whose scales cover 128 rows, split at 64).
   std::int64_t row_phase = 0;
-  /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit MLX affine codes and at most
-  /// kInt8MaxRows rows of A, the activations are quantized to int8 per group and multiplied as
-  /// integers (error bound: docs/numerics.md); otherwise, and by default, the exact kernels.
+  /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit MLX affine codes, e2m1 (MXFP4,
+  /// NVFP4) and int4, and at most kInt8MaxRows rows of A, the activations are quantized to int8
+  /// per group and multiplied as integers (error bound: docs/numerics.md); otherwise, and by
+  /// default, the exact kernels.
   bool int8_activations = false;
 
   bool quantized() const noexcept { return format.quantized(); }
@@ -320,7 +321,7 @@ enum class Int8Path { best, portable, avx2, avx512vnni, amx };
 bool amx_int8_takes(const WeightMatrix& B) noexcept;
 bool int8_path_supported(Int8Path path) noexcept;
 const char* int8_path_name(Int8Path path) noexcept;  ///< best: the one it resolves to
-bool int8_activations_apply(const WeightMatrix& B, std::int64_t M);
+bool int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::int64_t K);
 void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                                 std::int64_t N, std::int64_t K, Int8Path path = Int8Path::best);
 // The fast mode's driver for many rows on AMX-INT8 (amx_int8_takes(B)): A quantized once, split

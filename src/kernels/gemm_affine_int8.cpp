@@ -1,8 +1,8 @@
-// The fast mode of gemm_nt on MLX affine weights (WeightMatrix::int8_activations): activations
-// quantized to int8 per weight group, integer dot products with the 4- or 8-bit codes, one float
-// multiply-add per group. For few rows of A (decode and small batches), where the exact kernel's
-// per-weight unpack-convert-dequantize is the cost and the weights are streamed once; where the
-// CPU has AMX-INT8, for many rows too (the AMX kernel below).
+// The fast mode of gemm_nt on MLX affine 4/8-bit, e2m1 (MXFP4, NVFP4) and int4 weights
+// (WeightMatrix::int8_activations): activations quantized to int8 per weight group, integer dot
+// products with the codes, one float multiply-add per group. For few rows of A (decode and small batches), where the
+// exact kernel's per-weight unpack-convert-dequantize is the cost and the weights are streamed once; where the CPU has
+// AMX-INT8, for many rows too (the AMX kernel below).
 //
 // Per row m of A and weight group g of gs inputs:
 //   d[m,g] = max_k |x| / 127, q[m,k] = clamp(rint(x · (127 / max_k |x|)), -127, 127)
@@ -14,6 +14,10 @@
 // from the exact value by Σ_k w_k (x̂_k − x_k): |y_fast − y_exact| ≤ Σ_g (d[m,g] / 2) Σ_k |w_k|. The
 // integer sums are exact; the float sums run in a fixed order, so the result does not depend on
 // the thread count (it may differ in the last bits between the AVX2 and the portable path).
+// Signed 4-bit formats: code[k] is the nibble's integer (2 × the e2m1 value, or q = nibble − 8),
+// s_g the group's scale times the factor that makes it the weight (1/2, 1), and no bias term, so
+// the bound is the same with the exact weights (int4 decoded in bf16 / f16: the weight unrounded,
+// docs/numerics.md). Only the x86 kernels and the portable one take them (no AMX kernel).
 //
 // x86 with AVX512-VNNI, on request (best_path): `vpdpbusd` on 256-bit vectors, u8 codes × int8
 // activations (4- and 8-bit).
@@ -22,6 +26,7 @@
 // from affine_int8-inl.h (bit-identical for 4-bit codes, to f32 rounding for 8-bit). Elsewhere
 // the same arithmetic in portable C++.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -31,6 +36,8 @@
 
 #include "kernels/amx.hpp"
 #include "kernels/cpu.hpp"
+#include "kernels/formats/e2m1.hpp"
+#include "kernels/formats/int4.hpp"
 #include "kernels/gemm.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -43,6 +50,28 @@
 namespace moekit::kernels {
 
 namespace {
+
+// The codes a kernel multiplies: MLX affine 4- or 8-bit (u8 codes, a scale and a bias per group),
+// or signed 4-bit (e2m1, int4: a nibble's integer from a table, a scale per group, no bias).
+enum class Codes { affine4, affine8, signed4 };
+
+Codes codes_of(const WeightFormat& f) {
+  if (f.element == Element::affine) return f.bits == 4 ? Codes::affine4 : Codes::affine8;
+  return Codes::signed4;
+}
+
+// A signed 4-bit format's nibbles as small integers w and the factor that makes them weights:
+// weight = w · scale_factor · the group's scale, exactly (the formats' own rules:
+// e2m1.hpp, int4.hpp).
+struct SignedCodes {
+  const std::int8_t* table;  // 16 entries
+  float scale;
+};
+
+inline SignedCodes signed_codes(const WeightFormat& f) {
+  if (f.element == Element::e2m1) return {formats::e2m1::kTwice, 0.5f};
+  return {formats::int4::kIntegers, 1.0f};
+}
 
 // A's rows quantized for one call: per row, K int8 codes (4-bit B: each 32-block stored as its
 // 16 even elements then its 16 odd ones, the order the packed nibbles unpack into), or K int16
@@ -132,8 +161,11 @@ std::int32_t block_dot_scalar(const QuantA& qa, std::int64_t m, const std::uint8
   return acc;
 }
 
+// Bytes between rows of B's codes (its container's elements: u32 words for affine, bytes else).
+std::int64_t row_stride_bytes(const WeightMatrix& B) { return B.dtype == DType::u32 ? B.ld * 4 : B.ld; }
+
 const std::uint8_t* row_bytes(const WeightMatrix& B, std::int64_t n) {
-  return reinterpret_cast<const std::uint8_t*>(static_cast<const std::uint32_t*>(B.data) + n * B.ld);
+  return static_cast<const std::uint8_t*>(B.data) + n * row_stride_bytes(B);
 }
 
 void store(const Output& C, std::int64_t m, std::int64_t n, float v) {
@@ -142,23 +174,80 @@ void store(const Output& C, std::int64_t m, std::int64_t n, float v) {
   c = C.accumulate ? c + v : v;
 }
 
+// The 256 values of an 8-bit float scale encoding.
+struct F8Table {
+  float v[256];
+  explicit F8Table(DType dtype) {
+    for (int b = 0; b < 256; ++b) v[b] = load_f32(&b, dtype, 0);  // little endian: b's low byte
+  }
+};
+
+// The scales of rows [n, n + rows) of signed codes B as f32 times the codes' factor, in this
+// thread's scratch (element j · groups + g, valid until its next call). The dtype is decided
+// once per call, not per scale (8-bit encodings through a table of their 256 values).
+const float* widen_scales(const WeightMatrix& B, std::int64_t n, int rows, std::int64_t groups) {
+  thread_local std::vector<float> out;
+  out.resize(static_cast<std::size_t>(rows * groups));
+  const float factor = signed_codes(B.format).scale;
+  const auto each = [&](auto value) {
+    for (int j = 0; j < rows; ++j) {
+      const std::int64_t base = (n + j) * B.scale_ld;
+      float* o = out.data() + j * groups;
+      for (std::int64_t g = 0; g < groups; ++g) o[g] = value(base + g) * factor;
+    }
+  };
+  static const F8Table e8m0(DType::f8_e8m0), e4m3(DType::f8_e4m3);
+  const auto* bytes = static_cast<const std::uint8_t*>(B.scales);
+  const auto* halves = static_cast<const std::uint16_t*>(B.scales);
+  switch (B.format.scale_dtype) {
+    case DType::f8_e8m0:
+      each([&](std::int64_t i) { return e8m0.v[bytes[i]]; });
+      break;
+    case DType::f8_e4m3:
+      each([&](std::int64_t i) { return e4m3.v[bytes[i]]; });
+      break;
+    case DType::bf16:
+      each([&](std::int64_t i) { return std::bit_cast<float>(std::uint32_t{halves[i]} << 16); });
+      break;
+    default:
+      each([&](std::int64_t i) { return load_f32(B.scales, B.format.scale_dtype, i); });
+      break;
+  }
+  return out.data();
+}
+
 // Columns [n0, N) of C.
 void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                    std::int64_t n0 = 0) {
   const int gs = B.format.block_cols, bits = B.format.bits;
+  const bool affine = codes_of(B.format) != Codes::signed4;
+  const SignedCodes sc = signed_codes(B.format);
   for (std::int64_t n = n0; n < N; ++n) {
     const std::uint8_t* row = row_bytes(B, n);
     for (std::int64_t m = 0; m < M; ++m) {
       float acc = 0.0f, bacc = 0.0f;
       for (std::int64_t g = 0; g < qa.groups; ++g) {
         std::int32_t isum = 0;
-        for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) isum += block_dot_scalar(qa, m, row, k, bits);
+        if (affine) {
+          for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) isum += block_dot_scalar(qa, m, row, k, bits);
+        } else {  // element kk of the group times its activation, at its place in the nibble order
+          const std::int8_t* q = qa.q8.data() + m * qa.K;
+          for (std::int64_t kk = g * gs; kk < (g + 1) * gs; ++kk) {
+            const std::int64_t i = kk % 32, at = kk - i + (i % 2 == 0 ? i / 2 : 16 + i / 2);
+            isum += static_cast<std::int32_t>(sc.table[(row[kk / 2] >> (4 * (kk & 1))) & 0xF]) * q[at];
+          }
+        }
         const std::int64_t sg = n * B.scale_ld + g;
-        const float s = load_f32(B.scales, B.format.scale_dtype, sg);
-        const float b = load_f32(B.biases, B.format.scale_dtype, sg);
         const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
-        acc = std::fma(static_cast<float>(isum), s * qa.d[gi], acc);
-        bacc = std::fma(b, qa.xsum[gi], bacc);
+        if (affine) {
+          const float s = load_f32(B.scales, B.format.scale_dtype, sg);
+          const float b = load_f32(B.biases, B.format.scale_dtype, sg);
+          acc = std::fma(static_cast<float>(isum), s * qa.d[gi], acc);
+          bacc = std::fma(b, qa.xsum[gi], bacc);
+        } else {
+          const float s = load_f32(B.scales, B.format.scale_dtype, sg) * sc.scale;
+          acc = std::fma(static_cast<float>(isum), s * qa.d[gi], acc);
+        }
       }
       store(C, m, n, acc + bacc);
     }
@@ -463,9 +552,15 @@ bool detail::amx_int8_takes(const WeightMatrix& B) noexcept {
          B.format.block_cols % 64 == 0;
 }
 
-bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M) {
-  return B.int8_activations && B.format.element == Element::affine && (B.format.bits == 4 || B.format.bits == 8) &&
-         B.format.block_cols % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
+bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::int64_t K) {
+  if (!B.int8_activations || B.layout != WeightLayout::rows) return false;
+  const WeightFormat& f = B.format;
+  const int gs = f.block_cols;
+  if (f.element == Element::affine)
+    return (f.bits == 4 || f.bits == 8) && gs % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
+  // e2m1 and int4: whole groups of 16 or of a multiple of 32 inputs, whole 32-blocks.
+  const bool signed4 = f.element == Element::e2m1 || f.element == Element::int4;
+  return signed4 && f.block_rows == 1 && (gs == 16 || gs % 32 == 0) && K % 32 == 0 && K % gs == 0 && M <= kInt8MaxRows;
 }
 
 bool detail::int8_path_supported(Int8Path path) noexcept {
@@ -505,13 +600,16 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
   if (path == Int8Path::amx) return gemm_nt_affine_int8_amx(A, B, C, M, N, K, Threads::caller);
   if (path == Int8Path::best) path = best_path();
   quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, qa);
+  const Codes codes = codes_of(B.format);
   if (path == Int8Path::avx512vnni) {
-    if (B.format.bits == 4) return kernel_vnni<4>(qa, B, C, M, N);
-    return kernel_vnni<8>(qa, B, C, M, N);
+    if (codes == Codes::signed4) return kernel_vnni<Codes::signed4>(qa, B, C, M, N);
+    if (codes == Codes::affine4) return kernel_vnni<Codes::affine4>(qa, B, C, M, N);
+    return kernel_vnni<Codes::affine8>(qa, B, C, M, N);
   }
   if (path == Int8Path::avx2) {
-    if (B.format.bits == 4) return kernel_avx2<4>(qa, B, C, M, N);
-    return kernel_avx2<8>(qa, B, C, M, N);
+    if (codes == Codes::signed4) return kernel_avx2<Codes::signed4>(qa, B, C, M, N);
+    if (codes == Codes::affine4) return kernel_avx2<Codes::affine4>(qa, B, C, M, N);
+    return kernel_avx2<Codes::affine8>(qa, B, C, M, N);
   }
 #else
   quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, qa);

@@ -191,6 +191,10 @@ TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
       {"--shape", ""},
       {"--dtype", "i8"},
       {"--dtype", "f32,f32"},
+      {"--dtype", "fp8-int8"},  // FP8 has no fast mode
+      {"--dtype", "bf16-int8"},
+      {"--dtype", "-int8"},
+      {"--dtype", "int4,int4-int8,int4"},
       {"--layout", "tiles"},
       {"--layout", "rows,rows"},
       {"--layout", ""},
@@ -235,6 +239,16 @@ TEST(BenchCli, AQuantizedFormatMustDivideTheShape) {
   const BenchRun ok = run_bench(tiny({"--dtype", "mxfp4", "--tokens", "1,4", "--threads", "1", "-o", "csv"}));
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_NE(ok.out.find(",tiny,mxfp4,mxfp4,4,"), std::string::npos) << ok.out;
+}
+
+// The fast mode of the signed 4-bit formats: its own rows beside the exact ones.
+TEST(BenchCli, SignedFormatsHaveFastModeRows) {
+  const BenchRun r = run_bench(
+      tiny({"--dtype", "mxfp4,mxfp4-int8,nvfp4-int8,int4-int8", "--tokens", "1", "--threads", "1", "-o", "csv"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* name : {",mxfp4,mxfp4,1,", ",mxfp4-int8,mxfp4-int8,1,", ",nvfp4-int8,nvfp4-int8,1,",
+                           ",int4-int8,int4-int8,1,"})
+    EXPECT_NE(r.out.find(name), std::string::npos) << name << " in " << r.out;
 }
 
 }  // namespace

@@ -5,13 +5,14 @@
 // ones, thread counts, non-finite activations, and where the mode applies.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/threading.hpp"
 #include "util/affine.hpp"
@@ -66,6 +67,52 @@ TEST(AffineInt8, ErrorIsSmallAgainstTheExactValue) {
   RecordProperty("relative_rms_error", std::to_string(rel));
   EXPECT_LT(rel, 7e-3);  // measured 0.54 %: uniform rounding error d/√12 per element
   EXPECT_GT(rel, 0.0) << "the fast path ran";
+}
+
+// MXFP4, NVFP4 and int4 (signed 4-bit codes): the fast mode runs on every path, the weights stay
+// exact (e2m1 × 2 and q are small integers), so the error is the activations' rounding alone —
+// the affine case's size — and VNNI gives AVX2's bits.
+TEST(AffineInt8, SignedFormatsRunTheFastMode) {
+  const std::int64_t N = 96, K = 2048;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(2 * K));
+  for (float& v : x) v = nd(rng);
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(N * K / 2));
+  for (auto& b : codes) b = static_cast<std::uint8_t>(rng());
+  for (const WeightFormat f : {WeightFormat::mxfp4(), WeightFormat::nvfp4(), WeightFormat::int4(32, DType::f32)}) {
+    const std::int64_t groups = K / f.block_cols;
+    std::vector<std::uint8_t> s8(static_cast<std::size_t>(N * groups));
+    std::vector<float> s32(s8.size());
+    for (std::size_t i = 0; i < s8.size(); ++i) {
+      s8[i] = static_cast<std::uint8_t>(f.scale_dtype == DType::f8_e8m0 ? 118 + rng() % 4 : 0x20 + rng() % 8);
+      s32[i] = 0.01f * (1.0f + static_cast<float>(rng() % 8) / 8.0f);
+    }
+    WeightMatrix w{codes.data(), DType::u8, K / 2};
+    w.format = f;
+    w.scales = f.scale_dtype == DType::f32 ? static_cast<const void*>(s32.data()) : s8.data();
+    w.scale_ld = groups;
+    std::vector<float> exact(static_cast<std::size_t>(2 * N)), fast(exact.size()), sibling(exact.size());
+    kernels::gemm_nt({x.data(), K}, w, {exact.data(), N}, 2, N, K);
+    w.int8_activations = true;
+    using kernels::detail::Int8Path;
+    for (const Int8Path path : {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni, Int8Path::best}) {
+      if (!kernels::detail::int8_path_supported(path)) continue;
+      if (path == Int8Path::best) {
+        kernels::gemm_nt({x.data(), K}, w, {fast.data(), N}, 2, N, K);
+      } else {
+        kernels::detail::gemm_nt_affine_int8_kernel({x.data(), K}, w, {fast.data(), N}, 2, N, K, path);
+      }
+      const double rel = testing::relative_rms(fast.data(), exact.data(), 2 * N);
+      EXPECT_LT(rel, 7e-3) << kernels::formats::describe(f, DType::u8) << " on "
+                           << kernels::detail::int8_path_name(path);
+      EXPECT_GT(rel, 0.0) << "the fast mode ran";
+      if (path == Int8Path::avx2) sibling = fast;
+      if (path == Int8Path::avx512vnni && kernels::detail::int8_path_supported(Int8Path::avx2)) {
+        EXPECT_EQ(std::memcmp(fast.data(), sibling.data(), fast.size() * 4), 0) << "VNNI gives AVX2's bits";
+      }
+    }
+  }
 }
 
 TEST(AffineInt8, EpilogueGatherAndThreads) {
@@ -123,18 +170,31 @@ TEST(AffineInt8, NonFiniteActivationsGiveNaNNotGarbage) {
 TEST(AffineInt8, AppliesOnlyWhereItPays) {
   WeightMatrix w{nullptr, DType::u32, 0};
   w.format = WeightFormat::mlx_affine(4, 64, DType::f32);
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1)) << "off by default";
+  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 256)) << "off by default";
   w.int8_activations = true;
-  EXPECT_TRUE(kernels::detail::int8_activations_apply(w, 1));
-  EXPECT_TRUE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows));
+  EXPECT_TRUE(kernels::detail::int8_activations_apply(w, 1, 256));
+  EXPECT_TRUE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows, 256));
   // More rows: only where AMX-INT8 takes the codes (group a multiple of 64).
-  EXPECT_EQ(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1), kernels::detail::amx_int8_takes(w));
+  EXPECT_EQ(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1, 256),
+            kernels::detail::amx_int8_takes(w));
   EXPECT_EQ(kernels::detail::amx_int8_takes(w), kernels::detail::int8_path_supported(kernels::detail::Int8Path::amx));
   w.format.block_cols = 32;
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1));
+  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1, 256));
   w.format.block_cols = 64;
   w.format.bits = 3;
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1)) << "3-bit codes stay exact";
+  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 256)) << "3-bit codes stay exact";
+  // MXFP4, NVFP4 and int4: up to kInt8MaxRows rows (no AMX kernel for them), whole groups and
+  // 32-blocks; FP8 stays exact.
+  for (const WeightFormat f : {WeightFormat::mxfp4(), WeightFormat::nvfp4(), WeightFormat::int4(32, DType::bf16)}) {
+    w.format = f;
+    EXPECT_TRUE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows, 256));
+    EXPECT_FALSE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1, 256));
+    EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 272)) << "K not whole 32-blocks";
+  }
+  w.format = WeightFormat::int4(48, DType::bf16);
+  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 96)) << "groups of 48 cross 32-blocks";
+  w.format = WeightFormat::fp8(128, 128, DType::f32);
+  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 256)) << "FP8 stays exact";
 }
 
 }  // namespace

@@ -158,5 +158,6 @@ std::vector<Path> highway_paths();       ///< every compiled Highway target (exa
 std::vector<Path> bf16_f32_fma_paths();  ///< the bf16 mode's f32_fma path on every target
 Path bf16_path(kernels::Bf16Path path);  ///< avx512bf16 or amx
 Path int8_path(kernels::detail::Int8Path path);
+std::vector<Path> int8_paths();  ///< portable, avx2, avx512vnni and gemm_nt's dispatch
 
 }  // namespace moekit::testing::conformance

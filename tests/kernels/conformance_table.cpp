@@ -139,6 +139,13 @@ Path int8_path(Int8Path path) {
   return {name, 0, Bf16Path::f32_fma, path};
 }
 
+std::vector<Path> int8_paths() {
+  std::vector<Path> paths;
+  for (const Int8Path p : {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni, Int8Path::best})
+    paths.push_back(int8_path(p));
+  return paths;
+}
+
 // ---- Shape sets
 // ------------------------------------------------------------------------------------
 
@@ -307,11 +314,12 @@ Shapes exact_tails(int group) {
 }
 
 // The int8 fast mode up to kInt8MaxRows rows (decode): every kernel tail of rows, 13 columns, K
-// of 256 and of three groups.
+// of 256 and of three spans (a span: a group, or a 32-block of two groups of 16).
 Shapes int8_tails(int group) {
   std::vector<Case> cases;
-  for (const std::int64_t K : {std::int64_t{256}, std::int64_t{3} * group}) {
-    if (K == 256 && 3 * group == 256) continue;
+  const std::int64_t three = 3 * std::max(group, 32);
+  for (const std::int64_t K : {std::int64_t{256}, three}) {
+    if (K == 256 && three == 256) continue;
     for (const std::int64_t M : {1, 2, 3, 5, 8}) cases.push_back({M, 13, K});
   }
   return make_set("tails", std::move(cases));
@@ -461,11 +469,7 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
       sets.push_back(make_set(shape_name(1, 768, 2048), {Case{1, 768, 2048}}));
       sets.push_back(make_set(shape_name(4, 2048, 768), {Case{4, 2048, 768}}));
     }
-    std::vector<Path> paths;
-    for (const Int8Path p :
-         {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni, Int8Path::best})
-      paths.push_back(int8_path(p));
-    f->runs.push_back({Mode::int8, Layout::quant, Op::nt, Criterion::int8_bound, paths, sets});
+    f->runs.push_back({Mode::int8, Layout::quant, Op::nt, Criterion::int8_bound, int8_paths(), sets});
     if (group % 64 == 0)  // AMX-INT8 takes groups of whole 64-byte tile rows
       f->runs.push_back({Mode::int8,
                          Layout::quant,
@@ -484,8 +488,8 @@ std::shared_ptr<const WeightFormat> affine_format(int bits, int group, DType sca
 // subnormal as bf16 or f32, 8); rows three bytes and scale rows two entries longer than needed,
 // the padding random. `shapes`: the exact mode's shape set.
 template <typename Fix>
-std::shared_ptr<const WeightFormat> scaled_format(const std::string& name, const moekit::WeightFormat& format, Fix fix,
-                                                  Shapes shapes) {
+std::shared_ptr<WeightFormat> scaled_format(const std::string& name, const moekit::WeightFormat& format, Fix fix,
+                                            Shapes shapes) {
   auto f = std::make_shared<WeightFormat>();
   f->name = name;
   f->make = [=](std::int64_t rows, std::int64_t cols, std::int64_t ld, std::mt19937& rng) {
@@ -531,16 +535,25 @@ std::shared_ptr<const WeightFormat> scaled_format(const std::string& name, const
   return f;
 }
 
-// MXFP4: every byte value (so every e2m1 nibble, −0 included).
-std::shared_ptr<const WeightFormat> mxfp4_format() {
-  return scaled_format(
-      "mxfp4", moekit::WeightFormat::mxfp4(), [](std::uint8_t b) { return b; }, exact_tails(32));
+// A signed 4-bit format's fast mode (e2m1, int4): its tails on every path below AMX.
+std::shared_ptr<const WeightFormat> with_int8(std::shared_ptr<WeightFormat> f, int group) {
+  f->runs.push_back({Mode::int8, Layout::quant, Op::nt, Criterion::int8_bound, int8_paths(), {int8_tails(group)}});
+  return f;
 }
 
-// NVFP4 (mlx's nvfp4 mode): every byte value, groups of 16, e4m3 scales.
+// MXFP4: every byte value (so every e2m1 nibble, −0 included); the fast mode.
+std::shared_ptr<const WeightFormat> mxfp4_format() {
+  return with_int8(scaled_format(
+                       "mxfp4", moekit::WeightFormat::mxfp4(), [](std::uint8_t b) { return b; }, exact_tails(32)),
+                   32);
+}
+
+// NVFP4 (mlx's nvfp4 mode): every byte value, groups of 16, e4m3 scales; the fast mode (two
+// groups per 32-block).
 std::shared_ptr<const WeightFormat> nvfp4_format() {
-  return scaled_format(
-      "nvfp4", moekit::WeightFormat::nvfp4(), [](std::uint8_t b) { return b; }, exact_tails(16));
+  return with_int8(scaled_format(
+                       "nvfp4", moekit::WeightFormat::nvfp4(), [](std::uint8_t b) { return b; }, exact_tails(16)),
+                   16);
 }
 
 // Every e4m3 byte but the two NaNs, subnormals included.
@@ -578,9 +591,11 @@ std::shared_ptr<const WeightFormat> int4_format(int group, DType scale_dtype) {
       for (const std::int64_t K : {std::int64_t{group}, std::int64_t{3} * group, std::int64_t{group} + 16})
         cases.push_back(variant(M, N, K, i++ % 4));
   std::string name = "int4g" + std::to_string(group) + dtype_name(scale_dtype);
-  return scaled_format(
+  auto f = scaled_format(
       name, moekit::WeightFormat::int4(group, scale_dtype), [](std::uint8_t b) { return b; },
       make_set("groups", std::move(cases)));
+  if (group % 32 == 0) return with_int8(f, group);
+  return f;
 }
 
 }  // namespace

@@ -24,6 +24,10 @@ namespace moekit::kernels::formats::e2m1 {
 alignas(64) inline constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
+/// Twice the values: integers in [−12, 12] (the int8 fast mode multiplies these and halves the
+/// scale, so the weights stay exact).
+alignas(16) inline constexpr std::int8_t kTwice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
 /// Nibble k of a row.
 inline std::uint32_t code(const std::uint8_t* row, std::int64_t k) { return (row[k / 2] >> (4 * (k & 1))) & 0xFu; }
 

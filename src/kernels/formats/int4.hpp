@@ -18,6 +18,9 @@
 
 namespace moekit::kernels::formats::int4 {
 
+/// A nibble's integer q = nibble − 8 (the int8 fast mode's codes).
+alignas(16) inline constexpr std::int8_t kIntegers[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
 /// Nibble k of a row.
 inline std::uint32_t code(const std::uint8_t* row, std::int64_t k) { return (row[k / 2] >> (4 * (k & 1))) & 0xFu; }
 
