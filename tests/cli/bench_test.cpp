@@ -246,8 +246,8 @@ TEST(BenchCli, SignedFormatsHaveFastModeRows) {
   const BenchRun r = run_bench(
       tiny({"--dtype", "mxfp4,mxfp4-int8,nvfp4-int8,int4-int8", "--tokens", "1", "--threads", "1", "-o", "csv"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* name : {",mxfp4,mxfp4,1,", ",mxfp4-int8,mxfp4-int8,1,", ",nvfp4-int8,nvfp4-int8,1,",
-                           ",int4-int8,int4-int8,1,"})
+  for (const char* name :
+       {",mxfp4,mxfp4,1,", ",mxfp4-int8,mxfp4-int8,1,", ",nvfp4-int8,nvfp4-int8,1,", ",int4-int8,int4-int8,1,"})
     EXPECT_NE(r.out.find(name), std::string::npos) << name << " in " << r.out;
 }
 
