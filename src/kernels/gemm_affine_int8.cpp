@@ -216,6 +216,15 @@ const float* widen_scales(const WeightMatrix& B, std::int64_t n, int rows, std::
   return out.data();
 }
 
+// This thread's quantized activations, reused across calls. Returned by reference from a function
+// GCC may not inline: inlined, it would specialise the kernels on the thread_local's address and
+// re-derive it at every access, which under -fPIC (the README's build: the Python module links
+// the library) costs the decode kernels 10-12 % (docs/performance.md).
+[[gnu::noinline]] QuantA& thread_quant_a() {
+  thread_local QuantA qa;
+  return qa;
+}
+
 // Columns [n0, N) of C.
 void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                    std::int64_t n0 = 0) {
@@ -595,7 +604,7 @@ void detail::gemm_nt_affine_int8_amx(const RowSource& A, const WeightMatrix& B, 
 void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                                         std::int64_t N, std::int64_t K, Int8Path path) {
   if (M <= 0 || N <= 0) return;
-  thread_local QuantA qa;
+  QuantA& qa = thread_quant_a();
 #if MOEKIT_X86
   if (path == Int8Path::amx) return gemm_nt_affine_int8_amx(A, B, C, M, N, K, Threads::caller);
   if (path == Int8Path::best) path = best_path();
