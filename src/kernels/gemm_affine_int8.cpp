@@ -1,8 +1,9 @@
 // The fast mode of gemm_nt on MLX affine 4/8-bit, e2m1 (MXFP4, NVFP4) and int4 weights
 // (WeightMatrix::int8_activations): activations quantized to int8 per weight group, integer dot
-// products with the codes, one float multiply-add per group. For few rows of A (decode and small batches), where the
-// exact kernel's per-weight unpack-convert-dequantize is the cost and the weights are streamed once; where the CPU has
-// AMX-INT8, for many rows too (the AMX kernel below).
+// products with the codes, one float multiply-add per group. For few rows of A (decode and small
+// batches), where the exact kernel's per-weight unpack-convert-dequantize is the cost and the
+// weights are streamed once; where the CPU has AMX-INT8, for many rows too (the AMX kernel below,
+// MLX affine only).
 //
 // Per row m of A and weight group g of gs inputs:
 //   d[m,g] = max_k |x| / 127, q[m,k] = clamp(rint(x · (127 / max_k |x|)), -127, 127)
@@ -178,7 +179,10 @@ void store(const Output& C, std::int64_t m, std::int64_t n, float v) {
 struct F8Table {
   float v[256];
   explicit F8Table(DType dtype) {
-    for (int b = 0; b < 256; ++b) v[b] = load_f32(&b, dtype, 0);  // little endian: b's low byte
+    for (int b = 0; b < 256; ++b) {
+      const auto byte = static_cast<std::uint8_t>(b);
+      v[b] = load_f32(&byte, dtype, 0);
+    }
   }
 };
 
