@@ -212,8 +212,8 @@ Plan check_options(const Options& o) {
                                                           << s->name << " (D = " << s->D << ", F = " << s->F
                                                           << ") does not divide"));
     if (d.bf16_act && p.train)
-      throw std::invalid_argument("--mode train trains f32 parameters; bf16-act is forward only");
-    if (d.bf16_act && kernels::bf16_path() != kernels::Bf16Path::amx &&
+      throw std::invalid_argument("--mode train trains f32 parameters; " + d.name() + " is forward only");
+    if (d.bf16_act && !d.quantized() && kernels::bf16_path() != kernels::Bf16Path::amx &&
         std::find(p.layouts.begin(), p.layouts.end(), "rows") == p.layouts.end())
       throw std::invalid_argument(std::string("--dtype bf16-act needs --layout rows on this CPU: the bf16 compute mode "
                                               "packs (AMX tiles) on the amx path only, and it runs ") +
@@ -296,7 +296,7 @@ void run_bench(const Options& o) {
         if (d.quantized() && lay != p.layouts.front()) continue;
         // The bf16 compute mode packs AMX tiles on the amx path ("panels" then means them) and
         // reads rows on its other paths.
-        if (d.bf16_act && lay != "rows" && kernels::bf16_path() != kernels::Bf16Path::amx) continue;
+        if (d.bf16_act && !d.quantized() && lay != "rows" && kernels::bf16_path() != kernels::Bf16Path::amx) continue;
         for (Row& r : run_shape(*s, d, lay, p, limits, progress)) rows.push_back(std::move(r));
       }
 

@@ -15,10 +15,11 @@ const char* const kDtypeList =
     "f32, bf16, f16; q2, q3, q4, q5, q6, q8 (MLX affine, group 64, bf16 scales); mxfp4 (e2m1, group 32, "
     "e8m0 scales); nvfp4 (e2m1, group 16, e4m3 scales); int4 (compressed-tensors, group 32, bf16 scales); "
     "q4-int8, q8-int8, mxfp4-int8, nvfp4-int8, int4-int8 (the int8 fast mode); fp8 (e4m3, 128 x 128 "
-    "blocks, f32 scales); bf16-act (bf16 weights, bf16 compute mode)";
+    "blocks, f32 scales); bf16-act (bf16 weights, bf16 compute mode); fp8-bf16-act (the fp8 weights, bf16 "
+    "compute mode)";
 
 std::string WeightFormat::name() const {
-  if (bf16_act) return "bf16-act";
+  if (bf16_act) return quantized() ? "fp8-bf16-act" : "bf16-act";
   if (!quantized()) return dtype_name(dtype);
   std::string n = element == Element::e2m1   ? (nv ? "nvfp4" : "mxfp4")
                   : element == Element::int4 ? "int4"
@@ -97,10 +98,11 @@ std::vector<WeightFormat> parse_dtypes(const std::string& text) {
       f.bits = 4;
       f.element = item == "int4" ? Element::int4 : Element::e2m1;
       f.nv = item == "nvfp4";
-    } else if (item == "fp8") {
+    } else if (item == "fp8" || item == "fp8-bf16-act") {
       f.dtype = DType::u8;
       f.bits = 8;
       f.element = Element::e4m3;
+      f.bf16_act = item == "fp8-bf16-act";
     } else {
       throw std::invalid_argument("--dtype '" + listed + "' is not a weight format moekit runs (expected " +
                                   kDtypeList + ")");
@@ -168,7 +170,7 @@ std::unique_ptr<MoeLayer> build_layer(const BenchShape& s, const WeightFormat& f
   MoeWeights w = synth::random_weights(cfg, format.spec(), seed);
   auto layer = std::make_unique<MoeLayer>(std::move(cfg), std::move(w));
   if (format.bf16_act) layer->set_bf16_activations(true);  // first: packing then takes its layout
-  if (panels) layer->pack_weights();
+  if (panels && !format.quantized()) layer->pack_weights();  // quantized experts are read in place
   if (format.int8) layer->set_int8_activations(true);
   return layer;
 }

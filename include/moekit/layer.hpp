@@ -117,10 +117,13 @@ class MoeLayer {
   /// intermediate) to bf16 and multiply them with the bf16 weights as exact bf16 × bf16 products
   /// summed in fp32 (AMX or AVX512-BF16 where the CPU has them). The router, the shared-expert
   /// gate, the projections' outputs, the activation and the combine stay fp32. Deterministic for
-  /// any thread count. Needs every expert matrix bf16 in rows layout (or AMX tiles): throws
-  /// std::invalid_argument naming the first that is not (f32/f16 weights, pack_weights()'s
-  /// panels, quantized experts). Turning it off after pack_weights() packed AMX tiles throws
-  /// too. Not thread-safe against concurrent forwards.
+  /// any thread count. Needs every expert matrix bf16 in rows layout (or AMX tiles), or FP8
+  /// (e4m3, as released): FP8 weights are decoded as the release's reference decodes them and
+  /// rounded to bf16 — what a framework running the release in bf16 multiplies by — a block of
+  /// rows at a time, never the whole matrix. Throws std::invalid_argument naming the first matrix
+  /// that is neither (f32/f16 weights, pack_weights()'s panels, other quantized formats). Turning
+  /// it off after pack_weights() packed AMX tiles throws too. Not thread-safe against concurrent
+  /// forwards.
   void set_bf16_activations(bool on);
   bool bf16_activations() const noexcept { return weights_.experts.bf16_activations; }
 

@@ -116,9 +116,11 @@ void validate_bf16_activations(const ExpertWeights& w, const char* what) {
   for (const auto& item : mats) {
     const ExpertMatrix& m = *item.first;
     if (!m.defined()) continue;
-    if (m.quantized() || m.dtype != DType::bf16 || m.layout == MatrixLayout::panels)
+    // bf16 weights, or FP8 ones (decoded and rounded to bf16 a block at a time), in place.
+    const bool fp8 = m.quantized() && m.format.element == Element::e4m3 && m.layout == MatrixLayout::rows;
+    if (!fp8 && (m.quantized() || m.dtype != DType::bf16 || m.layout == MatrixLayout::panels))
       throw std::invalid_argument(MOEKIT_MSG(
-          "[moekit] the bf16 compute mode multiplies bf16 weights read in rows "
+          "[moekit] the bf16 compute mode multiplies bf16 or FP8 weights read in rows "
           "layout, but "
           << what << "." << item.second << " is " << (m.packed() ? "packed in panels, " : "") << m.describe()));
   }

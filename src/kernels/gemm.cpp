@@ -197,9 +197,70 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
   }, panels);
 }
 
+namespace {
+
+// Rows of a quantized B decoded per thread, a block at a time, for the bf16 compute mode.
+constexpr std::int64_t kDecodedRows = 32;
+
+// Rows [n0, n0 + rows) of B (decode_dtype bf16: each weight already a bf16 value) as a bf16 rows
+// matrix in this thread's scratch, valid until its next call: decoded to f32, then narrowed by
+// round_to_bf16's kernel (exact: nothing is left to round).
+WeightMatrix decoded_bf16(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K) {
+  thread_local std::vector<float> wide;
+  thread_local std::vector<std::uint16_t> narrow;
+  wide.resize(static_cast<std::size_t>(rows * K));
+  narrow.resize(wide.size());
+  dequantize_rows(B, n0, rows, K, wide.data());
+  detail::round_rows_bf16({wide.data(), K}, rows, K, false, narrow.data(), K);
+  return WeightMatrix{narrow.data(), DType::bf16, K};
+}
+
+// gemm_nt_bf16 on quantized weights (FP8): every weight decoded exactly as the format's reference
+// decodes it and rounded to bf16 (what a framework does when it runs an FP8 release in bf16),
+// then multiplied as a bf16 weight: on f32_fma by the exact kernel on the rounded decode, on
+// avx512bf16 and amx by their kernels on blocks of kDecodedRows decoded rows — the same values
+// on every path, and each path's bits those of its kernel on the decoded bf16 matrix.
+void gemm_nt_bf16_decoded(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                          std::int64_t N, std::int64_t K, Threads threads) {
+  WeightMatrix R = B;
+  R.format.decode_dtype = DType::bf16;
+  R.int8_activations = false;
+  if (A.path == Bf16Path::f32_fma) return gemm_nt({static_cast<const float*>(A.data), A.ld}, R, C, M, N, K, threads);
+  if (M <= 0 || N <= 0) return;
+  // Columns [n0, n1) of C for rows [m0, m1), a decoded block at a time.
+  const auto blocks = [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1, const auto& kernel) {
+    for (std::int64_t n = n0; n < n1; n += kDecodedRows) {
+      const std::int64_t rows = std::min(kDecodedRows, n1 - n);
+      kernel(decoded_bf16(R, n, rows, K), block_of(C, m0, n), m1 - m0, rows);
+    }
+  };
+  if (A.path == Bf16Path::amx) {
+    const std::int64_t panels = (M + kAmxRows - 1) / kAmxRows, pairs = (N + 31) / 32;
+    split_amx(panels, pairs, threads, [&](std::int64_t p0, std::int64_t p1, std::int64_t q0, std::int64_t q1) {
+      const std::int64_t m0 = p0 * kAmxRows, m1 = std::min(M, p1 * kAmxRows);
+      Bf16Activations a = A;
+      a.data = static_cast<const std::uint16_t*>(A.data) + p0 * kAmxRows * A.ld;
+      blocks(m0, m1, q0 * 32, std::min(N, q1 * 32),
+             [&](const WeightMatrix& w, const Output& c, std::int64_t rows_m, std::int64_t rows_n) {
+               detail::gemm_nt_bf16_amx(a, w, c, rows_m, rows_n, K);
+             });
+    });
+    return;
+  }
+  const Bf16Rows rows{static_cast<const std::uint16_t*>(A.data), A.ld};
+  split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
+    blocks(m0, m1, n0, n1, [&](const WeightMatrix& w, const Output& c, std::int64_t rows_m, std::int64_t rows_n) {
+      detail::gemm_nt_bf16_avx512(rows.from(m0), w, c, rows_m, rows_n, K);
+    });
+  });
+}
+
+}  // namespace
+
 void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                   std::int64_t K, Threads threads) {
-  check_weights("gemm_nt_bf16", B, false);
+  check_weights("gemm_nt_bf16", B, B.quantized() && B.format.element == Element::e4m3);
+  if (B.quantized()) return gemm_nt_bf16_decoded(A, B, C, M, N, K, threads);
   if (A.path == Bf16Path::f32_fma) return gemm_nt({static_cast<const float*>(A.data), A.ld}, B, C, M, N, K, threads);
   if (A.path == Bf16Path::amx) {
     // Split in whole pairs of activation panels (kAmxRows rows each, the packed form's unit) or

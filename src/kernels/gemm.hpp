@@ -294,7 +294,10 @@ inline std::size_t bf16_activation_bytes(std::int64_t rows, std::int64_t K, Bf16
 Bf16Activations round_to_bf16(const RowSource& A, std::int64_t rows, std::int64_t K, Bf16Path path, void* dst);
 
 /// C[M, N] (+)= A[M, K] · B[N, K]ᵀ on A's path; B bf16 in rows layout, or in amx_tiles on the amx
-/// path (preconditions, unchecked). Both layouts give the same bits.
+/// path (preconditions, unchecked). Both layouts give the same bits. B may also be FP8 (e4m3, any
+/// block scales) in rows layout: each weight is decoded as its format's reference decodes it and
+/// rounded to bf16 (decode_dtype bf16), a block of rows at a time into per-thread scratch, and
+/// multiplied as that bf16 matrix would be — the same bits as gemm_nt_bf16 on the decoded matrix.
 void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                   std::int64_t N, std::int64_t K, Threads threads = Threads::pool);
 

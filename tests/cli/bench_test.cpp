@@ -241,10 +241,11 @@ TEST(BenchCli, AQuantizedFormatMustDivideTheShape) {
   EXPECT_NE(ok.out.find(",tiny,mxfp4,mxfp4,4,"), std::string::npos) << ok.out;
 }
 
-// The fast mode of the signed 4-bit formats: its own rows beside the exact ones.
+// The fast mode of the signed 4-bit formats and FP8 in the bf16 compute mode: their own rows beside
+// the exact ones (with the default layouts, panels first: quantized rows run once, in place).
 TEST(BenchCli, SignedFormatsHaveFastModeRows) {
-  const BenchRun r = run_bench(
-      tiny({"--dtype", "mxfp4,mxfp4-int8,nvfp4-int8,int4-int8", "--tokens", "1", "--threads", "1", "-o", "csv"}));
+  const BenchRun r = run_bench(tiny({"--dtype", "mxfp4,mxfp4-int8,nvfp4-int8,int4-int8,fp8-bf16-act", "--tokens", "1",
+                                     "--threads", "1", "-o", "csv"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* name :
        {",mxfp4,mxfp4,1,", ",mxfp4-int8,mxfp4-int8,1,", ",nvfp4-int8,nvfp4-int8,1,", ",int4-int8,int4-int8,1,"})

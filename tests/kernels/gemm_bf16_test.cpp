@@ -271,6 +271,65 @@ TEST(GemmBf16, AnyThreadCountGivesTheSameBits) {
   set_num_threads(before);
 }
 
+// FP8 weights (e4m3 with block scales, as released) in the bf16 compute mode: on every path the
+// bits of the same path on the bf16 matrix that decoding with decode_dtype bf16 gives (a weight
+// decoded as the reference decodes it, rounded to bf16), on 1 and 3 threads — 128 x 128 blocks
+// with ragged edges, a thread's share starting inside a block, rows of several decoded blocks.
+TEST(GemmBf16, Fp8WeightsAreTheirBf16RoundedDecode) {
+  std::mt19937 rng(21);
+  const int before = num_threads();
+  for (const moekit::WeightFormat f :
+       {moekit::WeightFormat::fp8(128, 128, DType::f32), moekit::WeightFormat::fp8(1, 200, DType::bf16)}) {
+    const std::int64_t N = 150, K = 200;
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(N * K));
+    for (auto& b : codes) {
+      b = static_cast<std::uint8_t>(rng());
+      if ((b & 0x7F) == 0x7F) b ^= 1;  // e4m3's NaNs made numbers
+    }
+    const std::int64_t srows = (N + f.block_rows - 1) / f.block_rows, scols = (K + f.block_cols - 1) / f.block_cols;
+    std::vector<float> s32(static_cast<std::size_t>(srows * scols));
+    std::vector<std::uint16_t> s16(s32.size());
+    for (std::size_t i = 0; i < s32.size(); ++i) {
+      s32[i] = std::ldexp(1.0f + static_cast<float>(rng() % 256) / 256.0f, -7 - static_cast<int>(rng() % 3));
+      s16[i] = f32_to_bf16(s32[i]);
+    }
+    WeightMatrix q{codes.data(), DType::u8, K};
+    q.format = f;
+    q.scales = f.scale_dtype == DType::f32 ? static_cast<const void*>(s32.data()) : s16.data();
+    q.scale_ld = scols;
+    WeightMatrix r = q;
+    r.format.decode_dtype = DType::bf16;
+    std::vector<float> decoded(static_cast<std::size_t>(N * K));
+    kernels::dequantize_rows(r, 0, N, K, decoded.data());
+    std::vector<std::uint16_t> wb(decoded.size());
+    for (std::size_t i = 0; i < wb.size(); ++i) {
+      wb[i] = f32_to_bf16(decoded[i]);
+      ASSERT_EQ(bf16_to_f32(wb[i]), decoded[i]) << "decode_dtype bf16 gives bf16 values";
+    }
+    const WeightMatrix dense{wb.data(), DType::bf16, K};
+    for (const Bf16Path path : kernels::kBf16Paths) {
+      if (!kernels::bf16_path_supported(path)) continue;
+      SCOPED_TRACE(kernels::bf16_path_name(path));
+      for (const std::int64_t M : {1, 5, 40}) {
+        std::vector<float> x(static_cast<std::size_t>(M * K));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& v : x) v = nd(rng);
+        std::vector<float> buf = activation_buffer(M, K, path);
+        const kernels::Bf16Activations A = kernels::round_to_bf16({x.data(), K}, M, K, path, buf.data());
+        std::vector<float> want(static_cast<std::size_t>(M * N)), got(want.size());
+        kernels::gemm_nt_bf16(A, dense, {want.data(), N}, M, N, K, kernels::Threads::caller);
+        for (const int t : {1, 3}) {
+          set_num_threads(t);
+          std::fill(got.begin(), got.end(), -1.0f);
+          kernels::gemm_nt_bf16(A, q, {got.data(), N}, M, N, K);
+          expect_bitwise(got, want);
+        }
+      }
+    }
+  }
+  set_num_threads(before);
+}
+
 TEST(GemmBf16, RoundToBf16MatchesTheScalarConversionOnEveryTarget) {
   std::vector<float> v = {0.0f, -0.0f, 1.0f, 1.00390625f /* tie, even */, 1.01171875f /* tie, odd */,
                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),

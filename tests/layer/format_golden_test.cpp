@@ -505,42 +505,60 @@ TEST(Int4Errors, TensorsMustAgreeWithTheScheme) {
                {"ignore entry 're:(unclosed'", "not a valid regular expression"});
 }
 
+// A float folder holding release `src`'s reference-decoded weights at `flt`: quantized tensors
+// (codes, scales, packed words, shapes) replaced by the decoded `.weight` — rounded to bf16 and
+// stored as BF16 with `bf16` — every other tensor copied as stored.
+void write_decoded_folder(const std::string& src, const fs::path& flt, bool bf16) {
+  fs::create_directories(flt);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+  cfg.erase("quantization_config");
+  std::ofstream(flt / "config.json") << cfg.dump(2);
+  const auto stored = Checkpoint::open(src + "/model.safetensors");
+  const auto decoded = Checkpoint::open(src + "/reference/decoded.safetensors");
+  std::vector<Stored> tensors;
+  const auto ends_with = [](const std::string& a, const std::string& b) {
+    return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
+  };
+  for (const auto* ck : {&stored, &decoded})
+    for (const std::string& name : (*ck)->names()) {
+      const TensorInfo& info = (*ck)->info(name);
+      if (ck == &stored && (decoded->contains(name) || ends_with(name, "_scale_inv") || ends_with(name, "_scale") ||
+                            ends_with(name, "_packed") || ends_with(name, "_shape")))
+        continue;
+      const std::uint8_t* p = (*ck)->bytes(name);
+      Stored t{name, info.dtype_name, info.shape, std::vector<std::uint8_t>(p, p + (info.end - info.begin))};
+      if (bf16 && ck == &decoded) {
+        ASSERT_EQ(info.dtype_name, "F32") << name;
+        std::vector<std::uint8_t> out(t.bytes.size() / 2);
+        for (std::size_t i = 0; i < out.size() / 2; ++i) {
+          float v;
+          std::memcpy(&v, t.bytes.data() + 4 * i, 4);
+          const std::uint16_t h = f32_to_bf16(v);
+          std::memcpy(out.data() + 2 * i, &h, 2);
+        }
+        t.dtype = "BF16";
+        t.bytes = std::move(out);
+      }
+      tensors.push_back(std::move(t));
+    }
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const Stored& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes.size()});
+  SafetensorsWriter out((flt / "model.safetensors").string(), entries);
+  for (const Stored& t : tensors) out.write(t.bytes.data(), t.bytes.size());
+  out.commit();
+}
+
 // `moekit backward` on a release in a quantized format writes the gradients of the decoded
 // weights under the stored modules' names: the same file, byte for byte, as on a float folder
 // holding the reference's decoded weights (the float path is held to torch autograd by
-// GradGolden). Quantized tensors (codes, scales, packed words, shapes) are replaced there by the
-// decoded `.weight`; every other tensor is copied as stored.
+// GradGolden).
 TEST(ReleaseBackward, GradientsOfTheDecodedWeightsUnderTheStoredNames) {
   const fs::path tmp = fs::temp_directory_path() / "moekit_release_backward";
   fs::remove_all(tmp);
   for (const std::string& src : {kFp8Block, kInt4, kFp8Channel}) {
     SCOPED_TRACE(src);
     const fs::path flt = tmp / fs::path(src).filename();
-    fs::create_directories(flt);
-    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/config.json"));
-    cfg.erase("quantization_config");
-    std::ofstream(flt / "config.json") << cfg.dump(2);
-    const auto stored = Checkpoint::open(src + "/model.safetensors");
-    const auto decoded = Checkpoint::open(src + "/reference/decoded.safetensors");
-    std::vector<Stored> tensors;
-    const auto ends_with = [](const std::string& a, const std::string& b) {
-      return a.size() >= b.size() && a.compare(a.size() - b.size(), b.size(), b) == 0;
-    };
-    for (const auto* ck : {&stored, &decoded})
-      for (const std::string& name : (*ck)->names()) {
-        const TensorInfo& info = (*ck)->info(name);
-        if (ck == &stored && (decoded->contains(name) || ends_with(name, "_scale_inv") || ends_with(name, "_scale") ||
-                              ends_with(name, "_packed") || ends_with(name, "_shape")))
-          continue;
-        const std::uint8_t* p = (*ck)->bytes(name);
-        tensors.push_back(
-            {name, info.dtype_name, info.shape, std::vector<std::uint8_t>(p, p + (info.end - info.begin))});
-      }
-    std::vector<SafetensorsWriter::Entry> entries;
-    for (const Stored& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes.size()});
-    SafetensorsWriter out((flt / "model.safetensors").string(), entries);
-    for (const Stored& t : tensors) out.write(t.bytes.data(), t.bytes.size());
-    out.commit();
+    write_decoded_folder(src, flt, false);
     const auto run = [&](const std::string& model, const std::string& file) {
       const testing::RunResult r =
           testing::run_cli({"backward", "--model", model, "--layer", "1", "--input", src + "/input.npy",
@@ -560,6 +578,39 @@ TEST(ReleaseBackward, GradientsOfTheDecodedWeightsUnderTheStoredNames) {
       EXPECT_EQ(std::memcmp(q->bytes(name), f->bytes(name), a.end - a.begin), 0) << name;
     }
   }
+  fs::remove_all(tmp);
+}
+
+// FP8 releases in the bf16 compute mode: the bits of the bf16 mode on a bf16 folder holding the
+// reference's decoded weights rounded to bf16 (what a framework running the release in bf16
+// multiplies by), on 1 and 2 threads; close to the exact forward, with its routing.
+TEST(Fp8Golden, Bf16ComputeModeIsTheBf16RoundedRelease) {
+  const fs::path tmp = fs::temp_directory_path() / "moekit_fp8_bf16_mode";
+  fs::remove_all(tmp);
+  const int before = num_threads();
+  for (const std::string& src : {kFp8Block, kFp8Channel}) {
+    SCOPED_TRACE(src);
+    const fs::path flt = tmp / fs::path(src).filename();
+    write_decoded_folder(src, flt, true);
+    MoeLayer fp8 = load_moe_layer(src, 1), bf16 = load_moe_layer(flt.string(), 1);
+    const Tensor x = read_npy(src + "/input.npy");
+    ForwardInfo exact_info, info;
+    const Tensor exact = fp8.forward(x, &exact_info);
+    fp8.set_bf16_activations(true);
+    bf16.set_bf16_activations(true);
+    const Tensor want = bf16.forward(x);
+    for (const int t : {1, 2}) {
+      set_num_threads(t);
+      const Tensor got = fp8.forward(x, &info);
+      ASSERT_EQ(got.nbytes(), want.nbytes());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.nbytes()), 0) << "threads " << t;
+    }
+    EXPECT_EQ(std::memcmp(info.routing.ids.data(), exact_info.routing.ids.data(), info.routing.ids.nbytes()), 0);
+    const double rel = testing::relative_rms(want, exact);
+    EXPECT_GT(rel, 0.0) << "the bf16 mode ran";
+    EXPECT_LT(rel, 2e-2);
+  }
+  set_num_threads(before);
   fs::remove_all(tmp);
 }
 
