@@ -280,6 +280,40 @@ HWY_INLINE void DecodeRowsWith(const WeightMatrix& B, int64_t n0, int64_t rows, 
   (void)simd;
 }
 
+// DecodeRowsWith for a view whose values are bf16 ones (decode_dtype bf16): each decoded vector
+// narrowed to its bf16 bits as it is stored (exact), one pass instead of an f32 row and a second
+// conversion pass (the bf16 compute mode's decoded blocks, gemm.cpp).
+template <class View, bool kInRegisters, class Scalar>
+HWY_INLINE void DecodeRowsBf16With(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, uint16_t* dst,
+                                   const Scalar& scalar) {
+  const bool simd = kInRegisters && ViewFits(B, K);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* d = dst + r * K;
+    const int64_t n = n0 + r;
+    if constexpr (kInRegisters) {
+      if (simd) {
+        const View view{B};
+        const DF df;
+        const hn::RebindToUnsigned<DF> du;
+        const hn::Rebind<uint16_t, DF> d16;
+        const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+        const auto row = view.row(n);
+        for (int64_t g0 = 0; g0 < K; g0 += view.group()) {
+          const typename View::Scale sc = view.scale(n, g0);
+          const int64_t g1 = std::min(g0 + view.group(), K);
+          for (int64_t k = g0; k < g1; k += L) {
+            const auto bits = hn::ShiftRight<16>(hn::BitCast(du, view.decode(df, row, k, K, sc)));
+            hn::StoreU(hn::TruncateTo(d16, bits), d16, d + k);
+          }
+        }
+        continue;
+      }
+    }
+    for (int64_t k = 0; k < K; ++k) d[k] = f32_to_bf16(scalar(B, n, k));  // exact: a bf16 value
+  }
+  (void)simd;
+}
+
 }  // namespace moekit::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

@@ -203,16 +203,12 @@ namespace {
 constexpr std::int64_t kDecodedRows = 32;
 
 // Rows [n0, n0 + rows) of B (decode_dtype bf16: each weight already a bf16 value) as a bf16 rows
-// matrix in this thread's scratch, valid until its next call: decoded to f32, then narrowed by
-// round_to_bf16's kernel (exact: nothing is left to round).
+// matrix in this thread's scratch, valid until its next call.
 WeightMatrix decoded_bf16(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K) {
-  thread_local std::vector<float> wide;
-  thread_local std::vector<std::uint16_t> narrow;
-  wide.resize(static_cast<std::size_t>(rows * K));
-  narrow.resize(wide.size());
-  dequantize_rows(B, n0, rows, K, wide.data());
-  detail::round_rows_bf16({wide.data(), K}, rows, K, false, narrow.data(), K);
-  return WeightMatrix{narrow.data(), DType::bf16, K};
+  thread_local std::vector<std::uint16_t> scratch;
+  scratch.resize(static_cast<std::size_t>(rows * K));
+  dequantize_rows_bf16(B, n0, rows, K, scratch.data());
+  return WeightMatrix{scratch.data(), DType::bf16, K};
 }
 
 // gemm_nt_bf16 on quantized weights (FP8): every weight decoded exactly as the format's reference

@@ -154,6 +154,11 @@ struct WeightMatrix {
 /// decode: MLX affine w = fma(scale, q, bias), MXFP4 w = e2m1 value × 2^(s − 127)).
 void dequantize_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst);
 
+/// dequantize_rows for B whose decode gives bf16 values (decode_dtype bf16), stored as bf16 bits
+/// (exact); FP8 decodes straight to them.
+void dequantize_rows_bf16(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K,
+                          std::uint16_t* dst);
+
 /// Elements of the panel layout of an [N, K] matrix (N rounded up to whole panels).
 inline std::int64_t panel_elements(std::int64_t N, std::int64_t K) {
   return (N + kPanelRows - 1) / kPanelRows * kPanelRows * K;

@@ -48,6 +48,16 @@ void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, flo
   HWY_ABORT("moekit: quantized GEMM kernel reached with weights of element %d", static_cast<int>(B.format.element));
 }
 
+// Rows of B decoded to bf16 values (decode_dtype bf16) as bf16 bits: FP8 in one pass; any other
+// format through its f32 decode, narrowed.
+void DequantRowsBf16(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, uint16_t* dst) {
+  if (B.format.element == Element::e4m3) return e4m3::DequantRowsBf16(B, n0, rows, K, dst);
+  thread_local std::vector<float> wide;
+  wide.resize(static_cast<size_t>(rows * K));
+  DequantRows(B, n0, rows, K, wide.data());
+  for (size_t i = 0; i < wide.size(); ++i) dst[i] = f32_to_bf16(wide[i]);
+}
+
 bool InRegisters(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
   switch (B.format.element) {
 #define MOEKIT_FORMAT_FUSED(f) \
@@ -85,10 +95,17 @@ namespace moekit::kernels {
 
 HWY_EXPORT(GemmNtQuant);
 HWY_EXPORT(DequantRows);
+HWY_EXPORT(DequantRowsBf16);
 
 void dequantize_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst) {
   if (rows <= 0 || K <= 0) return;
   HWY_DYNAMIC_DISPATCH(DequantRows)(B, n0, rows, K, dst);
+}
+
+void dequantize_rows_bf16(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K,
+                          std::uint16_t* dst) {
+  if (rows <= 0 || K <= 0) return;
+  HWY_DYNAMIC_DISPATCH(DequantRowsBf16)(B, n0, rows, K, dst);
 }
 
 void detail::gemm_nt_quant_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
