@@ -28,7 +28,13 @@ F8_E4M3 [out, in] with `W.weight_scale` BF16 [out, 1]; the router is in `ignore`
 compressed-tensors package's own `_dequantize` (quantization/lifecycle/forward_helpers.py, run as it
 is: the weight times its scale in the scale's dtype, bf16).
 
-Each FP8 folder also holds reference/decoded.safetensors (a folder of its own, so that the
+int4_kimi_k2/ — one DeepSeek-V3 block in Kimi-K2-Thinking's layout (compressed-tensors
+"pack-quantized", symmetric int4, group 32, BF16 scales; shared experts BF16 by an `re:` ignore
+entry). int4_asym_qwen3/ — one Qwen3-MoE block in the asymmetric scheme (group 32, F16 scales,
+`weight_zero_point` I32 packed along the rows; F = 100 for ragged groups and part-filled
+zero-point words). Both decoded by compressed-tensors' own `unpack_from_int32` and `_dequantize`.
+
+Each FP8 and int4 folder also holds reference/decoded.safetensors (a folder of its own, so that the
 checkpoint's tensors are not shadowed): the reference's decode of every quantized projection
 as F32 under its stored name, for a bit-for-bit test of moekit's decode.
 
@@ -413,6 +419,64 @@ def build_int4_kimi(unpack, dequant, source):
                 margin=lg.MARGIN)
 
 
+def build_int4_asym(unpack, dequant, source):
+    """compressed-tensors' asymmetric int4 (pack-quantized, as its AWQ converter writes it): group 32,
+    F16 scales, a zero point per group packed along the rows (`weight_zero_point` I32
+    [ceil(out / 8), groups]). F = 100: ragged last groups (down's 100 inputs) and zero-point words
+    holding fewer than 8 rows (gate/up's 100 outputs)."""
+    name = "int4_asym_qwen3"
+    d = fresh_dir(name)
+    c = dict(name=name, family="qwen3_moe", seed=2032, D=128, F=100, E=8, K=2, T=16, layer=1, n_layers=2,
+             layout="per_expert", dtype="bf16", sharded=False, norm=True)
+    rng = np.random.default_rng(c["seed"])
+    D, F, E, L = c["D"], c["F"], c["E"], c["layer"]
+    G = 32
+    cfg = lg.make_config(c)
+    weights = {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": G,
+               "block_structure": None, "dynamic": False, "observer": "minmax", "actorder": None}
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
+        "ignore": ["lm_head", "re:.*mlp.gate$"]}
+    blk = f"model.layers.{L}.mlp"
+    router = lg.bf16_round(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
+    tensors = [(f"{blk}.gate.weight", router, "BF16")]
+    st = {f"{blk}.gate.weight": (router, "BF16")}
+    decoded = []
+
+    def pack_nibbles(nib, axis):
+        """Nibbles (value + 8) packed 8 to an int32 along `axis`, zero-padded (compressed-tensors' layout)."""
+        a = np.moveaxis(nib, axis, -1)
+        pad = -a.shape[-1] % 8
+        a = np.concatenate([a, np.zeros(a.shape[:-1] + (pad,), np.uint8)], axis=-1)
+        words = (a[..., 0::2] | (a[..., 1::2] << 4)).astype(np.uint8).copy().view("<i4")
+        return np.ascontiguousarray(np.moveaxis(words, -1, axis))
+
+    for e in range(E):
+        for p in ("gate_proj", "up_proj", "down_proj"):
+            module = f"{blk}.experts.{e}.{p}"
+            out, inp = (D, F) if p == "down_proj" else (F, D)
+            groups = -(-inp // G)
+            nib = rng.integers(0, 16, size=(out, inp), dtype=np.uint8)  # q + 8, every value
+            znib = rng.integers(0, 16, size=(out, groups), dtype=np.uint8)  # zero point + 8, every value
+            packed, zpacked = pack_nibbles(nib, 1), pack_nibbles(znib, 0)
+            scale = (rng.uniform(0.5, 2.0, (out, groups)) * 2.0 ** -6).astype(np.float16)
+            q = unpack(torch.from_numpy(packed), 4, torch.Size([out, inp]))
+            zp = unpack(torch.from_numpy(zpacked), 4, torch.Size([out, groups]), packed_dim=0)
+            expand = lambda t: t.repeat_interleave(G, dim=1)[:, :inp]  # noqa: E731  (a group's value per input)
+            w = dequant(q, expand(torch.from_numpy(scale)), expand(zp)).to(torch.float32).numpy()
+            tensors += [(f"{module}.weight_packed", packed, "I32"), (f"{module}.weight_scale", scale, "F16"),
+                        (f"{module}.weight_zero_point", zpacked, "I32"),
+                        (f"{module}.weight_shape", np.array([out, inp], dtype=np.int32), "I32")]
+            decoded.append((f"{module}.weight", w, "F32"))
+            st[f"{module}.weight"] = (w, "F32")
+    write_release(d, cfg, c, tensors, decoded, st, rng)
+    return dict(name=name, layer=L,
+                format="int4 asymmetric, group 32, f16 scales, zero points packed along rows (pack-quantized)",
+                decoded_by=source, reference="tools/gen_layer_goldens.py reference_torch (Qwen3MoeSparseMoeBlock)",
+                margin=lg.MARGIN)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     convert, source = mxfp4_reference()
@@ -421,6 +485,7 @@ def main():
              build_fp8_channel(channel, fp8_source)]
     unpack, dequant, int4_source = int4_references()
     cases.append(build_int4_kimi(unpack, dequant, int4_source))
+    cases.append(build_int4_asym(unpack, dequant, int4_source))
     import ml_dtypes
     recipe = dict(command="/usr/bin/python3 tools/gen_format_goldens.py", python=sys.version.split()[0],
                   numpy=np.__version__, torch=torch.__version__, ml_dtypes=ml_dtypes.__version__,

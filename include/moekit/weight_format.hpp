@@ -45,7 +45,7 @@ struct WeightFormat {
   int block_rows = 1;              ///< outputs (rows) one scale covers
   int block_cols = 0;              ///< inputs (columns) one scale covers: the group size; 0 without scales
   DType scale_dtype = DType::f32;  ///< how a scale (and a bias) is stored
-  bool has_bias = false;           ///< a bias beside every scale (MLX affine)
+  bool has_bias = false;           ///< a bias beside every scale (MLX affine; int4: its zero point)
   /// The dtype the reference rounds each decoded weight to: f32 (the product as fp32), or bf16 /
   /// f16 where the format's own code dequantizes in its scales' dtype (compressed-tensors).
   DType decode_dtype = DType::f32;
@@ -64,10 +64,11 @@ struct WeightFormat {
   static WeightFormat nvfp4() { return {Element::e2m1, 4, 1, 16, DType::f8_e4m3, false}; }
   /// MXFP8: e4m3 bytes, groups of 32 inputs, e8m0 scales (mlx's mxfp8 mode).
   static WeightFormat mxfp8() { return {Element::e4m3, 8, 1, 32, DType::f8_e8m0, false}; }
-  /// compressed-tensors' symmetric int4, groups of `group_size` inputs (a row's length for a
-  /// scale per row), decoded in `scale_dtype` as compressed-tensors does.
-  static WeightFormat int4(int group_size, DType scale_dtype) {
-    WeightFormat f{Element::int4, 4, 1, group_size, scale_dtype, false};
+  /// compressed-tensors' int4, groups of `group_size` inputs (a row's length for a scale per row),
+  /// decoded in `scale_dtype` as compressed-tensors does; `zero_point`: the asymmetric scheme, a
+  /// zero point per group beside each scale (`biases`, in the scales' dtype).
+  static WeightFormat int4(int group_size, DType scale_dtype, bool zero_point = false) {
+    WeightFormat f{Element::int4, 4, 1, group_size, scale_dtype, zero_point};
     f.decode_dtype = scale_dtype;
     return f;
   }

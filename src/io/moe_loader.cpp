@@ -15,6 +15,17 @@ namespace moekit {
 
 namespace {
 
+// Element i of a bf16, f16 or f32 array set to v (rounded to the dtype).
+void store_scalar(void* base, DType dtype, std::int64_t i, float v) {
+  auto* b = static_cast<std::uint8_t*>(base);
+  if (dtype == DType::bf16 || dtype == DType::f16) {
+    const std::uint16_t h = dtype == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+    std::memcpy(b + 2 * i, &h, 2);
+  } else {
+    std::memcpy(b + 4 * i, &v, 4);
+  }
+}
+
 using detail::replace_layer;
 
 // Reads tensors of one block, with messages that name the file, the tensor and the expectation.
@@ -224,8 +235,9 @@ class BlockReader {
            "pack-quantized int4 scheme" +
                (quant_.method.empty() ? std::string() : " (quant_method '" + quant_.method + "')"));
     if (E > 0) fail(packed, "is stacked over experts; compressed-tensors stores one tensor per expert");
-    if (!rq.symmetric || has(rel + ".weight_zero_point"))
-      fail(rel + ".weight_zero_point", "asymmetric int4 (a zero point per group) is not supported yet");
+    const std::string zname = rel + ".weight_zero_point";
+    if (rq.symmetric && has(zname))
+      fail(zname, "is present, but config.json's int4 scheme is symmetric (no zero points)");
     const std::int64_t group = rq.block_cols > 0 ? rq.block_cols : in, groups = (in + group - 1) / group;
     const auto expect = [&](const std::string& t, const Shape& shape, std::initializer_list<const char*> dtypes) {
       if (!has(t))
@@ -260,9 +272,26 @@ class BlockReader {
     const std::int64_t row_bytes = (in + 7) / 8 * 4;
     ExpertMatrix m = ExpertMatrix::stacked(TensorView(ckpt_->bytes(full(packed)), {1, out, row_bytes}, DType::u8));
     m.cols = in;  // row_stride stays the bytes per row
-    m.format = WeightFormat::int4(static_cast<int>(group), sv.dtype());
+    m.format = WeightFormat::int4(static_cast<int>(group), sv.dtype(), !rq.symmetric);
     m.scales = ExpertMatrix::stacked(TensorView(sv.data(), {1, out, groups}, sv.dtype())).experts;
     m.scale_stride = groups;
+    if (!rq.symmetric) {
+      // compressed-tensors packs the zero points along the rows: word (r / 8, g) holds row r's at
+      // bits 4 · (r mod 8), stored as z + 8. Unpacked here beside the scales, in their dtype (an
+      // owned [out, groups] array: the kernels read a zero point where they read its scale).
+      expect(zname, {(out + 7) / 8, groups}, {"I32"});
+      const std::uint8_t* zb = ckpt_->bytes(full(zname));
+      auto z =
+          std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(out * groups) * dtype_size(sv.dtype()));
+      for (std::int64_t r = 0; r < out; ++r)
+        for (std::int64_t g = 0; g < groups; ++g) {
+          const std::uint8_t byte = zb[((r / 8) * groups + g) * 4 + (r % 8) / 2];
+          const float zp = static_cast<float>(static_cast<int>((byte >> (4 * (r % 2))) & 0xF) - 8);
+          store_scalar(z->data(), sv.dtype(), r * groups + g, zp);  // exact in bf16, f16 and f32
+        }
+      m.biases = {z->data()};
+      keep.push_back(z);  // side data like FP8's pread scales: the codes stay in place
+    }
     return m;
   }
 

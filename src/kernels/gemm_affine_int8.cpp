@@ -571,8 +571,9 @@ bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::
   const int gs = f.block_cols;
   if (f.element == Element::affine)
     return (f.bits == 4 || f.bits == 8) && gs % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
-  // e2m1 and int4: whole groups of 16 or of a multiple of 32 inputs, whole 32-blocks.
-  const bool signed4 = f.element == Element::e2m1 || f.element == Element::int4;
+  // e2m1 and symmetric int4 (a zero point would need the bias term): whole groups of 16 or of a
+  // multiple of 32 inputs, whole 32-blocks.
+  const bool signed4 = f.element == Element::e2m1 || (f.element == Element::int4 && !f.has_bias);
   return signed4 && f.block_rows == 1 && (gs == 16 || gs % 32 == 0) && K % 32 == 0 && K % gs == 0 && M <= kInt8MaxRows;
 }
 

@@ -43,7 +43,7 @@ done
 
 # The released weight formats, computed in place on every rank: FP8 block-scaled (128 × 128,
 # ragged edges) and per channel, compressed-tensors int4, MXFP4 as GPT-OSS ships it, mlx's nvfp4.
-for rel in formats/fp8_deepseek_v3 formats/fp8_channel_qwen3 formats/int4_kimi_k2 formats/mxfp4_gpt_oss \
+for rel in formats/fp8_deepseek_v3 formats/fp8_channel_qwen3 formats/int4_kimi_k2 formats/int4_asym_qwen3 formats/mxfp4_gpt_oss \
   quantized/qwen3_moe_nvfp4; do
   same_as_one_process "$rel" "$goldens/../$rel" 1 "$goldens/../$rel/input.npy" 2 3
 done

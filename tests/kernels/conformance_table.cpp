@@ -523,7 +523,20 @@ std::shared_ptr<WeightFormat> scaled_format(const std::string& name, const moeki
       }
       w.scales = to_dtype(s, format.scale_dtype);
     }
-    w.w = {w.data.data(), DType::u8, bytes, kernels::WeightLayout::rows, format, w.scales.data(), nullptr, sld};
+    if (format.has_bias) {  // int4's zero points: every value in [-8, 7], in the scales' dtype
+      Tensor z({srows, sld}, DType::f32);
+      for (std::int64_t i = 0; i < z.numel(); ++i)
+        z.data_as<float>()[i] = static_cast<float>(static_cast<int>(rng() % 16) - 8);
+      w.biases = to_dtype(z, format.scale_dtype);
+    }
+    w.w = {w.data.data(),
+           DType::u8,
+           bytes,
+           kernels::WeightLayout::rows,
+           format,
+           w.scales.data(),
+           format.has_bias ? w.biases.data() : nullptr,
+           sld};
     return w;
   };
   f->decode = [](const WeightMatrix& w, std::int64_t rows, std::int64_t cols) {
@@ -583,18 +596,18 @@ std::shared_ptr<const WeightFormat> fp8_blocks_format(int block_rows, int block_
 
 // compressed-tensors' int4: every nibble (−8 … 7), groups of `group` inputs, decoded in the scale's
 // dtype; K of one and three groups, and a ragged last group.
-std::shared_ptr<const WeightFormat> int4_format(int group, DType scale_dtype) {
+std::shared_ptr<const WeightFormat> int4_format(int group, DType scale_dtype, bool zero_point = false) {
   std::vector<Case> cases;
   int i = 0;
   for (const std::int64_t M : {1, 2, 3, 7, 40})
     for (const std::int64_t N : {13, 70})
       for (const std::int64_t K : {std::int64_t{group}, std::int64_t{3} * group, std::int64_t{group} + 16})
         cases.push_back(variant(M, N, K, i++ % 4));
-  std::string name = "int4g" + std::to_string(group) + dtype_name(scale_dtype);
+  std::string name = "int4g" + std::to_string(group) + dtype_name(scale_dtype) + (zero_point ? "zp" : "");
   auto f = scaled_format(
-      name, moekit::WeightFormat::int4(group, scale_dtype), [](std::uint8_t b) { return b; },
+      name, moekit::WeightFormat::int4(group, scale_dtype, zero_point), [](std::uint8_t b) { return b; },
       make_set("groups", std::move(cases)));
-  if (group % 32 == 0) return with_int8(f, group);
+  if (group % 32 == 0 && !zero_point) return with_int8(f, group);
   return f;
 }
 
@@ -621,6 +634,8 @@ const std::vector<std::shared_ptr<const WeightFormat>>& weight_formats() {
     out.push_back(int4_format(32, DType::bf16));  // Kimi-K2-Thinking's
     out.push_back(int4_format(128, DType::f16));
     out.push_back(int4_format(64, DType::f32));
+    out.push_back(int4_format(32, DType::f16, true));  // compressed-tensors' asymmetric scheme (AWQ)
+    out.push_back(int4_format(128, DType::bf16, true));
     return out;
   }();
   return formats;

@@ -198,7 +198,8 @@ TEST(Fp8Golden, WidensExactlyForTraining) {
 
 // ---- int4 (compressed-tensors pack-quantized) ------------------------------------------------
 
-const std::string kInt4 = kDir + "/int4_kimi_k2";  // routed experts int4 group 32 BF16; shared BF16 (ignored)
+const std::string kInt4 = kDir + "/int4_kimi_k2";         // routed experts int4 group 32 BF16; shared BF16 (ignored)
+const std::string kInt4Asym = kDir + "/int4_asym_qwen3";  // asymmetric: zero points, F16 scales
 
 TEST(Int4Golden, LoadsInPlaceAndMatchesCompressedTensors) {
   const MoeLayer layer = load_moe_layer(kInt4, 1);
@@ -219,6 +220,32 @@ TEST(Int4Golden, LoadsInPlaceAndMatchesCompressedTensors) {
   const MoeLayer trainable = make_trainable_layer(layer.config(), p, w.selection_bias);
   const Tensor y = layer.forward(x), y_trainable = trainable.forward(x);
   EXPECT_EQ(std::memcmp(y.data(), y_trainable.data(), y.nbytes()), 0) << "the widened layer computes other bits";
+}
+
+// compressed-tensors' asymmetric int4: a zero point per group (packed along the rows, unpacked at
+// load beside the scales), F16 scales and the weights decoded in f16; ragged last groups and
+// zero-point words of fewer than 8 rows. The fast mode stays exact on it (no bias term there).
+
+TEST(Int4Golden, AsymmetricDecodesAsCompressedTensors) {
+  MoeLayer layer = load_moe_layer(kInt4Asym, 1);
+  const MoeWeights& w = layer.weights();
+  for (const ExpertMatrix* m : {&w.experts.gate, &w.experts.up, &w.experts.down}) {
+    EXPECT_EQ(m->format, WeightFormat::int4(32, DType::f16, true));
+    EXPECT_EQ(m->describe(), "int4 (asymmetric, group 32, f16 scales, decoded in f16)");
+  }
+  EXPECT_TRUE(w.mapped) << "the codes are used in place";
+  expect_release_decoded(kInt4Asym, layer);
+  const Tensor x = read_npy(kInt4Asym + "/input.npy");
+  const Tensor y = layer.forward(x);
+  const testing::MaxDiff d = testing::max_diff(y, read_npy(kInt4Asym + "/output.npy"));
+  EXPECT_LE(d.err, 1e-5 * d.ref) << "max |y - y_ref| = " << d.err << ", max |y_ref| = " << d.ref;
+  const MoeTensors p = trainable_parameters(layer);
+  const MoeLayer trainable = make_trainable_layer(layer.config(), p, w.selection_bias);
+  const Tensor y_trainable = trainable.forward(x);
+  EXPECT_EQ(std::memcmp(y.data(), y_trainable.data(), y.nbytes()), 0) << "the widened layer computes other bits";
+  layer.set_int8_activations(true);
+  const Tensor y_fast = layer.forward(x);
+  EXPECT_EQ(std::memcmp(y.data(), y_fast.data(), y.nbytes()), 0) << "asymmetric int4 stays on the exact kernels";
 }
 
 // ---- bad files -----------------------------------------------------------------------------
@@ -482,7 +509,22 @@ TEST(Int4Errors, TensorsMustAgreeWithTheScheme) {
                      }
                    },
                    kInt4),
-               {up + ".weight_zero_point", "asymmetric int4", "not supported"});
+               {up + ".weight_zero_point", "is present", "symmetric (no zero points)"});
+  // The asymmetric scheme needs every quantized module's zero points, packed along the rows.
+  const auto asymmetric = [](nlohmann::json& c) {
+    c["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = false;
+  };
+  expect_error(mutated("int4_asym_no_zero_point", asymmetric, kKeepTensors, kInt4),
+               {".weight_zero_point", "is missing", "(8, 4)", "group 32 of 128 inputs"});
+  expect_error(mutated(
+                   "int4_asym_zero_point_shape", asymmetric,
+                   [&](Stored& s) {
+                     if (s.name == up + ".weight_shape") {
+                       s.name = up + ".weight_zero_point";  // [2] I32: not [ceil(64 / 8), 4]
+                     }
+                   },
+                   kInt4),
+               {".weight_zero_point", "expected"});
   expect_error(
       mutated(
           "int4_not_ignored", [](nlohmann::json& c) { c["quantization_config"]["ignore"] = {"lm_head"}; }, kKeepTensors,
@@ -523,7 +565,7 @@ void write_decoded_folder(const std::string& src, const fs::path& flt, bool bf16
     for (const std::string& name : (*ck)->names()) {
       const TensorInfo& info = (*ck)->info(name);
       if (ck == &stored && (decoded->contains(name) || ends_with(name, "_scale_inv") || ends_with(name, "_scale") ||
-                            ends_with(name, "_packed") || ends_with(name, "_shape")))
+                            ends_with(name, "_packed") || ends_with(name, "_shape") || ends_with(name, "_zero_point")))
         continue;
       const std::uint8_t* p = (*ck)->bytes(name);
       Stored t{name, info.dtype_name, info.shape, std::vector<std::uint8_t>(p, p + (info.end - info.begin))};
@@ -555,7 +597,7 @@ void write_decoded_folder(const std::string& src, const fs::path& flt, bool bf16
 TEST(ReleaseBackward, GradientsOfTheDecodedWeightsUnderTheStoredNames) {
   const fs::path tmp = fs::temp_directory_path() / "moekit_release_backward";
   fs::remove_all(tmp);
-  for (const std::string& src : {kFp8Block, kInt4, kFp8Channel}) {
+  for (const std::string& src : {kFp8Block, kInt4, kFp8Channel, kInt4Asym}) {
     SCOPED_TRACE(src);
     const fs::path flt = tmp / fs::path(src).filename();
     write_decoded_folder(src, flt, false);

@@ -1,8 +1,9 @@
 // Signed int4 weights in registers (per-target Highway header; the format's rules: int4.hpp).
 //
 // Int4B is the format's view for dot-inl.h's tiles: a vector of nibbles is unpacked from the row
-// (codes-inl.h, as 4-bit codes), converted to f32 and offset by −8 (exact), multiplied by the
-// group's scale and rounded to the format's decode dtype as the reference rounds it (RoundTo), so
+// (codes-inl.h, as 4-bit codes), converted to f32 and offset by −8 and, for an asymmetric scheme,
+// by the group's zero point (exact), multiplied by the group's scale and rounded to the format's
+// decode dtype as the reference rounds it (RoundTo), so
 // the tiles see exactly the reference decode's values. On targets of 16 lanes those 16 possible
 // values are computed once per group and a vector of nibbles is one table lookup.
 #if defined(MOEKIT_KERNELS_FORMATS_INT4_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -27,10 +28,11 @@ constexpr bool kInRegisters = kUnpacks<4> && kLanes >= 4;  // nibble pairs: not 
 struct Int4B {
   static constexpr bool kGrouped = true;
   using Row = const std::uint8_t*;
-  // The group's scale, and on targets of 16 lanes its 16 decoded values (nibble − 8) × scale,
-  // rounded as the format says: a vector's weights are then one table lookup.
+  // The group's scale and zero point, and on targets of 16 lanes its 16 decoded values
+  // (nibble − 8 − zero point) × scale, rounded as the format says: a vector's weights are then one
+  // table lookup.
   struct Scale {
-    float s;
+    float s, z;
     hn::Vec<DF> values;
   };
   WeightMatrix B;  // a copy: the tiles then reach its fields through one pointer, not two
@@ -41,13 +43,15 @@ struct Int4B {
   NextRows next(int64_t, int64_t, int64_t, int64_t) const { return {}; }  // GroupedTile prefetches
   Scale scale(int64_t n, int64_t k) const {
     const DF df;
-    const float s = load_f32(B.scales, B.format.scale_dtype, scale_index(B, n, k));
+    const int64_t i = scale_index(B, n, k);
+    const float s = load_f32(B.scales, B.format.scale_dtype, i);
+    const float z = B.format.has_bias ? load_f32(B.biases, B.format.scale_dtype, i) : 0.0f;
     if constexpr (kLanes >= 16) {
       const hn::RebindToSigned<DF> di;
-      const auto q = hn::ConvertTo(df, hn::Sub(hn::Iota(di, 0), hn::Set(di, 8)));
-      return {s, RoundTo(df, hn::Mul(q, hn::Set(df, s)), B.format.decode_dtype)};
+      const auto q = hn::Sub(hn::ConvertTo(df, hn::Sub(hn::Iota(di, 0), hn::Set(di, 8))), hn::Set(df, z));
+      return {s, z, RoundTo(df, hn::Mul(q, hn::Set(df, s)), B.format.decode_dtype)};
     } else {
-      return {s, hn::Zero(df)};
+      return {s, z, hn::Zero(df)};
     }
   }
   void prefetch(Row r, int rows_ahead, int64_t g0) const { hwy::Prefetch(r + rows_ahead * B.ld + g0 / 2); }
@@ -56,8 +60,9 @@ struct Int4B {
     if constexpr (kLanes >= 16) {
       return hn::TableLookupLanes(s.values, hn::IndicesFromVec(df, hn::BitCast(di, CodeBits<4>(r, k, K))));
     } else {
-      const auto q = hn::Sub(hn::BitCast(di, CodeBits<4>(r, k, K)), hn::Set(di, 8));
-      return RoundTo(df, hn::Mul(hn::ConvertTo(df, q), hn::Set(df, s.s)), B.format.decode_dtype);
+      const auto q =
+          hn::Sub(hn::ConvertTo(df, hn::Sub(hn::BitCast(di, CodeBits<4>(r, k, K)), hn::Set(di, 8))), hn::Set(df, s.z));
+      return RoundTo(df, hn::Mul(q, hn::Set(df, s.s)), B.format.decode_dtype);
     }
   }
 };

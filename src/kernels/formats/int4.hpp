@@ -7,7 +7,10 @@
 // of word k / 8, little endian). A nibble holds q + 8 for q in [−8, 7]. Each group of block_cols
 // inputs of a row shares a scale (bf16 in the releases); the weight is (nibble − 8) × scale,
 // rounded to decode_dtype — compressed-tensors' `_dequantize` computes in the scale's dtype, so a
-// bf16 scale gives the bf16-rounded product.
+// bf16 scale gives the bf16-rounded product. An asymmetric scheme (has_bias) adds a zero point z
+// in [−8, 7] per group, held beside the scales in their dtype (`biases`; the loader unpacks
+// compressed-tensors' `weight_zero_point`, packed along the rows): the weight is
+// (nibble − 8 − z) × scale, the difference exact, rounded the same way.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +29,10 @@ inline std::uint32_t code(const std::uint8_t* row, std::int64_t k) { return (row
 
 inline float decode(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
   const auto* row = static_cast<const std::uint8_t*>(B.data) + n * B.ld;
-  const float q = static_cast<float>(static_cast<int>(code(row, k)) - 8);
-  return round_to(q * load_f32(B.scales, B.format.scale_dtype, scale_index(B, n, k)), B.format.decode_dtype);
+  const std::int64_t i = scale_index(B, n, k);
+  float q = static_cast<float>(static_cast<int>(code(row, k)) - 8);
+  if (B.format.has_bias) q -= load_f32(B.biases, B.format.scale_dtype, i);
+  return round_to(q * load_f32(B.scales, B.format.scale_dtype, i), B.format.decode_dtype);
 }
 
 inline std::int64_t row_elements(const WeightFormat&, std::int64_t cols) { return (cols + 1) / 2; }
@@ -40,16 +45,16 @@ inline std::string check(const WeightFormat& f, std::int64_t, std::int64_t) {
     return MOEKIT_MSG("int4 scales must be f32, bf16 or f16, got " << dtype_name(f.scale_dtype));
   if (f.decode_dtype != DType::f32 && f.decode_dtype != DType::bf16 && f.decode_dtype != DType::f16)
     return MOEKIT_MSG("int4 weights decode to f32, bf16 or f16, got " << dtype_name(f.decode_dtype));
-  if (f.has_bias) return "int4 groups have no bias (an asymmetric zero point is not supported)";
   return {};
 }
 
 inline std::string describe(const WeightFormat& f) {
-  return MOEKIT_MSG("int4 (symmetric, group "
-                    << f.block_cols << ", " << dtype_name(f.scale_dtype) << " scales"
-                    << (f.decode_dtype != DType::f32 ? std::string(", decoded in ") + dtype_name(f.decode_dtype)
-                                                     : std::string())
-                    << ")");
+  return MOEKIT_MSG("int4 (" << (f.has_bias ? "asymmetric" : "symmetric") << ", group " << f.block_cols << ", "
+                             << dtype_name(f.scale_dtype) << " scales"
+                             << (f.decode_dtype != DType::f32
+                                     ? std::string(", decoded in ") + dtype_name(f.decode_dtype)
+                                     : std::string())
+                             << ")");
 }
 
 inline constexpr FormatTraits kTraits{"int4", DType::u8, row_elements, check, describe, decode};
