@@ -40,6 +40,8 @@ struct Timing {
   Tensor last_ids;         // forward: the last timed call's routing
 };
 
+}  // namespace
+
 // Throws where `copies` times the layer's weight bytes, plus 256 MB to spare, exceed `avail`
 // (MemAvailable; -1 where unknown: no check).
 void check_memory(const BenchShape& s, const WeightFormat& format, int copies, double avail) {
@@ -62,6 +64,8 @@ std::unique_ptr<MoeLayer> build_checked(const BenchShape& s, const WeightFormat&
                              gb(needed) + " of weights)");
   }
 }
+
+namespace {
 
 // Adds the expert bytes a call touched: the experts with rows in its routing (`counts` per
 // expert) plus the shared experts.
@@ -173,24 +177,44 @@ void simulate_schedule(Row& row, const BenchShape& s, double per_expert, const L
     row.sim_efficiency.emplace_back(static_cast<int>(p), sum / (static_cast<double>(p) * makespan(p)));
 }
 
-// What the command line asked for, parsed and checked before anything is measured.
-struct Plan {
-  std::vector<const BenchShape*> shapes;
-  std::vector<WeightFormat> dtypes;
-  std::vector<std::string> layouts;
-  std::vector<std::int64_t> tokens, threads, simulate;
-  int reps = 0;
-  std::uint64_t seed = 0;
-  std::int64_t dram_mib = 0;
-  bool train = false;
-};
+}  // namespace
+
+Header make_header(const Plan& p) {
+  Header h;
+  h.commit = MOEKIT_GIT_COMMIT;
+  h.cpu = cpu_model();
+  h.hardware_threads = std::thread::hardware_concurrency();
+  h.simd =
+      std::string(kernels::simd_target_name()) + "; bf16 products: " + kernels::bf16_path_name(kernels::bf16_path());
+  h.threads = p.threads;
+  h.reps = p.reps;
+  h.seed = p.seed;
+  return h;
+}
+
+bool runs_layout(const WeightFormat& d, const std::string& layout, const std::vector<std::string>& layouts) {
+  // Quantized experts have one layout (read in place): run them once.
+  if (d.quantized()) return layout == layouts.front();
+  // The bf16 compute mode packs AMX tiles on the amx path ("panels" then means them) and reads
+  // rows on its other paths.
+  return !d.bf16_act || layout == "rows" || kernels::bf16_path() == kernels::Bf16Path::amx;
+}
 
 Plan check_options(const Options& o) {
   Plan p;
   p.shapes = parse_shapes(o.shape);
   p.dtypes = parse_dtypes(o.dtype);
   p.layouts = parse_layouts(o.layout);
-  p.tokens = parse_int_list(o.tokens, "--tokens", 1, 1 << 20);
+  p.decode = o.decode;
+  p.tokens =
+      parse_int_list(o.tokens.empty() ? (o.decode ? "1,2,4,8,32" : "1,32,512") : o.tokens, "--tokens", 1, 1 << 20);
+  if (!o.layers.empty()) {
+    if (!o.decode) throw std::invalid_argument("--layers sets the layers of --decode; it does nothing without it");
+    p.layers = parse_int(o.layers, "--layers", 1, 4096);
+  }
+  if (o.decode && o.mode != "forward") throw std::invalid_argument("--decode times the forward only (--mode forward)");
+  if (o.decode && !o.simulate_threads.empty())
+    throw std::invalid_argument("--simulate-threads models one layer's task schedule; it does not go with --decode");
   p.threads = parse_int_list(o.threads, "--threads", 1, 4096);
   p.reps = static_cast<int>(parse_int(o.reps, "--reps", 1, 1000));
   p.seed = static_cast<std::uint64_t>(parse_int(o.seed, "--seed", 0, INT64_MAX));
@@ -234,6 +258,7 @@ Limits measure_limits(const Plan& p, bool progress) {
   limits.dram_bytes = static_cast<std::size_t>(p.dram_mib) << 20;
   if (progress) std::fprintf(stderr, "moekit bench: measuring the limits...\n");
   limits.dram_gbs = measure_dram_read(limits.dram_threads, limits.dram_bytes);
+  if (p.decode) return limits;  // decode rows are held against DRAM only
   for (const std::int64_t t : p.threads)
     limits.gemm_peak.emplace_back(static_cast<int>(t), measure_gemm_peak(static_cast<int>(t)));
   if (std::any_of(p.dtypes.begin(), p.dtypes.end(), [](const WeightFormat& d) { return d.bf16_act; }))
@@ -241,6 +266,8 @@ Limits measure_limits(const Plan& p, bool progress) {
       limits.bf16_peak.emplace_back(static_cast<int>(t), measure_bf16_peak(static_cast<int>(t)));
   return limits;
 }
+
+namespace {
 
 // Every (T, threads) row of one layer.
 std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, const std::string& layout, const Plan& p,
@@ -274,31 +301,22 @@ void run_bench(const Options& o) {
   if (o.expert_parallel && !o.simulate_threads.empty())
     throw std::invalid_argument(
         "--simulate-threads models one process's task schedule; it does not go with --expert-parallel");
-  if (o.expert_parallel) return run_expert_parallel(o);
+  if (o.expert_parallel) {
+    if (o.decode) throw std::invalid_argument("--decode runs in one process; it does not go with --expert-parallel");
+    return run_expert_parallel(o);
+  }
+  if (o.decode) return run_decode(o);
   const Plan p = check_options(o);
   const bool progress = isatty(STDERR_FILENO) != 0;
-  Header h;
-  h.commit = MOEKIT_GIT_COMMIT;
-  h.cpu = cpu_model();
-  h.hardware_threads = std::thread::hardware_concurrency();
-  h.simd = std::string(kernels::simd_target_name()) + "; bf16 products: " +
-           kernels::bf16_path_name(kernels::bf16_path());
-  h.threads = p.threads;
-  h.reps = p.reps;
-  h.seed = p.seed;
+  const Header h = make_header(p);
   const Limits limits = measure_limits(p, progress);
 
   std::vector<Row> rows;
   for (const BenchShape* s : p.shapes)
     for (const WeightFormat& d : p.dtypes)
-      for (const std::string& lay : p.layouts) {
-        // Quantized experts have one layout (MLX's, read in place): run them once.
-        if (d.quantized() && lay != p.layouts.front()) continue;
-        // The bf16 compute mode packs AMX tiles on the amx path ("panels" then means them) and
-        // reads rows on its other paths.
-        if (d.bf16_act && !d.quantized() && lay != "rows" && kernels::bf16_path() != kernels::Bf16Path::amx) continue;
-        for (Row& r : run_shape(*s, d, lay, p, limits, progress)) rows.push_back(std::move(r));
-      }
+      for (const std::string& lay : p.layouts)
+        if (runs_layout(d, lay, p.layouts))
+          for (Row& r : run_shape(*s, d, lay, p, limits, progress)) rows.push_back(std::move(r));
 
   if (o.output == "md")
     print_md(h, limits, p.shapes, rows);
@@ -332,7 +350,14 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--mode", opt->mode,
                   "forward (inference) or train (one training step: forward_train + backward, against 3x the "
                   "forward's FLOPs) (default forward)");
-  cmd->add_option("--tokens", opt->tokens, "Token counts T, comma list (default 1,32,512)");
+  cmd->add_option("--tokens", opt->tokens, "Token counts T, comma list (default 1,32,512; with --decode 1,2,4,8,32)");
+  cmd->add_flag("--decode", opt->decode,
+                "Decode at the memory limit: L distinct layers, each call a fresh routing on the next layer, so "
+                "the experts come from DRAM; per row ms per layer, the bytes touched (experts, router, shared), "
+                "GB/s, the fraction of the DRAM read limit and tokens/s for a model of L layers (docs/cli.md)");
+  cmd->add_option("--layers", opt->layers,
+                  "--decode's distinct layers (default: enough that their experts are at least 8x the last-level "
+                  "cache, at most 64 and what memory holds)");
   cmd->add_option("--threads", opt->threads,
                   "Thread counts, comma list (default 1 and the hardware thread count)");
   cmd->add_option("--reps", opt->reps, "Timed calls per row after one warm-up (default 5)");

@@ -1,6 +1,7 @@
 // `moekit bench`, in parts: its options and weight formats (formats.cpp), the machine's limits
-// (limits.cpp), the timed rows (bench.cpp), their md / csv / json output (report.cpp) and the
-// expert-parallel benchmark under mpirun (expert_parallel.cpp).
+// (limits.cpp), the timed rows (bench.cpp), their md / csv / json output (report.cpp), decode at
+// the memory limit over distinct layers (decode.cpp, --decode) and the expert-parallel benchmark
+// under mpirun (expert_parallel.cpp).
 #pragma once
 
 #include <chrono>
@@ -18,10 +19,10 @@ namespace moekit::cli::bench {
 using BenchShape = synth::ReferenceShape;
 
 struct Options {
-  std::string shape = "all", dtype = "f32,bf16", layout = "panels", tokens = "1,32,512", threads,
-              reps = "5", seed = "0", output = "md", dram_mib = "1024", mode = "forward",
-              simulate_threads;
+  std::string shape = "all", dtype = "f32,bf16", layout = "panels", tokens, threads, reps = "5", seed = "0",
+              output = "md", dram_mib = "1024", mode = "forward", simulate_threads, layers;
   bool expert_parallel = false;
+  bool decode = false;
 };
 
 // ---- formats.cpp: what the options name ------------------------------------------------------
@@ -133,6 +134,40 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
 void print_csv(const Header& h, const std::vector<Row>& rows);
 void print_json(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
                 const std::vector<Row>& rows);
+
+// ---- bench.cpp: the plan and the pieces every mode shares --------------------------------------
+
+/// What the command line asked for, parsed and checked before anything is measured.
+struct Plan {
+  std::vector<const BenchShape*> shapes;
+  std::vector<WeightFormat> dtypes;
+  std::vector<std::string> layouts;
+  std::vector<std::int64_t> tokens, threads, simulate;
+  int reps = 0;
+  std::uint64_t seed = 0;
+  std::int64_t dram_mib = 0;
+  bool train = false;
+  bool decode = false;
+  std::int64_t layers = 0;  ///< --decode's layers; 0: chosen from the last-level cache
+};
+
+Plan check_options(const Options& o);
+Header make_header(const Plan& p);
+/// The DRAM read limit, and (not for --decode) the GEMM peaks at each thread count.
+Limits measure_limits(const Plan& p, bool progress);
+/// Whether format `d` runs in `layout` of the listed `layouts` (quantized formats once, the bf16
+/// mode where it has that layout).
+bool runs_layout(const WeightFormat& d, const std::string& layout, const std::vector<std::string>& layouts);
+/// Throws where `copies` times the layer's weight bytes, plus 256 MB, exceed `avail` (-1: no check).
+void check_memory(const BenchShape& s, const WeightFormat& format, int copies, double avail);
+/// build_layer, after a memory check, with a progress line and a named out-of-memory error.
+std::unique_ptr<MoeLayer> build_checked(const BenchShape& s, const WeightFormat& format, bool panels,
+                                        std::uint64_t seed, bool progress);
+
+// ---- decode.cpp ------------------------------------------------------------------------------
+
+/// `moekit bench --decode`: decode at the memory limit (docs/cli.md).
+void run_decode(const Options& o);
 
 // ---- expert_parallel.cpp ---------------------------------------------------------------------
 

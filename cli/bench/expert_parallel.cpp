@@ -115,7 +115,7 @@ EpPlan check_ep_options(const Options& o) {
   EpPlan p;
   p.shapes = parse_shapes(o.shape);
   p.dtypes = parse_dtypes(o.dtype);
-  p.tokens = parse_int_list(o.tokens, "--tokens", 1, 1 << 20);
+  p.tokens = parse_int_list(o.tokens.empty() ? "1,32,512" : o.tokens, "--tokens", 1, 1 << 20);
   const std::vector<std::int64_t> t = parse_int_list(o.threads, "--threads", 1, 4096);
   if (t.size() != 1) throw std::invalid_argument("--expert-parallel takes one --threads value (threads per rank)");
   p.threads = static_cast<int>(t[0]);

@@ -212,6 +212,11 @@ TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
       {"--simulate-threads", "2,x"},
       {"--simulate-threads", "4", "--mode", "train"},
       {"--simulate-threads", "4", "--expert-parallel"},
+      {"--layers", "2"},  // without --decode
+      {"--decode", "--layers", "0"},
+      {"--decode", "--mode", "train"},
+      {"--decode", "--simulate-threads", "2"},
+      {"--decode", "--expert-parallel"},
       {"--dtype", "q4"},  // group 64 does not divide tiny's F = 32
   };
   for (const auto& args : bad) {
@@ -219,7 +224,7 @@ TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
     if (args[0] != "--shape") full.insert(full.end(), {"--shape", "tiny"});
     full.insert(full.end(), args.begin(), args.end());
     const BenchRun r = run_bench(full);
-    const std::string what = args[0] + " '" + args[1] + "'";
+    const std::string what = args[0] + " '" + (args.size() > 1 ? args[1] : "") + "'";
     EXPECT_TRUE(r.exited) << what;
     EXPECT_EQ(r.exit_code, 1) << what;
     EXPECT_EQ(r.err.rfind("moekit: error: ", 0), 0u) << what << ": " << r.err;
@@ -250,6 +255,49 @@ TEST(BenchCli, SignedFormatsHaveFastModeRows) {
   for (const char* name :
        {",mxfp4,mxfp4,1,", ",mxfp4-int8,mxfp4-int8,1,", ",nvfp4-int8,nvfp4-int8,1,", ",int4-int8,int4-int8,1,"})
     EXPECT_NE(r.out.find(name), std::string::npos) << name << " in " << r.out;
+}
+
+// --decode: one row per (dtype, T, threads) over the layers asked for, with the fields docs/cli.md
+// names; the touched bytes are the routing's distinct experts plus the router (tiny: no shared
+// experts), so between K and min(T·K, E) experts' bytes.
+TEST(BenchCli, DecodeRowsCarryTheTouchedBytesAndTheirShareOfDram) {
+  const BenchRun r = run_bench(
+      tiny({"--decode", "--layers", "3", "--dtype", "f32,mxfp4", "--tokens", "1,4", "--threads", "1", "-o", "json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["mode"], "decode");
+  EXPECT_GT(j["last_level_cache_bytes"].get<double>(), 0.0);
+  ASSERT_EQ(j["results"].size(), 4u);
+  const double dram = j["dram_read"]["gbps"].get<double>();
+  EXPECT_GT(dram, 0.0);
+  for (const auto& row : j["results"]) {
+    SCOPED_TRACE(row.dump());
+    EXPECT_EQ(row["layers"], 3);
+    const double T = row["tokens"].get<double>(), ms = row["ms_per_layer"].get<double>();
+    EXPECT_GT(ms, 0.0);
+    EXPECT_LE(row["min_ms"].get<double>(), ms);
+    // tiny: D = 64, F = 32, E = 8, K = 2; an expert is 3 · 64 · 32 weights, the router 8 · 64 f32.
+    const double bytes_per_weight = row["dtype"] == "f32" ? 4.0 : 4.25 / 8.0;
+    const double expert = 3 * 64 * 32 * bytes_per_weight, router = 8 * 64 * 4;
+    const double touched = row["touched_bytes"].get<double>();
+    EXPECT_GE(touched, 2 * expert + router - 1);
+    EXPECT_LE(touched, std::min(T * 2, 8.0) * expert + router + 1);
+    EXPECT_NEAR(row["gbps"].get<double>(), touched / (ms * 1e6), 1e-9 * touched);
+    EXPECT_NEAR(row["dram_fraction"].get<double>(), row["gbps"].get<double>() / dram, 1e-12);
+    EXPECT_NEAR(row["tokens_per_s"].get<double>(), T / (3 * ms / 1e3), 1e-6 * T / ms);
+  }
+  // The default token list of --decode, and the layers chosen from the cache (at most 64).
+  const BenchRun d = run_bench(tiny({"--decode", "--dtype", "bf16", "--threads", "1", "-o", "csv"}));
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  std::vector<std::string> lines = split(d.out, '\n');
+  ASSERT_EQ(lines.size(), 6u) << d.out;  // header + T = 1, 2, 4, 8, 32
+  EXPECT_EQ(split(lines[0], ',')[3], "tokens");
+  const std::vector<std::string> tokens = {"1", "2", "4", "8", "32"};
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    const auto f = split(lines[i], ',');
+    EXPECT_EQ(f[3], tokens[i - 1]);
+    EXPECT_EQ(f[5], "64") << "tiny's layers are far below 8x any cache: the cap";
+  }
 }
 
 }  // namespace

@@ -1,0 +1,247 @@
+// `moekit bench --decode`: decode at the memory limit. A real model's MoE layers hold far more
+// expert bytes than any cache, and each token draws a fresh routing in every layer, so every byte
+// of the experts a token selects streams in from DRAM. Timing one layer over and over leaves the
+// experts of recent calls in the cache and overstates the speed; here L distinct layers (their
+// experts together at least 8x the last-level cache, unless --layers says otherwise) are called
+// in turn, each call on fresh random tokens, so each sees a routing and weights no recent call
+// left behind.
+//
+// Per row (shape, dtype, layout, T, threads): the median ms of a layer call, the bytes it touched
+// (the distinct routed experts of its routing, the shared experts and the router, each counted
+// once), those bytes over the median time in GB/s, their fraction of the DRAM read bandwidth
+// measured in the same run, and the tokens/s of a model of L such layers (T / (L x median)).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench/bench.hpp"
+#include "experts/expert_rows.hpp"
+#include "format.hpp"
+#include "util/error.hpp"
+
+namespace moekit::cli::bench {
+
+namespace {
+
+// Layers at most (a tiny shape would otherwise ask for thousands).
+constexpr std::int64_t kMaxLayers = 64;
+// The last-level cache assumed where sysfs does not say.
+constexpr std::size_t kDefaultLlc = std::size_t{32} << 20;
+
+struct Cache {
+  std::size_t bytes = kDefaultLlc;
+  std::string source = "assumed (sysfs has no cache sizes)";
+};
+
+// The largest cache level of CPU 0 from sysfs ("32768K").
+Cache last_level_cache() {
+  Cache c;
+  int best_level = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_file(dir + "level"), size_file(dir + "size");
+    int level = 0;
+    std::string size;
+    if (!(level_file >> level) || !(size_file >> size) || size.empty()) continue;
+    std::size_t mult = 1;
+    if (size.back() == 'K') mult = std::size_t{1} << 10;
+    if (size.back() == 'M') mult = std::size_t{1} << 20;
+    if (mult != 1) size.pop_back();
+    std::size_t value = 0;
+    try {
+      value = static_cast<std::size_t>(std::stoull(size)) * mult;
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (level > best_level && value > 0) {
+      best_level = level;
+      c.bytes = value;
+      c.source = "L" + std::to_string(level) + " of cpu0 (sysfs)";
+    }
+  }
+  return c;
+}
+
+struct DecodeRow {
+  std::string shape, dtype, layout;
+  std::int64_t tokens = 0, layers = 0;
+  int threads = 0;
+  double ms_per_layer = 0, min_ms = 0, touched_bytes = 0, gbps = 0, dram_fraction = 0, tokens_per_s = 0;
+};
+
+// The layers of one (shape, format, layout): --layers, or enough that their expert bytes reach
+// 8x the cache, within kMaxLayers and what memory holds (at least one).
+std::int64_t layers_for(const BenchShape& s, const WeightFormat& d, const Plan& p, std::size_t llc) {
+  const double per_layer = layer_weight_bytes(s, d), avail = available_memory();
+  const auto fits = [&](std::int64_t L) { return avail < 0 || per_layer * static_cast<double>(L) + 256e6 <= avail; };
+  if (p.layers > 0) {
+    if (!fits(p.layers))
+      throw std::runtime_error(MOEKIT_MSG("out of memory: --layers "
+                                          << p.layers << " of " << s.name << " " << d.name() << " need "
+                                          << gb(per_layer * static_cast<double>(p.layers)) << " but only " << gb(avail)
+                                          << " is available"));
+    return p.layers;
+  }
+  auto L = static_cast<std::int64_t>(std::ceil(8.0 * static_cast<double>(llc) / per_layer));
+  L = std::clamp<std::int64_t>(L, 1, kMaxLayers);
+  while (L > 1 && !fits(L)) --L;
+  return L;
+}
+
+// Every (T, threads) row of one (shape, format, layout).
+std::vector<DecodeRow> run_layers(const BenchShape& s, const WeightFormat& d, const std::string& layout, const Plan& p,
+                                  const Limits& limits, std::size_t llc, bool progress) {
+  const std::int64_t L = layers_for(s, d, p, llc);
+  std::vector<std::unique_ptr<MoeLayer>> layers;
+  for (std::int64_t l = 0; l < L; ++l)
+    layers.push_back(build_checked(s, d, layout == "panels", p.seed * 1000 + static_cast<std::uint64_t>(l), progress));
+  const double per_expert = expert_bytes(s, d);
+  std::vector<DecodeRow> rows;
+  std::uint64_t stream = p.seed * 1000003 + 17;  // every call's tokens drawn afresh
+  for (const std::int64_t T : p.tokens) {
+    Tensor x = Tensor::uninitialized({T, s.D}, DType::f32);
+    for (const std::int64_t nt : p.threads) {
+      if (progress)
+        std::fprintf(stderr, "moekit bench --decode: %s %s T=%lld threads=%lld, %lld layers\n", s.name,
+                     d.name().c_str(), static_cast<long long>(T), static_cast<long long>(nt),
+                     static_cast<long long>(L));
+      set_num_threads(static_cast<int>(nt));
+      std::vector<double> secs;
+      double touched = 0;
+      for (int r = -1; r < p.reps; ++r)  // one warm-up pass over the layers
+        for (std::int64_t l = 0; l < L; ++l) {
+          synth::fill_uniform(x, 1.0f, stream++);
+          MoeLayer& layer = *layers[static_cast<std::size_t>(l)];
+          ForwardInfo info;
+          const auto t0 = Clock::now();
+          const Tensor y = layer.forward(x, &info);
+          const double dt = seconds_since(t0);
+          if (r < 0) continue;
+          secs.push_back(dt);
+          std::int64_t active = 0;
+          for (const std::int64_t c : expert_counts(info.routing.ids, s.E)) active += c > 0;
+          touched += per_expert * static_cast<double>(active + s.shared) +
+                     static_cast<double>(layer.weights().router.nbytes());
+        }
+      DecodeRow row;
+      row.shape = s.name;
+      row.dtype = d.name();
+      row.layout = d.quantized() ? d.name() : layout;
+      row.tokens = T;
+      row.layers = L;
+      row.threads = static_cast<int>(nt);
+      const double med = median_of(secs);
+      row.ms_per_layer = med * 1e3;
+      row.min_ms = *std::min_element(secs.begin(), secs.end()) * 1e3;
+      row.touched_bytes = touched / static_cast<double>(secs.size());
+      row.gbps = row.touched_bytes / med / 1e9;
+      row.dram_fraction = limits.dram_gbs > 0 ? row.gbps / limits.dram_gbs : 0;
+      row.tokens_per_s = static_cast<double>(T) / (static_cast<double>(L) * med);
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+void print_md(const Header& h, const Limits& l, const Cache& llc, const std::vector<const BenchShape*>& shapes,
+              const std::vector<DecodeRow>& rows) {
+  std::printf("moekit bench --decode (commit %s)\n\n", h.commit.c_str());
+  std::printf("- machine: %s, %u hardware threads\n", h.cpu.c_str(), h.hardware_threads);
+  std::printf("- SIMD target: %s\n", h.simd.c_str());
+  std::printf("- last-level cache: %s, %s; layers per row: their experts at least 8x it (or --layers)\n",
+              format_bytes(llc.bytes).c_str(), llc.source.c_str());
+  std::printf("- %d passes over the layers per row after one warm-up pass, fresh random tokens every call\n", h.reps);
+  for (const BenchShape* s : shapes)
+    std::printf("- %s: %s, D = %lld, F = %lld, E = %lld, K = %lld\n", s->name, s->description,
+                static_cast<long long>(s->D), static_cast<long long>(s->F), static_cast<long long>(s->E),
+                static_cast<long long>(s->K));
+  std::printf("- DRAM read (same run): %.1f GB/s at %d threads, streaming sum over %s, best of 3\n\n", l.dram_gbs,
+              l.dram_threads, format_bytes(l.dram_bytes).c_str());
+  std::printf(
+      "| shape | dtype | layout | T | threads | layers | ms per layer | min ms | touched MB | GB/s | of DRAM read | "
+      "tokens/s (L layers) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const DecodeRow& r : rows)
+    std::printf("| %s | %s | %s | %lld | %d | %lld | %s | %s | %s | %s | %.0f %% | %s |\n", r.shape.c_str(),
+                r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads,
+                static_cast<long long>(r.layers), sig3(r.ms_per_layer).c_str(), sig3(r.min_ms).c_str(),
+                sig3(r.touched_bytes / 1e6).c_str(), sig3(r.gbps).c_str(), 100.0 * r.dram_fraction,
+                sig3(r.tokens_per_s).c_str());
+  std::printf(
+      "\ntouched = the distinct routed experts of the call's routing, the shared experts and the router, "
+      "per call; GB/s = touched / median; tokens/s = T / (layers x median).\n");
+}
+
+void print_csv(const Header& h, const std::vector<DecodeRow>& rows) {
+  std::printf(
+      "shape,dtype,layout,tokens,threads,layers,ms_per_layer,min_ms,touched_bytes,gbps,dram_fraction,tokens_per_s,"
+      "cpu,commit\n");
+  for (const DecodeRow& r : rows)
+    std::printf("%s,%s,%s,%lld,%d,%lld,%.4f,%.4f,%.0f,%.3f,%.4f,%.2f,\"%s\",%s\n", r.shape.c_str(), r.dtype.c_str(),
+                r.layout.c_str(), static_cast<long long>(r.tokens), r.threads, static_cast<long long>(r.layers),
+                r.ms_per_layer, r.min_ms, r.touched_bytes, r.gbps, r.dram_fraction, r.tokens_per_s, h.cpu.c_str(),
+                h.commit.c_str());
+}
+
+void print_json(const Header& h, const Limits& l, const Cache& llc, const std::vector<DecodeRow>& rows) {
+  nlohmann::json j;
+  j["mode"] = "decode";
+  j["commit"] = h.commit;
+  j["cpu"] = h.cpu;
+  j["hardware_threads"] = h.hardware_threads;
+  j["simd_target"] = h.simd;
+  j["reps"] = h.reps;
+  j["seed"] = h.seed;
+  j["last_level_cache_bytes"] = llc.bytes;
+  j["last_level_cache_source"] = llc.source;
+  j["dram_read"] = {{"gbps", l.dram_gbs}, {"threads", l.dram_threads}, {"bytes", l.dram_bytes}};
+  j["results"] = nlohmann::json::array();
+  for (const DecodeRow& r : rows)
+    j["results"].push_back({{"shape", r.shape},
+                            {"dtype", r.dtype},
+                            {"layout", r.layout},
+                            {"tokens", r.tokens},
+                            {"threads", r.threads},
+                            {"layers", r.layers},
+                            {"ms_per_layer", r.ms_per_layer},
+                            {"min_ms", r.min_ms},
+                            {"touched_bytes", r.touched_bytes},
+                            {"gbps", r.gbps},
+                            {"dram_fraction", r.dram_fraction},
+                            {"tokens_per_s", r.tokens_per_s}});
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+}  // namespace
+
+void run_decode(const Options& o) {
+  const Plan p = check_options(o);
+  if (o.output != "md" && o.output != "csv" && o.output != "json")
+    throw std::invalid_argument("-o '" + o.output + "' is not an output format (expected md, csv or json)");
+  const bool progress = isatty(STDERR_FILENO) != 0;
+  const Header h = make_header(p);
+  const Cache llc = last_level_cache();
+  const Limits limits = measure_limits(p, progress);
+  std::vector<DecodeRow> rows;
+  for (const BenchShape* s : p.shapes)
+    for (const WeightFormat& d : p.dtypes)
+      for (const std::string& lay : p.layouts)
+        if (runs_layout(d, lay, p.layouts))
+          for (DecodeRow& r : run_layers(*s, d, lay, p, limits, llc.bytes, progress)) rows.push_back(std::move(r));
+  if (o.output == "md")
+    print_md(h, limits, llc, p.shapes, rows);
+  else if (o.output == "csv")
+    print_csv(h, rows);
+  else
+    print_json(h, limits, llc, rows);
+  std::fflush(stdout);
+}
+
+}  // namespace moekit::cli::bench
