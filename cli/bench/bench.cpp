@@ -212,6 +212,8 @@ Plan check_options(const Options& o) {
     if (!o.decode) throw std::invalid_argument("--layers sets the layers of --decode; it does nothing without it");
     p.layers = parse_int(o.layers, "--layers", 1, 4096);
   }
+  if (!o.model.empty() && !o.decode)
+    throw std::invalid_argument("--model times a checkpoint's layers with --decode; add --decode");
   if (o.decode && o.mode != "forward") throw std::invalid_argument("--decode times the forward only (--mode forward)");
   if (o.decode && !o.simulate_threads.empty())
     throw std::invalid_argument("--simulate-threads models one layer's task schedule; it does not go with --decode");
@@ -247,8 +249,9 @@ Plan check_options(const Options& o) {
   if (o.output != "md" && o.output != "csv" && o.output != "json")
     throw std::invalid_argument("-o '" + o.output + "' is not an output format (expected md, csv or json)");
   const double avail = available_memory();
-  for (const BenchShape* s : p.shapes)
-    for (const WeightFormat& d : p.dtypes) check_memory(*s, d, p.train ? 3 : 1, avail);
+  if (o.model.empty())  // --model maps the checkpoint's own layers instead
+    for (const BenchShape* s : p.shapes)
+      for (const WeightFormat& d : p.dtypes) check_memory(*s, d, p.train ? 3 : 1, avail);
   return p;
 }
 
@@ -338,11 +341,11 @@ void register_bench(CLI::App& app) {
       "bench",
       "A table of the MoE layer at reference shapes x dtypes x tokens x threads, against "
       "the machine's limits measured in the same run");
-  cmd->add_option("--shape", opt->shape,
-                  "qwen3, deepseek, mixtral (5.6 GB of f32 weights: only when named) or all "
-                  "(= qwen3,deepseek); a comma list is accepted (default all)");
-  cmd->add_option("--dtype", opt->dtype,
-                  std::string("Weight formats, comma list of ") + bench::kDtypeList + " (default f32,bf16)");
+  auto* shape = cmd->add_option("--shape", opt->shape,
+                                "qwen3, deepseek, mixtral (5.6 GB of f32 weights: only when named) or all "
+                                "(= qwen3,deepseek); a comma list is accepted (default all)");
+  auto* dtype = cmd->add_option(
+      "--dtype", opt->dtype, std::string("Weight formats, comma list of ") + bench::kDtypeList + " (default f32,bf16)");
   cmd->add_option("--layout", opt->layout,
                   "Expert weight layouts, comma list of panels (repacked at load for the outer-product "
                   "kernel; for bf16-act on AMX: AMX tiles) and rows (as stored, read in place: mapped "
@@ -355,6 +358,9 @@ void register_bench(CLI::App& app) {
                 "Decode at the memory limit: L distinct layers, each call a fresh routing on the next layer, so "
                 "the experts come from DRAM; per row ms per layer, the bytes touched (experts, router, shared), "
                 "GB/s, the fraction of the DRAM read limit and tokens/s for a model of L layers (docs/cli.md)");
+  auto* model = cmd->add_option("--model", opt->model,
+                                "With --decode: a checkpoint folder whose MoE layers (all, or the first --layers) are "
+                                "timed as stored, in place of --shape and --dtype");
   cmd->add_option("--layers", opt->layers,
                   "--decode's distinct layers (default: enough that their experts are at least 8x the last-level "
                   "cache, at most 64 and what memory holds)");
@@ -374,8 +380,10 @@ void register_bench(CLI::App& app) {
                 "exchange out, experts, exchange back, combine), rows and bytes sent per rank, resident memory");
   // For smoke tests: a smaller DRAM buffer (the limit is then not a DRAM figure).
   cmd->add_option("--dram-mib", opt->dram_mib, "DRAM read buffer in MiB (default 1024)")->group("");
-  cmd->callback([opt] {
+  cmd->callback([opt, model, shape, dtype] {
     try {
+      if (model->count() > 0 && (shape->count() > 0 || dtype->count() > 0))
+        throw std::invalid_argument("--model times the checkpoint's own layers as stored: drop --shape and --dtype");
       bench::run_bench(*opt);
     } catch (const std::bad_alloc&) {
       throw std::runtime_error("[moekit bench] out of memory");

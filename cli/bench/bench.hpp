@@ -20,7 +20,7 @@ using BenchShape = synth::ReferenceShape;
 
 struct Options {
   std::string shape = "all", dtype = "f32,bf16", layout = "panels", tokens, threads, reps = "5", seed = "0",
-              output = "md", dram_mib = "1024", mode = "forward", simulate_threads, layers;
+              output = "md", dram_mib = "1024", mode = "forward", simulate_threads, layers, model;
   bool expert_parallel = false;
   bool decode = false;
 };

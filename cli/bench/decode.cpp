@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -96,22 +97,27 @@ std::int64_t layers_for(const BenchShape& s, const WeightFormat& d, const Plan& 
   return L;
 }
 
-// Every (T, threads) row of one (shape, format, layout).
-std::vector<DecodeRow> run_layers(const BenchShape& s, const WeightFormat& d, const std::string& layout, const Plan& p,
-                                  const Limits& limits, std::size_t llc, bool progress) {
-  const std::int64_t L = layers_for(s, d, p, llc);
-  std::vector<std::unique_ptr<MoeLayer>> layers;
-  for (std::int64_t l = 0; l < L; ++l)
-    layers.push_back(build_checked(s, d, layout == "panels", p.seed * 1000 + static_cast<std::uint64_t>(l), progress));
-  const double per_expert = expert_bytes(s, d);
+// What a call on one layer touches: `per_expert` bytes per routed expert its routing selects, and
+// `fixed` bytes every call reads (the shared experts and the router).
+struct LayerBytes {
+  double per_expert = 0, fixed = 0;
+};
+
+// The rows of one set of layers (every T and thread count): the layers called in turn, one warm-up
+// pass and p.reps timed passes, every call on fresh tokens.
+std::vector<DecodeRow> time_layers(const std::vector<std::unique_ptr<MoeLayer>>& layers,
+                                   const std::vector<LayerBytes>& bytes, const DecodeRow& label, const Plan& p,
+                                   const Limits& limits, bool progress) {
+  const std::int64_t L = static_cast<std::int64_t>(layers.size());
+  const std::int64_t D = layers.front()->config().hidden_size, E = layers.front()->weights().experts.num_experts();
   std::vector<DecodeRow> rows;
   std::uint64_t stream = p.seed * 1000003 + 17;  // every call's tokens drawn afresh
   for (const std::int64_t T : p.tokens) {
-    Tensor x = Tensor::uninitialized({T, s.D}, DType::f32);
+    Tensor x = Tensor::uninitialized({T, D}, DType::f32);
     for (const std::int64_t nt : p.threads) {
       if (progress)
-        std::fprintf(stderr, "moekit bench --decode: %s %s T=%lld threads=%lld, %lld layers\n", s.name,
-                     d.name().c_str(), static_cast<long long>(T), static_cast<long long>(nt),
+        std::fprintf(stderr, "moekit bench --decode: %s %s T=%lld threads=%lld, %lld layers\n", label.shape.c_str(),
+                     label.dtype.c_str(), static_cast<long long>(T), static_cast<long long>(nt),
                      static_cast<long long>(L));
       set_num_threads(static_cast<int>(nt));
       std::vector<double> secs;
@@ -119,22 +125,18 @@ std::vector<DecodeRow> run_layers(const BenchShape& s, const WeightFormat& d, co
       for (int r = -1; r < p.reps; ++r)  // one warm-up pass over the layers
         for (std::int64_t l = 0; l < L; ++l) {
           synth::fill_uniform(x, 1.0f, stream++);
-          MoeLayer& layer = *layers[static_cast<std::size_t>(l)];
           ForwardInfo info;
           const auto t0 = Clock::now();
-          const Tensor y = layer.forward(x, &info);
+          const Tensor y = layers[static_cast<std::size_t>(l)]->forward(x, &info);
           const double dt = seconds_since(t0);
           if (r < 0) continue;
           secs.push_back(dt);
           std::int64_t active = 0;
-          for (const std::int64_t c : expert_counts(info.routing.ids, s.E)) active += c > 0;
-          touched += per_expert * static_cast<double>(active + s.shared) +
-                     static_cast<double>(layer.weights().router.nbytes());
+          for (const std::int64_t c : expert_counts(info.routing.ids, E)) active += c > 0;
+          const LayerBytes& b = bytes[static_cast<std::size_t>(l)];
+          touched += b.per_expert * static_cast<double>(active) + b.fixed;
         }
-      DecodeRow row;
-      row.shape = s.name;
-      row.dtype = d.name();
-      row.layout = d.quantized() ? d.name() : layout;
+      DecodeRow row = label;
       row.tokens = T;
       row.layers = L;
       row.threads = static_cast<int>(nt);
@@ -151,15 +153,64 @@ std::vector<DecodeRow> run_layers(const BenchShape& s, const WeightFormat& d, co
   return rows;
 }
 
+// Every row of one (shape, format, layout): its random layers built, then timed.
+std::vector<DecodeRow> run_layers(const BenchShape& s, const WeightFormat& d, const std::string& layout, const Plan& p,
+                                  const Limits& limits, std::size_t llc, bool progress) {
+  const std::int64_t L = layers_for(s, d, p, llc);
+  std::vector<std::unique_ptr<MoeLayer>> layers;
+  std::vector<LayerBytes> bytes;
+  for (std::int64_t l = 0; l < L; ++l) {
+    layers.push_back(build_checked(s, d, layout == "panels", p.seed * 1000 + static_cast<std::uint64_t>(l), progress));
+    bytes.push_back({expert_bytes(s, d), expert_bytes(s, d) * static_cast<double>(s.shared) +
+                                             static_cast<double>(layers.back()->weights().router.nbytes())});
+  }
+  DecodeRow label;
+  label.shape = s.name;
+  label.dtype = d.name();
+  label.layout = d.quantized() ? d.name() : layout;
+  return time_layers(layers, bytes, label, p, limits, progress);
+}
+
+// --model: the checkpoint's MoE layers (all, or the first --layers of them), loaded as `moekit
+// forward` loads them (mapped, used in place).
+std::vector<DecodeRow> run_model(const std::string& dir, const Plan& p, const Limits& limits, bool progress) {
+  const MoeConfig cfg = load_hf_config(dir);
+  std::vector<std::int64_t> which = cfg.moe_layer_indices();
+  if (which.empty()) throw std::invalid_argument("--model " + dir + " has no MoE layers");
+  if (p.layers > 0) {
+    if (p.layers > static_cast<std::int64_t>(which.size()))
+      throw std::invalid_argument(
+          MOEKIT_MSG("--layers " << p.layers << ": " << dir << " has " << which.size() << " MoE layers"));
+    which.resize(static_cast<std::size_t>(p.layers));
+  }
+  std::vector<std::unique_ptr<MoeLayer>> layers;
+  std::vector<LayerBytes> bytes;
+  for (const std::int64_t l : which) {
+    if (progress)
+      std::fprintf(stderr, "moekit bench --decode: loading layer %lld of %s\n", static_cast<long long>(l), dir.c_str());
+    layers.push_back(std::make_unique<MoeLayer>(load_moe_layer(dir, cfg, l)));
+    const MoeWeights& w = layers.back()->weights();
+    const double E = static_cast<double>(w.experts.num_experts());
+    bytes.push_back(
+        {static_cast<double>(w.experts.nbytes()) / E, static_cast<double>(w.shared.nbytes() + w.router.nbytes())});
+  }
+  DecodeRow label;
+  label.shape = std::filesystem::path(dir).filename().string();
+  if (label.shape.empty()) label.shape = std::filesystem::path(dir).parent_path().filename().string();
+  label.dtype = layers.front()->weights().experts.down.describe();
+  label.layout = "checkpoint";
+  return time_layers(layers, bytes, label, p, limits, progress);
+}
+
 void print_md(const Header& h, const Limits& l, const Cache& llc, const std::vector<const BenchShape*>& shapes,
-              const std::vector<DecodeRow>& rows) {
+              const std::string& model, const std::vector<DecodeRow>& rows) {
   std::printf("moekit bench --decode (commit %s)\n\n", h.commit.c_str());
   std::printf("- machine: %s, %u hardware threads\n", h.cpu.c_str(), h.hardware_threads);
   std::printf("- SIMD target: %s\n", h.simd.c_str());
   std::printf("- last-level cache: %s, %s; layers per row: their experts at least 8x it (or --layers)\n",
               format_bytes(llc.bytes).c_str(), llc.source.c_str());
   std::printf("- %d passes over the layers per row after one warm-up pass, fresh random tokens every call\n", h.reps);
-  for (const BenchShape* s : shapes)
+  for (const BenchShape* s : (model.empty() ? shapes : std::vector<const BenchShape*>{}))
     std::printf("- %s: %s, D = %lld, F = %lld, E = %lld, K = %lld\n", s->name, s->description,
                 static_cast<long long>(s->D), static_cast<long long>(s->F), static_cast<long long>(s->E),
                 static_cast<long long>(s->K));
@@ -230,13 +281,17 @@ void run_decode(const Options& o) {
   const Cache llc = last_level_cache();
   const Limits limits = measure_limits(p, progress);
   std::vector<DecodeRow> rows;
-  for (const BenchShape* s : p.shapes)
-    for (const WeightFormat& d : p.dtypes)
-      for (const std::string& lay : p.layouts)
-        if (runs_layout(d, lay, p.layouts))
-          for (DecodeRow& r : run_layers(*s, d, lay, p, limits, llc.bytes, progress)) rows.push_back(std::move(r));
+  if (!o.model.empty()) {
+    rows = run_model(o.model, p, limits, progress);
+  } else {
+    for (const BenchShape* s : p.shapes)
+      for (const WeightFormat& d : p.dtypes)
+        for (const std::string& lay : p.layouts)
+          if (runs_layout(d, lay, p.layouts))
+            for (DecodeRow& r : run_layers(*s, d, lay, p, limits, llc.bytes, progress)) rows.push_back(std::move(r));
+  }
   if (o.output == "md")
-    print_md(h, limits, llc, p.shapes, rows);
+    print_md(h, limits, llc, p.shapes, o.model, rows);
   else if (o.output == "csv")
     print_csv(h, rows);
   else

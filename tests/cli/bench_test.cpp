@@ -217,11 +217,16 @@ TEST(BenchCli, BadOptionValuesAreOneErrorLineAndExitOne) {
       {"--decode", "--mode", "train"},
       {"--decode", "--simulate-threads", "2"},
       {"--decode", "--expert-parallel"},
+      {"--model", std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/qwen3_moe_q4_g64_bf16"},  // without --decode
+      {"--decode", "--model", std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/qwen3_moe_q4_g64_bf16", "--dtype", "f32"},
+      {"--decode", "--model", std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/qwen3_moe_q4_g64_bf16", "--layers", "2"},
+      {"--decode", "--model", "/nonexistent/folder"},
       {"--dtype", "q4"},  // group 64 does not divide tiny's F = 32
   };
   for (const auto& args : bad) {
     std::vector<std::string> full = {"--dram-mib", "16"};
-    if (args[0] != "--shape") full.insert(full.end(), {"--shape", "tiny"});
+    if (args[0] != "--shape" && std::find(args.begin(), args.end(), "--model") == args.end())
+      full.insert(full.end(), {"--shape", "tiny"});
     full.insert(full.end(), args.begin(), args.end());
     const BenchRun r = run_bench(full);
     const std::string what = args[0] + " '" + (args.size() > 1 ? args[1] : "") + "'";
@@ -297,6 +302,25 @@ TEST(BenchCli, DecodeRowsCarryTheTouchedBytesAndTheirShareOfDram) {
     const auto f = split(lines[i], ',');
     EXPECT_EQ(f[3], tokens[i - 1]);
     EXPECT_EQ(f[5], "64") << "tiny's layers are far below 8x any cache: the cap";
+  }
+}
+
+// --decode --model: a checkpoint's MoE layers as stored (here mlx-lm's 4-bit Qwen3-MoE golden, one
+// MoE layer), the touched bytes from its own experts.
+TEST(BenchCli, DecodeTimesACheckpointsOwnLayers) {
+  const std::string dir = std::string(MOEKIT_TEST_DATA_DIR) + "/quantized/qwen3_moe_q4_g64_bf16";
+  const BenchRun r = run_bench({"--decode", "--model", dir, "--tokens", "1,2", "--threads", "1", "--reps", "2",
+                                "--dram-mib", "16", "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["shape"], "qwen3_moe_q4_g64_bf16");
+    EXPECT_EQ(row["layout"], "checkpoint");
+    EXPECT_EQ(row["layers"], 1);
+    EXPECT_NE(row["dtype"].get<std::string>().find("4-bit affine"), std::string::npos) << row["dtype"];
+    EXPECT_GT(row["touched_bytes"].get<double>(), 0.0);
+    EXPECT_GT(row["dram_fraction"].get<double>(), 0.0);
   }
 }
 
