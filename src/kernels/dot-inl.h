@@ -217,17 +217,29 @@ void GemmBlocks(const RowSource& A, const BV& B, const Output& C, int64_t M, int
   }
 }
 
-// Row n of a quantized format's view decoded into dst [K] f32 (`row`: its stored elements, B.row(n)
-// or a copy unpacked into the view's form): exactly the values GroupedTile multiplies by.
-template <class BV>
-HWY_INLINE void DecodeRow(const BV& view, int64_t n, typename BV::Row row, int64_t K, float* dst) {
+// A decoded vector stored as f32, or as bf16 bits (uint16_t: the view's values are bf16 ones,
+// decode_dtype bf16, so the narrowing is exact).
+HWY_INLINE void StoreDecoded(DF df, hn::Vec<DF> v, float* dst) { hn::StoreU(v, df, dst); }
+HWY_INLINE void StoreDecoded(DF, hn::Vec<DF> v, uint16_t* dst) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> d16;
+  hn::StoreU(hn::TruncateTo(d16, hn::ShiftRight<16>(hn::BitCast(du, v))), d16, dst);
+}
+inline float Narrowed(float v, float*) { return v; }
+inline uint16_t Narrowed(float v, uint16_t*) { return f32_to_bf16(v); }  // exact: a bf16 value
+
+// Row n of a quantized format's view decoded into dst [K], f32 or bf16 bits (`row`: its stored
+// elements, B.row(n) or a copy unpacked into the view's form): exactly the values GroupedTile
+// multiplies by.
+template <class BV, class Out>
+HWY_INLINE void DecodeRow(const BV& view, int64_t n, typename BV::Row row, int64_t K, Out* dst) {
   const BV B = view;  // a local copy, as in GroupedTile
   const DF df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t g0 = 0; g0 < K; g0 += B.group()) {
     const typename BV::Scale s = B.scale(n, g0);
     const int64_t g1 = std::min(g0 + B.group(), K);
-    for (int64_t k = g0; k < g1; k += L) hn::StoreU(B.decode(df, row, k, K, s), df, dst + k);
+    for (int64_t k = g0; k < g1; k += L) StoreDecoded(df, B.decode(df, row, k, K, s), dst + k);
   }
 }
 
@@ -248,7 +260,9 @@ HWY_INLINE bool ViewFits(const WeightMatrix& B, int64_t K) {
 // this target when kInRegisters, where ViewFits:
 //  GemmWithView: gemm_nt with the weights decoded in registers; false where it cannot.
 //  DecodeRowsWith: rows [n0, n0 + rows) of B into dst [rows, K] with the tiles' values, element by
-//  element through `scalar(B, n, k)` (the format's reference decode) where the view cannot.
+//  element through `scalar(B, n, k)` (the format's reference decode) where the view cannot; dst
+//  f32, or bf16 bits for a B whose values are bf16 ones (decode_dtype bf16: the bf16 compute
+//  mode's decoded blocks, gemm.cpp), narrowed as each vector is stored.
 template <class View, bool kInRegisters>
 HWY_INLINE bool GemmWithView(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N,
                              int64_t K) {
@@ -261,12 +275,12 @@ HWY_INLINE bool GemmWithView(const RowSource& A, const WeightMatrix& B, const Ou
   }
 }
 
-template <class View, bool kInRegisters, class Scalar>
-HWY_INLINE void DecodeRowsWith(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst,
+template <class View, bool kInRegisters, class Out, class Scalar>
+HWY_INLINE void DecodeRowsWith(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, Out* dst,
                                const Scalar& scalar) {
   const bool simd = kInRegisters && ViewFits(B, K);
   for (int64_t r = 0; r < rows; ++r) {
-    float* d = dst + r * K;
+    Out* d = dst + r * K;
     const int64_t n = n0 + r;
     if constexpr (kInRegisters) {
       if (simd) {
@@ -275,41 +289,7 @@ HWY_INLINE void DecodeRowsWith(const WeightMatrix& B, int64_t n0, int64_t rows, 
         continue;
       }
     }
-    for (int64_t k = 0; k < K; ++k) d[k] = scalar(B, n, k);
-  }
-  (void)simd;
-}
-
-// DecodeRowsWith for a view whose values are bf16 ones (decode_dtype bf16): each decoded vector
-// narrowed to its bf16 bits as it is stored (exact), one pass instead of an f32 row and a second
-// conversion pass (the bf16 compute mode's decoded blocks, gemm.cpp).
-template <class View, bool kInRegisters, class Scalar>
-HWY_INLINE void DecodeRowsBf16With(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, uint16_t* dst,
-                                   const Scalar& scalar) {
-  const bool simd = kInRegisters && ViewFits(B, K);
-  for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* d = dst + r * K;
-    const int64_t n = n0 + r;
-    if constexpr (kInRegisters) {
-      if (simd) {
-        const View view{B};
-        const DF df;
-        const hn::RebindToUnsigned<DF> du;
-        const hn::Rebind<uint16_t, DF> d16;
-        const int64_t L = static_cast<int64_t>(hn::Lanes(df));
-        const auto row = view.row(n);
-        for (int64_t g0 = 0; g0 < K; g0 += view.group()) {
-          const typename View::Scale sc = view.scale(n, g0);
-          const int64_t g1 = std::min(g0 + view.group(), K);
-          for (int64_t k = g0; k < g1; k += L) {
-            const auto bits = hn::ShiftRight<16>(hn::BitCast(du, view.decode(df, row, k, K, sc)));
-            hn::StoreU(hn::TruncateTo(d16, bits), d16, d + k);
-          }
-        }
-        continue;
-      }
-    }
-    for (int64_t k = 0; k < K; ++k) d[k] = f32_to_bf16(scalar(B, n, k));  // exact: a bf16 value
+    for (int64_t k = 0; k < K; ++k) d[k] = Narrowed(scalar(B, n, k), d);
   }
   (void)simd;
 }

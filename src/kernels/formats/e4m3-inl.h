@@ -65,7 +65,7 @@ inline void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t
 
 // B with decode_dtype bf16, as bf16 bits (the bf16 compute mode's blocks).
 inline void DequantRowsBf16(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, uint16_t* dst) {
-  DecodeRowsBf16With<E4m3B, kInRegisters>(B, n0, rows, K, dst, formats::e4m3::decode);
+  DecodeRowsWith<E4m3B, kInRegisters>(B, n0, rows, K, dst, formats::e4m3::decode);
 }
 
 }  // namespace moekit::kernels::HWY_NAMESPACE::e4m3
