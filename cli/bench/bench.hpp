@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -126,6 +127,10 @@ struct Header {
 };
 
 double median_of(std::vector<double> v);
+/// The md output's first lines: "<title> (commit ...)", the machine and the SIMD target.
+void print_md_header(const char* title, const Header& h);
+/// The json output's header fields: commit, cpu, hardware_threads, simd_target, threads, reps, seed.
+nlohmann::json header_json(const Header& h);
 /// Three significant digits, at least one decimal below 100 ("0.412", "14.8", "196").
 std::string sig3(double v);
 

@@ -204,9 +204,7 @@ std::vector<DecodeRow> run_model(const std::string& dir, const Plan& p, const Li
 
 void print_md(const Header& h, const Limits& l, const Cache& llc, const std::vector<const BenchShape*>& shapes,
               const std::string& model, const std::vector<DecodeRow>& rows) {
-  std::printf("moekit bench --decode (commit %s)\n\n", h.commit.c_str());
-  std::printf("- machine: %s, %u hardware threads\n", h.cpu.c_str(), h.hardware_threads);
-  std::printf("- SIMD target: %s\n", h.simd.c_str());
+  print_md_header("moekit bench --decode", h);
   std::printf("- last-level cache: %s, %s; layers per row: their experts at least 8x it (or --layers)\n",
               format_bytes(llc.bytes).c_str(), llc.source.c_str());
   std::printf("- %d passes over the layers per row after one warm-up pass, fresh random tokens every call\n", h.reps);
@@ -242,14 +240,8 @@ void print_csv(const Header& h, const std::vector<DecodeRow>& rows) {
 }
 
 void print_json(const Header& h, const Limits& l, const Cache& llc, const std::vector<DecodeRow>& rows) {
-  nlohmann::json j;
+  nlohmann::json j = header_json(h);
   j["mode"] = "decode";
-  j["commit"] = h.commit;
-  j["cpu"] = h.cpu;
-  j["hardware_threads"] = h.hardware_threads;
-  j["simd_target"] = h.simd;
-  j["reps"] = h.reps;
-  j["seed"] = h.seed;
   j["last_level_cache_bytes"] = llc.bytes;
   j["last_level_cache_source"] = llc.source;
   j["dram_read"] = {{"gbps", l.dram_gbs}, {"threads", l.dram_threads}, {"bytes", l.dram_bytes}};

@@ -56,11 +56,21 @@ std::string sig3(double v) {
   return fmt("%.3f", v);
 }
 
-void print_md(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
-              const std::vector<Row>& rows) {
-  std::printf("moekit bench (commit %s)\n\n", h.commit.c_str());
+void print_md_header(const char* title, const Header& h) {
+  std::printf("%s (commit %s)\n\n", title, h.commit.c_str());
   std::printf("- machine: %s, %u hardware threads\n", h.cpu.c_str(), h.hardware_threads);
   std::printf("- SIMD target: %s\n", h.simd.c_str());
+}
+
+nlohmann::json header_json(const Header& h) {
+  return {{"commit", h.commit},    {"cpu", h.cpu},         {"hardware_threads", h.hardware_threads},
+          {"simd_target", h.simd}, {"threads", h.threads}, {"reps", h.reps},
+          {"seed", h.seed}};
+}
+
+void print_md(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
+              const std::vector<Row>& rows) {
+  print_md_header("moekit bench", h);
   std::printf("- threads: %s; %d timed calls per row after one warm-up (median and min)\n",
               join_ints(h.threads).c_str(), h.reps);
   for (const BenchShape* s : shapes)
@@ -150,14 +160,7 @@ void print_csv(const Header& h, const std::vector<Row>& rows) {
 
 void print_json(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
                 const std::vector<Row>& rows) {
-  nlohmann::json j;
-  j["commit"] = h.commit;
-  j["cpu"] = h.cpu;
-  j["hardware_threads"] = h.hardware_threads;
-  j["simd_target"] = h.simd;
-  j["threads"] = h.threads;
-  j["reps"] = h.reps;
-  j["seed"] = h.seed;
+  nlohmann::json j = header_json(h);
   j["limits"] = nlohmann::json::array();
   j["limits"].push_back({{"name", "dram_read"},
                          {"unit", "GB/s"},
