@@ -273,6 +273,23 @@ def write_release(d, cfg, c, tensors, decoded, st, rng):
     save_io(d, x, *settle_routing(c, st, x, rng))
 
 
+def bf16_router(rng, blk, E, D):
+    """A plain BF16 router (Qwen3-MoE's `mlp.gate`): tensors, and the reference's view."""
+    router = lg.bf16_round(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
+    return [(f"{blk}.gate.weight", router, "BF16")], {f"{blk}.gate.weight": (router, "BF16")}
+
+
+def compressed_tensors_config(fmt, weights, ignore, activations=None, group_format=False):
+    """A compressed-tensors quantization_config with one config group (`format` repeated in the group
+    where the release writes it there)."""
+    group = {"targets": ["Linear"], "weights": weights}
+    if group_format:
+        group["format"] = fmt
+    group["input_activations"] = activations
+    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
+            "config_groups": {"group_0": group}, "ignore": ignore}
+
+
 def deepseek_router(rng, blk, E, D):
     """A DeepSeek-V3 router as released: BF16 weight, F32 selection bias (tensors, and the reference's view)."""
     router = lg.bf16_round(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
@@ -326,17 +343,13 @@ def build_fp8_channel(dequant, source):
     cfg = lg.make_config(c)
     weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "group_size": None,
                "block_structure": None, "dynamic": False, "observer": "minmax"}
-    cfg["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": "float-quantized",
-                                      "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                                                            "dynamic": True, "symmetric": True}}},
-        "ignore": ["lm_head", "re:.*mlp.gate$"]}
+    cfg["quantization_config"] = compressed_tensors_config(
+        "float-quantized", weights, ["lm_head", "re:.*mlp.gate$"],
+        activations={"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True, "symmetric": True},
+        group_format=True)
     blk = f"model.layers.{L}.mlp"
     bf = lg.bf16_round
-    router = bf(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
-    tensors = [(f"{blk}.gate.weight", router, "BF16")]
-    st = {f"{blk}.gate.weight": (router, "BF16")}
+    tensors, st = bf16_router(rng, blk, E, D)
     decoded = []
     for e in range(E):
         for p in ("gate_proj", "up_proj", "down_proj"):
@@ -385,10 +398,9 @@ def build_int4_kimi(unpack, dequant, source):
     cfg = lg.make_config(c)
     weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
                "block_structure": None, "dynamic": False, "observer": "minmax", "actorder": None}
-    cfg["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
-        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]}
+    cfg["quantization_config"] = compressed_tensors_config(
+        "pack-quantized", weights,
+        ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"])
     blk = f"model.layers.{L}.mlp"
     bf = lg.bf16_round
     tensors, st = deepseek_router(rng, blk, E, D)
@@ -434,14 +446,9 @@ def build_int4_asym(unpack, dequant, source):
     cfg = lg.make_config(c)
     weights = {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group", "group_size": G,
                "block_structure": None, "dynamic": False, "observer": "minmax", "actorder": None}
-    cfg["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
-        "ignore": ["lm_head", "re:.*mlp.gate$"]}
+    cfg["quantization_config"] = compressed_tensors_config("pack-quantized", weights, ["lm_head", "re:.*mlp.gate$"])
     blk = f"model.layers.{L}.mlp"
-    router = lg.bf16_round(rng.standard_normal((E, D)).astype(np.float32) / np.sqrt(D))
-    tensors = [(f"{blk}.gate.weight", router, "BF16")]
-    st = {f"{blk}.gate.weight": (router, "BF16")}
+    tensors, st = bf16_router(rng, blk, E, D)
     decoded = []
 
     def pack_nibbles(nib, axis):
