@@ -15,17 +15,6 @@ namespace moekit {
 
 namespace {
 
-// Element i of a bf16, f16 or f32 array set to v (rounded to the dtype).
-void store_scalar(void* base, DType dtype, std::int64_t i, float v) {
-  auto* b = static_cast<std::uint8_t*>(base);
-  if (dtype == DType::bf16 || dtype == DType::f16) {
-    const std::uint16_t h = dtype == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
-    std::memcpy(b + 2 * i, &h, 2);
-  } else {
-    std::memcpy(b + 4 * i, &v, 4);
-  }
-}
-
 using detail::replace_layer;
 
 // Reads tensors of one block, with messages that name the file, the tensor and the expectation.
@@ -281,14 +270,13 @@ class BlockReader {
       // owned [out, groups] array: the kernels read a zero point where they read its scale).
       expect(zname, {(out + 7) / 8, groups}, {"I32"});
       const std::uint8_t* zb = ckpt_->bytes(full(zname));
-      auto z =
-          std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(out * groups) * dtype_size(sv.dtype()));
+      Tensor zf({out, groups}, DType::f32);
       for (std::int64_t r = 0; r < out; ++r)
         for (std::int64_t g = 0; g < groups; ++g) {
           const std::uint8_t byte = zb[((r / 8) * groups + g) * 4 + (r % 8) / 2];
-          const float zp = static_cast<float>(static_cast<int>((byte >> (4 * (r % 2))) & 0xF) - 8);
-          store_scalar(z->data(), sv.dtype(), r * groups + g, zp);  // exact in bf16, f16 and f32
+          zf.data_as<float>()[r * groups + g] = static_cast<float>(static_cast<int>((byte >> (4 * (r % 2))) & 0xF) - 8);
         }
+      auto z = std::make_shared<Tensor>(to_dtype(zf, sv.dtype()));  // exact in bf16, f16 and f32
       m.biases = {z->data()};
       keep.push_back(z);  // side data like FP8's pread scales: the codes stay in place
     }

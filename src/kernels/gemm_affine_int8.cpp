@@ -27,7 +27,6 @@
 // from affine_int8-inl.h (bit-identical for 4-bit codes, to f32 rounding for 8-bit). Elsewhere
 // the same arithmetic in portable C++.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -163,7 +162,7 @@ std::int32_t block_dot_scalar(const QuantA& qa, std::int64_t m, const std::uint8
 }
 
 // Bytes between rows of B's codes (its container's elements: u32 words for affine, bytes else).
-std::int64_t row_stride_bytes(const WeightMatrix& B) { return B.dtype == DType::u32 ? B.ld * 4 : B.ld; }
+std::int64_t row_stride_bytes(const WeightMatrix& B) { return B.ld * static_cast<std::int64_t>(dtype_size(B.dtype)); }
 
 const std::uint8_t* row_bytes(const WeightMatrix& B, std::int64_t n) {
   return static_cast<const std::uint8_t*>(B.data) + n * row_stride_bytes(B);
@@ -202,7 +201,6 @@ const float* widen_scales(const WeightMatrix& B, std::int64_t n, int rows, std::
   };
   static const F8Table e8m0(DType::f8_e8m0), e4m3(DType::f8_e4m3);
   const auto* bytes = static_cast<const std::uint8_t*>(B.scales);
-  const auto* halves = static_cast<const std::uint16_t*>(B.scales);
   switch (B.format.scale_dtype) {
     case DType::f8_e8m0:
       each([&](std::int64_t i) { return e8m0.v[bytes[i]]; });
@@ -211,7 +209,7 @@ const float* widen_scales(const WeightMatrix& B, std::int64_t n, int rows, std::
       each([&](std::int64_t i) { return e4m3.v[bytes[i]]; });
       break;
     case DType::bf16:
-      each([&](std::int64_t i) { return std::bit_cast<float>(std::uint32_t{halves[i]} << 16); });
+      each([&](std::int64_t i) { return load_f32(B.scales, DType::bf16, i); });  // the dtype known here
       break;
     default:
       each([&](std::int64_t i) { return load_f32(B.scales, B.format.scale_dtype, i); });
