@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds ggml's test-backend-ops from the llama.cpp sources vendored in PyPI's llama-cpp-python
-# source distribution, under build-peers/ggml/. Idempotent: prints nothing when the binary is there.
+# source distribution, under build-peers/ggml/; `setup_ggml.sh decode` builds instead only the ggml
+# libraries and bench/peers/ggml_decode.cpp against them (build-peers/ggml/ggml_decode, the fair
+# decode harness of decode.sh). Idempotent: prints nothing when the binary is there.
 # On success prints nothing on stdout; on failure prints one line "not measured: <reason>" on
 # stdout and exits 1 (run.sh puts that line in the table).
 # Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), PEERS_DIR.
@@ -10,12 +12,16 @@ PEERS_DIR="${PEERS_DIR:-$ROOT/build-peers}"
 DIR="$PEERS_DIR/ggml"
 WANT_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 BIN_LINK="$DIR/test-backend-ops"
+MODE="${1:-test-backend-ops}"
+[[ $MODE == decode ]] && BIN_LINK="$DIR/ggml_decode"
+[[ $MODE == decode || $MODE == test-backend-ops ]] || { echo "setup_ggml.sh: unknown mode '$MODE'" >&2; exit 2; }
 mkdir -p "$DIR"
 
 log() { echo "peers/ggml: $*" >&2; }
 fail() { log "$*"; echo "not measured: $*"; exit 1; }
 
-[[ -x "$BIN_LINK" && -f "$DIR/VERSION" ]] && exit 0
+# (the harness is rebuilt when its source is newer than it)
+[[ -x "$BIN_LINK" && -f "$DIR/VERSION" && ! ( $MODE == decode && "$ROOT/bench/peers/ggml_decode.cpp" -nt "$BIN_LINK" ) ]] && exit 0
 
 # 1. The source distribution (the exact version, else the newest PyPI has; VERSION records which).
 sdist="$(ls "$DIR"/llama_cpp_python-*.tar.gz 2>/dev/null | head -n1)"
@@ -105,12 +111,28 @@ fi
 # 3. Configure and build only test-backend-ops (it links libllama and llama-common, so those build
 #    too; tools, examples, server and HTTPS are off). nice: the machine is shared.
 bdir="$DIR/build-$version"
-log "building test-backend-ops of llama.cpp from llama-cpp-python $version (Release, GGML_NATIVE; minutes)"
 command -v cmake >/dev/null && command -v ninja >/dev/null || fail "cmake and ninja are needed (apt-get install cmake ninja-build)"
-nice -n 19 cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
-    >"$DIR/cmake-configure.log" 2>&1 || fail "cmake configure failed (see $DIR/cmake-configure.log)"
+if [[ ! -f "$bdir/build.ninja" ]]; then
+    nice -n 19 cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
+        >"$DIR/cmake-configure.log" 2>&1 || fail "cmake configure failed (see $DIR/cmake-configure.log)"
+fi
+if [[ $MODE == decode ]]; then
+    # The decode harness needs only ggml (ggml-base + ggml-cpu, OpenMP as llama.cpp builds it).
+    log "building ggml of llama-cpp-python $version and the decode harness (a few minutes)"
+    nice -n 19 cmake --build "$bdir" --target ggml -j "${PEERS_BUILD_JOBS:-2}" \
+        >"$DIR/cmake-build-ggml.log" 2>&1 || fail "build of ggml failed (see $DIR/cmake-build-ggml.log)"
+    libs=("$bdir/ggml/src/libggml.a" "$bdir/ggml/src/libggml-cpu.a" "$bdir/ggml/src/libggml-base.a")
+    for l in "${libs[@]}"; do [[ -f $l ]] || fail "no $l after the ggml build"; done
+    g++ -O2 -std=c++17 -I "$src/ggml/include" "$ROOT/bench/peers/ggml_decode.cpp" "${libs[@]}" \
+        -fopenmp -lpthread -ldl -o "$BIN_LINK" 2>"$DIR/ggml_decode-build.log" ||
+        fail "build of ggml_decode failed (see $DIR/ggml_decode-build.log)"
+    echo "$version" > "$DIR/VERSION"
+    log "ggml_decode ready ($version)"
+    exit 0
+fi
+log "building test-backend-ops of llama.cpp from llama-cpp-python $version (Release, GGML_NATIVE; minutes)"
 nice -n 19 cmake --build "$bdir" --target test-backend-ops -j "${PEERS_BUILD_JOBS:-2}" \
     >"$DIR/cmake-build.log" 2>&1 || fail "build of test-backend-ops failed (see $DIR/cmake-build.log)"
 bin="$(find "$bdir" -type f -name test-backend-ops -perm -u+x | head -n1)"
