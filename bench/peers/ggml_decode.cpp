@@ -114,7 +114,7 @@ Graph build_graph(const Layer& w, ggml_tensor* x, int64_t K) {
   const int64_t D = x->ne[0], T = x->ne[1], E = w.gate->ne[2];
   ggml_tensor* logits = ggml_mul_mat(g.ctx, w.router, x);  // [E, T]
   ggml_tensor* probs = ggml_soft_max(g.ctx, logits);
-  ggml_tensor* sel = ggml_argsort_top_k(g.ctx, probs, static_cast<int>(K));  // [K, T]
+  ggml_tensor* sel = ggml_argsort_top_k(g.ctx, probs, static_cast<int>(K));                  // [K, T]
   ggml_tensor* weights = ggml_get_rows(g.ctx, ggml_reshape_3d(g.ctx, probs, 1, E, T), sel);  // [1, K, T]
   weights = ggml_reshape_2d(g.ctx, weights, K, T);
   weights = ggml_div(g.ctx, weights, ggml_sum_rows(g.ctx, weights));
@@ -127,7 +127,8 @@ Graph build_graph(const Layer& w, ggml_tensor* x, int64_t K) {
   experts = ggml_mul(g.ctx, experts, weights);
   ggml_tensor* out = ggml_view_2d(g.ctx, experts, D, T, experts->nb[2], 0);
   for (int64_t k = 1; k < K; ++k)
-    out = ggml_add(g.ctx, out, ggml_view_2d(g.ctx, experts, D, T, experts->nb[2], static_cast<size_t>(k) * experts->nb[1]));
+    out = ggml_add(g.ctx, out,
+                   ggml_view_2d(g.ctx, experts, D, T, experts->nb[2], static_cast<size_t>(k) * experts->nb[1]));
   ggml_set_output(sel);
   ggml_set_output(out);
   g.gf = ggml_new_graph(g.ctx);
@@ -149,15 +150,24 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) die("option " + a + " needs a value");
     const std::string v = argv[++i];
-    if (a == "--type") type_name = v;
-    else if (a == "--layout") layout = v;
-    else if (a == "--dims") dims = parse_list(v);
-    else if (a == "--tokens") tokens = parse_list(v);
-    else if (a == "--threads") threads = parse_list(v).at(0);
-    else if (a == "--layers") layers = parse_list(v).at(0);
-    else if (a == "--reps") reps = parse_list(v).at(0);
-    else if (a == "--seed") seed = parse_list(v).at(0);
-    else die("unknown option " + a);
+    if (a == "--type")
+      type_name = v;
+    else if (a == "--layout")
+      layout = v;
+    else if (a == "--dims")
+      dims = parse_list(v);
+    else if (a == "--tokens")
+      tokens = parse_list(v);
+    else if (a == "--threads")
+      threads = parse_list(v).at(0);
+    else if (a == "--layers")
+      layers = parse_list(v).at(0);
+    else if (a == "--reps")
+      reps = parse_list(v).at(0);
+    else if (a == "--seed")
+      seed = parse_list(v).at(0);
+    else
+      die("unknown option " + a);
   }
   if (dims.size() != 4) die("--dims takes D,F,E,K");
   if (layout != "plain" && layout != "repack") die("--layout is plain or repack");

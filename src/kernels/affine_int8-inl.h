@@ -23,10 +23,14 @@ MOEKIT_I8_ATTR inline float MOEKIT_I8_NAME(reduce8)(__m256 v) {
 
 // MR rows of A against NR rows of B (MR · NR int32 accumulators of 8 lanes per group; a row's
 // unpacked codes serve all MR rows of A), then per group one multiply-add each into f32
-// accumulators; reduced at the end in a fixed order.
+// accumulators; reduced at the end in a fixed order. `ws` points at the tile's first row's scales
+// widened to f32 (widen_scales for `ws_rows` rows: row j's scales at ws + j · groups, its biases
+// ws_rows · groups further). The loops over the tile are unrolled so its accumulators stay in
+// registers. A tile of one row (decode) reads its row in address order and leaves the fetching
+// to the hardware prefetcher, which follows one stream well; wider tiles prefetch (below).
 template <Codes kCodes, int MR, int NR>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t m,
-                                         std::int64_t n) {
+                                         std::int64_t n, const float* ws, int ws_rows) {
   constexpr int kBits = kCodes == Codes::affine8 ? 8 : 4;
   const int gs = B.format.block_cols;
   const std::uint8_t* rows[NR];
@@ -51,7 +55,7 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
     for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
-      if (MR == 1 || m == 0)  // the first strip of A's rows fetches for the others
+      if (NR > 1 && (MR == 1 || m == 0))  // the first strip of A's rows fetches for the others
         for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + k * kBits / 8), _MM_HINT_T0);
       if constexpr (kBits == 4) {
         __m256i a[MR];
@@ -94,10 +98,10 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
 #endif
       }
     }
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const std::int64_t sg = (n + j) * B.scale_ld + g;
-      const float s = load_f32(B.scales, B.format.scale_dtype, sg);
-      const float b = load_f32(B.biases, B.format.scale_dtype, sg);
+      const float s = ws[j * qa.groups + g], b = ws[(ws_rows + j) * qa.groups + g];
+#pragma GCC unroll 2
       for (int i = 0; i < MR; ++i) {
         const std::size_t gi = static_cast<std::size_t>((m + i) * qa.groups + g);
         acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]), _mm256_set1_ps(s * qa.d[gi]), acc[i][j]);
@@ -114,7 +118,7 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
 // The same for signed 4-bit codes (e2m1, int4): the nibbles' integers w from a 16-entry table
 // (`vpshufb`), multiplied as |w| (u8) times the activation with w's sign (`vpsignb`); no bias.
 // `ws` holds the NR rows' scales widened to f32 and multiplied by the codes' factor
-// (ws[j · groups + g]). A span is a group, or for groups of 16 (NVFP4) a 32-block holding two:
+// (ws[j · groups + g]); prefetching as tile(). A span is a group, or for groups of 16 (NVFP4) a 32-block holding two:
 // its int32 lanes {0, 1, 4, 5} hold the first group's products and {2, 3, 6, 7} the second's (the
 // nibble order), so the span's multiply-add takes a scale per lane.
 template <int MR, int NR>
@@ -138,7 +142,7 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(signed_tile)(const QuantA& qa, const WeightMa
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NR; ++j) isum[i][j] = _mm256_setzero_si256();
     for (std::int64_t k = g * gs; k < g * gs + span; k += 32) {
-      if (MR == 1 || m == 0)
+      if (NR > 1 && (MR == 1 || m == 0))
         for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + k / 2), _MM_HINT_T0);
       __m256i a[MR];
       for (int i = 0; i < MR; ++i)
@@ -173,29 +177,47 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(signed_tile)(const QuantA& qa, const WeightMa
 
 // Every row of A over NR rows of B at a time (their codes stay in L1 across the strips of A):
 // strips of 2 rows of A (NR = 2) and then of 1, each unpacking the codes once for its rows;
-// signed codes' scales widened once for all the strips.
+// the scales (and biases) widened once for all the strips.
 // AVX2 has 16 vector registers: MR · NR int32 and as many f32 accumulators must leave room for
-// the activations, the codes and two constants, so tiles are 1 × 4 (a single row of A) or 2 × 2
-// (and 1 × 2 for an odd last row).
+// the activations, the codes and two constants, so tiles are 2 × 2 (and 1 × 2 for an odd last
+// row); a single row of A takes single_row() below.
 template <Codes kCodes, int NR>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(columns)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
                                             std::int64_t n) {
-  const float* ws = nullptr;
-  if constexpr (kCodes == Codes::signed4) ws = widen_scales(B, n, NR, qa.groups);
+  const float* ws = widen_scales(B, n, NR, qa.groups);
   std::int64_t m = 0;
   if constexpr (NR == 2)
     for (; m + 2 <= M; m += 2) {
       if constexpr (kCodes == Codes::signed4) {
         MOEKIT_I8_NAME(signed_tile)<2, 2>(qa, B, C, m, n, ws);
       } else {
-        MOEKIT_I8_NAME(tile)<kCodes, 2, 2>(qa, B, C, m, n);
+        MOEKIT_I8_NAME(tile)<kCodes, 2, 2>(qa, B, C, m, n, ws, NR);
       }
     }
   for (; m < M; ++m) {
     if constexpr (kCodes == Codes::signed4) {
       MOEKIT_I8_NAME(signed_tile)<1, NR>(qa, B, C, m, n, ws);
     } else {
-      MOEKIT_I8_NAME(tile)<kCodes, 1, NR>(qa, B, C, m, n);
+      MOEKIT_I8_NAME(tile)<kCodes, 1, NR>(qa, B, C, m, n, ws, NR);
+    }
+  }
+}
+
+// One row of A (decode): B's rows one at a time, in address order, their scales widened 8 rows
+// at a time. The same per-element arithmetic as the wider tiles (the same bits).
+template <Codes kCodes>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(single_row)(const QuantA& qa, const WeightMatrix& B, const Output& C,
+                                               std::int64_t n0, std::int64_t n1) {
+  constexpr int kRows = 8;
+  for (std::int64_t n = n0; n < n1; n += kRows) {
+    const int rows = static_cast<int>(std::min<std::int64_t>(kRows, n1 - n));
+    const float* ws = widen_scales(B, n, rows, qa.groups);
+    for (int j = 0; j < rows; ++j) {
+      if constexpr (kCodes == Codes::signed4) {
+        MOEKIT_I8_NAME(signed_tile)<1, 1>(qa, B, C, 0, n + j, ws + j * qa.groups);
+      } else {
+        MOEKIT_I8_NAME(tile)<kCodes, 1, 1>(qa, B, C, 0, n + j, ws + j * qa.groups, rows);
+      }
     }
   }
 }
@@ -205,6 +227,9 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(kernel)(const QuantA& qa, const WeightMatrix&
                                            std::int64_t N) {
   std::int64_t n = 0;
   if (M == 1) {
+    // Signed codes in groups of 32 or fewer take a multiply-add per 32-block into each row's
+    // accumulator: a row alone would wait on that chain's latency, so they go 4 rows at a time.
+    if (kCodes != Codes::signed4 || qa.K / qa.groups >= 64) return MOEKIT_I8_NAME(single_row)<kCodes>(qa, B, C, 0, N);
     for (; n + 4 <= N; n += 4) MOEKIT_I8_NAME(columns)<kCodes, 4>(qa, B, C, M, n);
   } else {
     for (; n + 2 <= N; n += 2) MOEKIT_I8_NAME(columns)<kCodes, 2>(qa, B, C, M, n);

@@ -20,7 +20,7 @@
 // the bound is the same with the exact weights (int4 decoded in bf16 / f16: the weight unrounded,
 // docs/numerics.md). Only the x86 kernels and the portable one take them (no AMX kernel).
 //
-// x86 with AVX512-VNNI, on request (best_path): `vpdpbusd` on 256-bit vectors, u8 codes × int8
+// x86 with AVX512-VNNI (best_path picks it where present): `vpdpbusd` on 256-bit vectors, u8 codes × int8
 // activations (4- and 8-bit).
 // x86 with AVX2: codes and activations as bytes, `vpmaddubsw` + `vpmaddwd` (4-bit: the codes are
 // u8 ≤ 15, so a pair of products fits an int16) or widened to int16 and `vpmaddwd` (8-bit); both
@@ -185,36 +185,48 @@ struct F8Table {
   }
 };
 
-// The scales of rows [n, n + rows) of signed codes B as f32 times the codes' factor, in this
-// thread's scratch (element j · groups + g, valid until its next call). The dtype is decided
-// once per call, not per scale (8-bit encodings through a table of their 256 values).
+// rows × groups values of B's scale-shaped array `src` (row stride B.scale_ld) widened to f32 and
+// times f, into dst (row j at j · groups); `value(bytes, i)` decodes element i.
+template <class Value>
+void widen_rows(const WeightMatrix& B, const void* src, std::int64_t n, int rows, std::int64_t groups, float f,
+                float* dst, Value value) {
+  const auto* bytes = static_cast<const std::uint8_t*>(src);
+  for (int j = 0; j < rows; ++j) {
+    const std::int64_t base = (n + j) * B.scale_ld;
+    float* o = dst + j * groups;
+    for (std::int64_t g = 0; g < groups; ++g) o[g] = value(bytes, base + g) * f;
+  }
+}
+
+// The scales of rows [n, n + rows) of B as f32 (signed codes: times the codes' factor), then for
+// affine codes their biases, in this thread's scratch: scale of row j, group g at j · groups + g,
+// its bias at (rows + j) · groups + g; valid until the thread's next call. The dtype is decided
+// once per call, not per scale (8-bit encodings through a table of their 256 values), so the
+// tiles' per-group epilogue reads plain floats from L1.
 const float* widen_scales(const WeightMatrix& B, std::int64_t n, int rows, std::int64_t groups) {
   thread_local std::vector<float> out;
-  out.resize(static_cast<std::size_t>(rows * groups));
-  const float factor = signed_codes(B.format).scale;
-  const auto each = [&](auto value) {
-    for (int j = 0; j < rows; ++j) {
-      const std::int64_t base = (n + j) * B.scale_ld;
-      float* o = out.data() + j * groups;
-      for (std::int64_t g = 0; g < groups; ++g) o[g] = value(base + g) * factor;
+  const bool affine = codes_of(B.format) != Codes::signed4;
+  out.resize(static_cast<std::size_t>((affine ? 2 : 1) * rows * groups));
+  static const F8Table e8m0(DType::f8_e8m0), e4m3(DType::f8_e4m3);
+  const DType dt = B.format.scale_dtype;
+  const auto widen = [&](const void* src, float* dst, float f) {
+    switch (dt) {
+      case DType::f8_e8m0:
+        return widen_rows(B, src, n, rows, groups, f, dst,
+                          [](const std::uint8_t* p, std::int64_t i) { return e8m0.v[p[i]]; });
+      case DType::f8_e4m3:
+        return widen_rows(B, src, n, rows, groups, f, dst,
+                          [](const std::uint8_t* p, std::int64_t i) { return e4m3.v[p[i]]; });
+      case DType::bf16:  // the dtype known here
+        return widen_rows(B, src, n, rows, groups, f, dst,
+                          [](const std::uint8_t* p, std::int64_t i) { return load_f32(p, DType::bf16, i); });
+      default:
+        return widen_rows(B, src, n, rows, groups, f, dst,
+                          [dt](const std::uint8_t* p, std::int64_t i) { return load_f32(p, dt, i); });
     }
   };
-  static const F8Table e8m0(DType::f8_e8m0), e4m3(DType::f8_e4m3);
-  const auto* bytes = static_cast<const std::uint8_t*>(B.scales);
-  switch (B.format.scale_dtype) {
-    case DType::f8_e8m0:
-      each([&](std::int64_t i) { return e8m0.v[bytes[i]]; });
-      break;
-    case DType::f8_e4m3:
-      each([&](std::int64_t i) { return e4m3.v[bytes[i]]; });
-      break;
-    case DType::bf16:
-      each([&](std::int64_t i) { return load_f32(B.scales, DType::bf16, i); });  // the dtype known here
-      break;
-    default:
-      each([&](std::int64_t i) { return load_f32(B.scales, B.format.scale_dtype, i); });
-      break;
-  }
+  widen(B.scales, out.data(), affine ? 1.0f : signed_codes(B.format).scale);
+  if (affine) widen(B.biases, out.data() + rows * groups, 1.0f);
   return out.data();
 }
 
@@ -292,16 +304,16 @@ bool have_vnni() {
 }
 #endif
 
-// What Int8Path::best resolves to: AVX2 where the CPU has it, AVX512-VNNI or not — decode is
-// bound by the weight stream and the per-group float work, not by the integer dot products that
-// VNNI shortens (docs/performance.md) — or what MOEKIT_INT8_PATH=avx512vnni|avx2|portable asks
-// for, where the CPU has it.
+// What Int8Path::best resolves to: AVX512-VNNI where the CPU has it (one `vpdpbusd` per 32 codes
+// instead of three instructions: with the per-group epilogue reading widened scales, the dot
+// products are a decode step's cost, docs/performance.md), else AVX2 — or what
+// MOEKIT_INT8_PATH=avx512vnni|avx2|portable asks for, where the CPU has it.
 detail::Int8Path best_path() {
   static const detail::Int8Path path = [] {
     const char* env = std::getenv("MOEKIT_INT8_PATH");
     const auto is = [env](const char* name) { return env && std::strcmp(env, name) == 0; };
 #if MOEKIT_X86
-    if (is("avx512vnni") && have_vnni()) return detail::Int8Path::avx512vnni;
+    if (have_vnni() && !is("avx2") && !is("portable")) return detail::Int8Path::avx512vnni;
     if (have_avx2() && !is("portable")) return detail::Int8Path::avx2;
 #endif
     (void)is;
