@@ -58,6 +58,28 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
       if (NR > 1 && (MR == 1 || m == 0))  // the first strip of A's rows fetches for the others
         for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j] + ahead + k * kBits / 8), _MM_HINT_T0);
       if constexpr (kBits == 4) {
+        if (qa.pair64) {  // 64 codes from 32 bytes: low nibbles (even elements), then high (odd)
+          if (k % 64 != 0) continue;
+          __m256i lo_a[MR], hi_a[MR];
+          for (int i = 0; i < MR; ++i) {
+            lo_a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
+            hi_a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k + 32));
+          }
+          for (int j = 0; j < NR; ++j) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + k / 2));
+            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            for (int i = 0; i < MR; ++i) {
+#if MOEKIT_I8_VNNI
+              isum[i][j] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(isum[i][j], lo, lo_a[i]), hi, hi_a[i]);
+#else
+              isum[i][j] = _mm256_add_epi32(
+                  isum[i][j], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, lo_a[i]), ones),
+                                               _mm256_madd_epi16(_mm256_maddubs_epi16(hi, hi_a[i]), ones)));
+#endif
+            }
+          }
+          continue;
+        }
         __m256i a[MR];
         for (int i = 0; i < MR; ++i)
           a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
@@ -203,6 +225,112 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(columns)(const QuantA& qa, const WeightMatrix
   }
 }
 
+// MR (1 or 2) rows of A against one row of B holding affine codes in groups of 64 — 4-bit in
+// the pair64 order (32 code bytes: low nibbles, then high) or 8-bit (64 code bytes): a decode
+// step's inner loop, straight-line per group — the codes loaded once for the MR rows, the dot
+// products, one multiply-add and the bias term. `s` and `b` are B's row's widened scales and
+// biases. The same float steps as tile(), and each int32 lane sums the same products: the same
+// bits.
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(load256)(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+template <Codes kCodes, int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(row_g64)(const QuantA& qa, std::int64_t m, const std::uint8_t* row,
+                                                   const float* s, const float* b, float* out) {
+  constexpr bool k4 = kCodes == Codes::affine4;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+#if !MOEKIT_I8_VNNI
+  const __m256i ones = _mm256_set1_epi16(1);
+#endif
+  __m256 acc[MR];
+  float bacc[MR];
+  for (int i = 0; i < MR; ++i) {
+    acc[i] = _mm256_setzero_ps();
+    bacc[i] = 0.0f;
+  }
+  for (std::int64_t g = 0; g < qa.groups; ++g) {
+    __m256i isum[MR];
+    if constexpr (k4) {
+      const __m256i v = MOEKIT_I8_NAME(load256)(row + g * 32);
+      const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      for (int i = 0; i < MR; ++i) {
+        const std::int8_t* a = qa.q8.data() + (m + i) * qa.K + g * 64;
+#if MOEKIT_I8_VNNI
+        isum[i] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)), hi,
+                                      MOEKIT_I8_NAME(load256)(a + 32));
+#else
+        isum[i] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, MOEKIT_I8_NAME(load256)(a)), ones),
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(hi, MOEKIT_I8_NAME(load256)(a + 32)), ones));
+#endif
+      }
+    } else {
+#if MOEKIT_I8_VNNI
+      const __m256i c0 = MOEKIT_I8_NAME(load256)(row + g * 64), c1 = MOEKIT_I8_NAME(load256)(row + g * 64 + 32);
+      for (int i = 0; i < MR; ++i) {
+        const std::int8_t* a = qa.q8.data() + (m + i) * qa.K + g * 64;
+        isum[i] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), c0, MOEKIT_I8_NAME(load256)(a)), c1,
+                                      MOEKIT_I8_NAME(load256)(a + 32));
+      }
+#else
+      __m256i c[4];
+      for (int h = 0; h < 4; ++h)
+        c[h] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 64 + 16 * h)));
+      for (int i = 0; i < MR; ++i) {
+        const std::int16_t* q = qa.q16.data() + (m + i) * qa.K + g * 64;
+        const __m256i first = _mm256_add_epi32(_mm256_madd_epi16(c[0], MOEKIT_I8_NAME(load256)(q)),
+                                               _mm256_madd_epi16(c[1], MOEKIT_I8_NAME(load256)(q + 16)));
+        isum[i] = _mm256_add_epi32(first, _mm256_add_epi32(_mm256_madd_epi16(c[2], MOEKIT_I8_NAME(load256)(q + 32)),
+                                                           _mm256_madd_epi16(c[3], MOEKIT_I8_NAME(load256)(q + 48))));
+      }
+#endif
+    }
+    for (int i = 0; i < MR; ++i) {
+      const std::int64_t gi = (m + i) * qa.groups + g;
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_set1_ps(s[g] * qa.d[gi]), acc[i]);
+      bacc[i] = std::fma(b[g], qa.xsum[gi], bacc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) out[i] = MOEKIT_I8_NAME(reduce8)(acc[i]) + bacc[i];
+}
+
+// Every row of A (at most kInt8MaxRows) against B's affine rows in groups of 64: B's rows one at
+// a time, in address order (the hardware prefetcher follows that one stream), their scales widened
+// 8 rows at a time; A's rows two at a time against each (the row's codes from L1 for the second
+// pair).
+template <Codes kCodes>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(rows_g64)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                             std::int64_t N) {
+  constexpr int kRows = 8;
+  for (std::int64_t n = 0; n < N; n += kRows) {
+    const int rows = static_cast<int>(std::min<std::int64_t>(kRows, N - n));
+    const float* ws = widen_scales(B, n, rows, qa.groups);
+    for (int j = 0; j < rows; ++j) {
+      const std::uint8_t* row = row_bytes(B, n + j);
+      const float *s = ws + j * qa.groups, *b = ws + (rows + j) * qa.groups;
+      float out[2];
+      std::int64_t m = 0;
+      for (; m + 2 <= M; m += 2) {
+        MOEKIT_I8_NAME(row_g64)<kCodes, 2>(qa, m, row, s, b, out);
+        store(C, m, n + j, out[0]);
+        store(C, m + 1, n + j, out[1]);
+      }
+      if (m < M) {
+        MOEKIT_I8_NAME(row_g64)<kCodes, 1>(qa, m, row, s, b, out);
+        store(C, m, n + j, out[0]);
+      }
+    }
+  }
+}
+
+// Whether rows_g64 takes B: affine codes in groups of exactly 64 (MLX's default), 4-bit ones in
+// the pair64 order.
+inline bool MOEKIT_I8_NAME(takes_g64)(Codes codes, const QuantA& qa) {
+  if (qa.K != qa.groups * 64) return false;
+  if (codes == Codes::affine4) return qa.pair64;
+  return codes == Codes::affine8 && (MOEKIT_I8_VNNI ? qa.bytes8 : !qa.bytes8);
+}
+
 // One row of A (decode): B's rows one at a time, in address order, their scales widened 8 rows
 // at a time. The same per-element arithmetic as the wider tiles (the same bits).
 template <Codes kCodes>
@@ -225,6 +353,7 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(single_row)(const QuantA& qa, const WeightMat
 template <Codes kCodes>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(kernel)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
                                            std::int64_t N) {
+  if (MOEKIT_I8_NAME(takes_g64)(kCodes, qa)) return MOEKIT_I8_NAME(rows_g64)<kCodes>(qa, B, C, M, N);
   std::int64_t n = 0;
   if (M == 1) {
     // Signed codes in groups of 32 or fewer take a multiply-add per 32-block into each row's

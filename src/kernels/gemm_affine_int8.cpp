@@ -79,16 +79,29 @@ inline SignedCodes signed_codes(const WeightFormat& f) {
 struct QuantA {
   std::int64_t M = 0, K = 0, groups = 0;
   bool bytes8 = false;  // 8-bit codes' activations in q8 (natural order), not q16
+  // 4-bit affine codes in groups of a multiple of 64: each 64-chunk stored as its 32 even elements
+  // then its 32 odd ones, the order 32 packed bytes unpack into (low nibbles, then high), so the
+  // x86 tiles load 64 codes at once; else per 32-block (16 bytes).
+  bool pair64 = false;
+
+  // Where element k of a row sits in q8 (4-bit codes): the unpack order above.
+  std::int64_t at(std::int64_t k) const {
+    const std::int64_t span = pair64 ? 64 : 32, i = k % span;
+    return k - i + (i % 2 == 0 ? i / 2 : span / 2 + i / 2);
+  }
   std::vector<std::int8_t> q8;
   std::vector<std::int16_t> q16;
   std::vector<float> d, xsum;
 };
 
-// bytes8: 8-bit codes take int8 activations too (the VNNI kernel), in natural order.
-void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, bool bytes8, QuantA& qa) {
+// bytes8: 8-bit codes take int8 activations too (the VNNI kernel), in natural order; pair64: the
+// 64-chunk order of 4-bit codes (QuantA::pair64).
+void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, bool bytes8, bool pair64,
+                QuantA& qa) {
   qa.M = M;
   qa.K = K;
   qa.bytes8 = bits == 8 && bytes8;
+  qa.pair64 = bits == 4 && pair64 && gs % 64 == 0;
   qa.groups = K / gs;
   qa.d.assign(static_cast<std::size_t>(M * qa.groups), 0.0f);
   qa.xsum.assign(qa.d.size(), 0.0f);
@@ -123,10 +136,7 @@ void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int 
         qsum += static_cast<std::int32_t>(r);
         const std::int64_t kk = k0 + k;
         if (bits == 4) {
-          // Within each 32-block: position i/2 for even i, 16 + i/2 for odd i.
-          const std::int64_t i = kk % 32;
-          const std::int64_t at = kk - i + (i % 2 == 0 ? i / 2 : 16 + i / 2);
-          qa.q8[static_cast<std::size_t>(m * K + at)] = static_cast<std::int8_t>(r);
+          qa.q8[static_cast<std::size_t>(m * K + qa.at(kk))] = static_cast<std::int8_t>(r);
         } else if (bytes8) {
           qa.q8[static_cast<std::size_t>(m * K + kk)] = static_cast<std::int8_t>(r);
         } else {
@@ -142,12 +152,9 @@ void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int 
 std::int32_t block_dot_scalar(const QuantA& qa, std::int64_t m, const std::uint8_t* row, std::int64_t k, int bits) {
   std::int32_t acc = 0;
   if (bits == 4) {
-    const std::int8_t* q = qa.q8.data() + m * qa.K + k;
-    const std::uint8_t* c = row + k / 2;
-    for (int j = 0; j < 16; ++j) {
-      acc += static_cast<std::int32_t>(c[j] & 0x0F) * q[j];
-      acc += static_cast<std::int32_t>(c[j] >> 4) * q[16 + j];
-    }
+    const std::int8_t* q = qa.q8.data() + m * qa.K;
+    for (std::int64_t kk = k; kk < k + 32; ++kk)
+      acc += static_cast<std::int32_t>((row[kk / 2] >> (4 * (kk & 1))) & 0x0F) * q[qa.at(kk)];
   } else {  // 8-bit: activations as int8 (VNNI's quantization) or int16
     const auto dot = [&](const auto* q) {
       for (int j = 0; j < 32; ++j) acc += static_cast<std::int32_t>(row[k + j]) * q[j];
@@ -255,10 +262,8 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
           for (std::int64_t k = g * gs; k < (g + 1) * gs; k += 32) isum += block_dot_scalar(qa, m, row, k, bits);
         } else {  // element kk of the group times its activation, at its place in the nibble order
           const std::int8_t* q = qa.q8.data() + m * qa.K;
-          for (std::int64_t kk = g * gs; kk < (g + 1) * gs; ++kk) {
-            const std::int64_t i = kk % 32, at = kk - i + (i % 2 == 0 ? i / 2 : 16 + i / 2);
-            isum += static_cast<std::int32_t>(sc.table[(row[kk / 2] >> (4 * (kk & 1))) & 0xF]) * q[at];
-          }
+          for (std::int64_t kk = g * gs; kk < (g + 1) * gs; ++kk)
+            isum += static_cast<std::int32_t>(sc.table[(row[kk / 2] >> (4 * (kk & 1))) & 0xF]) * q[qa.at(kk)];
         }
         const std::int64_t sg = n * B.scale_ld + g;
         const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
@@ -623,8 +628,8 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
 #if MOEKIT_X86
   if (path == Int8Path::amx) return gemm_nt_affine_int8_amx(A, B, C, M, N, K, Threads::caller);
   if (path == Int8Path::best) path = best_path();
-  quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, qa);
   const Codes codes = codes_of(B.format);
+  quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, codes == Codes::affine4, qa);
   if (path == Int8Path::avx512vnni) {
     if (codes == Codes::signed4) return kernel_vnni<Codes::signed4>(qa, B, C, M, N);
     if (codes == Codes::affine4) return kernel_vnni<Codes::affine4>(qa, B, C, M, N);
@@ -636,7 +641,7 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
     return kernel_avx2<Codes::affine8>(qa, B, C, M, N);
   }
 #else
-  quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, qa);
+  quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, false, qa);
 #endif
   kernel_scalar(qa, B, C, M, N);
 }
