@@ -21,6 +21,36 @@ MOEKIT_I8_ATTR inline float MOEKIT_I8_NAME(reduce8)(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
 }
 
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(load256)(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// isum plus, in each int32 lane, the four products of its bytes: u (u8) times a (int8). VNNI:
+// `vpdpbusd`; AVX2: `vpmaddubsw` + `vpmaddwd`, whose int16 pair sums are exact only for small u
+// (4-bit codes, |w| ≤ 12), the only ones it is given.
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(dot4)(__m256i isum, __m256i u, __m256i a) {
+#if MOEKIT_I8_VNNI
+  return _mm256_dpbusd_epi32(isum, u, a);
+#else
+  return _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
+#endif
+}
+
+// A 32-block's 4-bit codes from its 16 bytes: the low nibbles (even elements), then the high ones
+// (odd elements), as u8.
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(nibbles32)(const std::uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
+}
+
+// A 64-chunk's 4-bit codes from its 32 bytes (QuantA::pair64): lo the low nibbles (even
+// elements), hi the high ones (odd elements).
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(nibbles64)(const std::uint8_t* p, __m256i& lo, __m256i& hi) {
+  const __m256i v = MOEKIT_I8_NAME(load256)(p), low4 = _mm256_set1_epi8(0x0F);
+  lo = _mm256_and_si256(v, low4);
+  hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+}
+
 // MR rows of A against NR rows of B (MR · NR int32 accumulators of 8 lanes per group; a row's
 // unpacked codes serve all MR rows of A), then per group one multiply-add each into f32
 // accumulators; reduced at the end in a fixed order. `ws` points at the tile's first row's scales
@@ -39,10 +69,6 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
   // is only K·bits/8 bytes, too short a stream for the hardware prefetcher to ramp up, so
   // without this a decode step waits on DRAM latency row after row.
   const std::int64_t row_stride = B.ld * 4, ahead = NR * row_stride;
-#if !MOEKIT_I8_VNNI
-  const __m256i ones = _mm256_set1_epi16(1);
-#endif
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[MR][NR];
   float bacc[MR][NR];
   for (int i = 0; i < MR; ++i)
@@ -66,17 +92,10 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
             hi_a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k + 32));
           }
           for (int j = 0; j < NR; ++j) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + k / 2));
-            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            for (int i = 0; i < MR; ++i) {
-#if MOEKIT_I8_VNNI
-              isum[i][j] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(isum[i][j], lo, lo_a[i]), hi, hi_a[i]);
-#else
-              isum[i][j] = _mm256_add_epi32(
-                  isum[i][j], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, lo_a[i]), ones),
-                                               _mm256_madd_epi16(_mm256_maddubs_epi16(hi, hi_a[i]), ones)));
-#endif
-            }
+            __m256i lo, hi;
+            MOEKIT_I8_NAME(nibbles64)(rows[j] + k / 2, lo, hi);
+            for (int i = 0; i < MR; ++i)
+              isum[i][j] = MOEKIT_I8_NAME(dot4)(MOEKIT_I8_NAME(dot4)(isum[i][j], lo, lo_a[i]), hi, hi_a[i]);
           }
           continue;
         }
@@ -84,16 +103,8 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
         for (int i = 0; i < MR; ++i)
           a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
         for (int j = 0; j < NR; ++j) {
-          const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k / 2));
-          // Low half: the low nibbles (even elements); high half: the high nibbles (odd ones).
-          const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
-          for (int i = 0; i < MR; ++i) {
-#if MOEKIT_I8_VNNI
-            isum[i][j] = _mm256_dpbusd_epi32(isum[i][j], c, a[i]);
-#else
-            isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(c, a[i]), ones));
-#endif
-          }
+          const __m256i c = MOEKIT_I8_NAME(nibbles32)(rows[j] + k / 2);
+          for (int i = 0; i < MR; ++i) isum[i][j] = MOEKIT_I8_NAME(dot4)(isum[i][j], c, a[i]);
         }
       } else {
 #if MOEKIT_I8_VNNI
@@ -103,7 +114,7 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(tile)(const QuantA& qa, const WeightMatrix& B
           a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
         for (int j = 0; j < NR; ++j) {
           const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + k));
-          for (int i = 0; i < MR; ++i) isum[i][j] = _mm256_dpbusd_epi32(isum[i][j], c, a[i]);
+          for (int i = 0; i < MR; ++i) isum[i][j] = MOEKIT_I8_NAME(dot4)(isum[i][j], c, a[i]);
         }
 #else
         for (int j = 0; j < NR; ++j) {
@@ -150,10 +161,6 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(signed_tile)(const QuantA& qa, const WeightMa
   const std::int64_t row_stride = row_stride_bytes(B), ahead = NR * row_stride;  // prefetch: as tile()
   const std::uint8_t* rows[NR];
   for (int j = 0; j < NR; ++j) rows[j] = row_bytes(B, n + j);
-#if !MOEKIT_I8_VNNI
-  const __m256i ones = _mm256_set1_epi16(1);
-#endif
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i table =
       _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_codes(B.format).table)));
   __m256 acc[MR][NR];
@@ -170,18 +177,9 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(signed_tile)(const QuantA& qa, const WeightMa
       for (int i = 0; i < MR; ++i)
         a[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.q8.data() + (m + i) * qa.K + k));
       for (int j = 0; j < NR; ++j) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + k / 2));
-        const __m256i c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
-        const __m256i w = _mm256_shuffle_epi8(table, c);  // the codes' integers, |w| <= 12
+        const __m256i w = _mm256_shuffle_epi8(table, MOEKIT_I8_NAME(nibbles32)(rows[j] + k / 2));  // |w| <= 12
         const __m256i u = _mm256_abs_epi8(w);
-        for (int i = 0; i < MR; ++i) {
-          const __m256i sa = _mm256_sign_epi8(a[i], w);
-#if MOEKIT_I8_VNNI
-          isum[i][j] = _mm256_dpbusd_epi32(isum[i][j], u, sa);
-#else
-          isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(u, sa), ones));
-#endif
-        }
+        for (int i = 0; i < MR; ++i) isum[i][j] = MOEKIT_I8_NAME(dot4)(isum[i][j], u, _mm256_sign_epi8(a[i], w));
       }
     }
     for (int j = 0; j < NR; ++j)
@@ -231,18 +229,10 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(columns)(const QuantA& qa, const WeightMatrix
 // products, one multiply-add and the bias term. `s` and `b` are B's row's widened scales and
 // biases. The same float steps as tile(), and each int32 lane sums the same products: the same
 // bits.
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(load256)(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
 template <Codes kCodes, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(row_g64)(const QuantA& qa, std::int64_t m, const std::uint8_t* row,
                                                    const float* s, const float* b, float* out) {
   constexpr bool k4 = kCodes == Codes::affine4;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-#if !MOEKIT_I8_VNNI
-  const __m256i ones = _mm256_set1_epi16(1);
-#endif
   __m256 acc[MR];
   float bacc[MR];
   for (int i = 0; i < MR; ++i) {
@@ -252,25 +242,20 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(row_g64)(const QuantA& qa, std::int64_
   for (std::int64_t g = 0; g < qa.groups; ++g) {
     __m256i isum[MR];
     if constexpr (k4) {
-      const __m256i v = MOEKIT_I8_NAME(load256)(row + g * 32);
-      const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      __m256i lo, hi;
+      MOEKIT_I8_NAME(nibbles64)(row + g * 32, lo, hi);
       for (int i = 0; i < MR; ++i) {
         const std::int8_t* a = qa.q8.data() + (m + i) * qa.K + g * 64;
-#if MOEKIT_I8_VNNI
-        isum[i] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)), hi,
-                                      MOEKIT_I8_NAME(load256)(a + 32));
-#else
-        isum[i] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, MOEKIT_I8_NAME(load256)(a)), ones),
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(hi, MOEKIT_I8_NAME(load256)(a + 32)), ones));
-#endif
+        isum[i] = MOEKIT_I8_NAME(dot4)(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)), hi,
+                                       MOEKIT_I8_NAME(load256)(a + 32));
       }
     } else {
 #if MOEKIT_I8_VNNI
       const __m256i c0 = MOEKIT_I8_NAME(load256)(row + g * 64), c1 = MOEKIT_I8_NAME(load256)(row + g * 64 + 32);
       for (int i = 0; i < MR; ++i) {
         const std::int8_t* a = qa.q8.data() + (m + i) * qa.K + g * 64;
-        isum[i] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), c0, MOEKIT_I8_NAME(load256)(a)), c1,
-                                      MOEKIT_I8_NAME(load256)(a + 32));
+        isum[i] = MOEKIT_I8_NAME(dot4)(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), c0, MOEKIT_I8_NAME(load256)(a)), c1,
+                                       MOEKIT_I8_NAME(load256)(a + 32));
       }
 #else
       __m256i c[4];
