@@ -78,6 +78,9 @@ inline SignedCodes signed_codes(const WeightFormat& f) {
 // (8-bit B); per group, the scale d and d · Σ q (the rounded activations' sum, for the bias term).
 struct QuantA {
   std::int64_t M = 0, K = 0, groups = 0;
+  // d and xsum's row stride: groups rounded up to a multiple of 8, the pad zero (the x86 kernels
+  // take eight groups' scales at once).
+  std::int64_t gstride = 0;
   bool bytes8 = false;  // 8-bit codes' activations in q8 (natural order), not q16
   // 4-bit affine codes in groups of a multiple of 64: each 64-chunk stored as its 32 even elements
   // then its 32 odd ones, the order 32 packed bytes unpack into (low nibbles, then high), so the
@@ -94,56 +97,166 @@ struct QuantA {
   std::vector<float> d, xsum;
 };
 
-// bytes8: 8-bit codes take int8 activations too (the VNNI kernel), in natural order; pair64: the
-// 64-chunk order of 4-bit codes (QuantA::pair64).
+// One row of A's groups of gs inputs (x[k] times f where `scaled`): per group d and d·Σq into
+// d[g], xsum[g], its codes in natural order into q[k]. The definition the vector version below
+// follows step for step (the same codes, d and d·Σq, bit for bit).
+void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, float* d, float* xsum, std::int8_t* q) {
+  if (gs <= 0) return;
+  for (std::int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
+    float amax = 0.0f;
+    bool finite = true;
+    for (int k = 0; k < gs; ++k) {
+      const float v = scaled ? x[k0 + k] * f : x[k0 + k];
+      finite = finite && std::isfinite(v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    std::fill(q + k0, q + k0 + gs, std::int8_t{0});
+    d[g] = xsum[g] = 0.0f;
+    if (!finite) {  // NaN or Inf: the outputs of this row become NaN, as the exact kernel's would
+      d[g] = xsum[g] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    if (amax == 0.0f) continue;  // d = 0, codes 0
+    d[g] = amax / 127.0f;
+    const float inv = 127.0f / amax;
+    std::int32_t qsum = 0;
+    for (int k = 0; k < gs; ++k) {
+      const float v = scaled ? x[k0 + k] * f : x[k0 + k];
+      const float r = std::min(127.0f, std::max(-127.0f, std::rint(v * inv)));
+      qsum += static_cast<std::int32_t>(r);
+      q[k0 + k] = static_cast<std::int8_t>(r);
+    }
+    xsum[g] = d[g] * static_cast<float>(qsum);
+  }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define MOEKIT_QA_AVX2 __attribute__((target("avx2,fma")))
+
+// quantize_row on AVX2 (gs a multiple of 16): the same float operations per element (the product
+// by f, |v|, the max, v · inv rounded to nearest even, the clamp) and an exact integer sum.
+MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std::int64_t K, int gs, float* d,
+                                      float* xsum, std::int8_t* q) {
+  if (gs <= 0) return;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 fv = _mm256_set1_ps(f), lim = _mm256_set1_ps(127.0f), neg = _mm256_set1_ps(-127.0f);
+#define load(k) (scaled ? _mm256_mul_ps(_mm256_loadu_ps(x + (k)), fv) : _mm256_loadu_ps(x + (k)))
+  for (std::int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
+    __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int k = 0; k < gs; k += 8) {
+      const __m256 a = _mm256_and_ps(load(k0 + k), abs_mask);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // NaN or Inf
+      amax = _mm256_max_ps(amax, a);
+    }
+    const __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    const __m128 h2 = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax_s = _mm_cvtss_f32(_mm_max_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+    d[g] = xsum[g] = 0.0f;
+    if (_mm256_movemask_ps(bad) != 0 || amax_s == 0.0f) {
+      std::memset(q + k0, 0, static_cast<std::size_t>(gs));
+      if (_mm256_movemask_ps(bad) != 0) d[g] = xsum[g] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    d[g] = amax_s / 127.0f;
+    const __m256 inv = _mm256_set1_ps(127.0f / amax_s);
+    __m256i qsum = _mm256_setzero_si256();
+    for (int k = 0; k < gs; k += 16) {
+      __m256i i[2];
+      for (int h8 = 0; h8 < 2; ++h8) {
+        const __m256 r =
+            _mm256_round_ps(_mm256_mul_ps(load(k0 + k + 8 * h8), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        i[h8] = _mm256_cvtps_epi32(_mm256_min_ps(lim, _mm256_max_ps(neg, r)));
+        qsum = _mm256_add_epi32(qsum, i[h8]);
+      }
+      const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xD8);  // 16 int16 in order
+      const __m256i w8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(w16, w16), 0x08);     // 16 int8 in order
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k0 + k), _mm256_castsi256_si128(w8));
+    }
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(qsum), _mm256_extracti128_si256(qsum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    xsum[g] = d[g] * static_cast<float>(_mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1))));
+  }
+#undef load
+}
+
+// A 32-block of int8 codes in natural order as its 16 even elements, then its 16 odd ones.
+MOEKIT_QA_AVX2 inline __m256i evens_odds32(__m256i v) {
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
+                                         14, 1, 3, 5, 7, 9, 11, 13, 15);
+  return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8);
+}
+
+// Natural-order codes of a row (K a multiple of 32; of 64 with pair64) in QuantA's 4-bit order.
+MOEKIT_QA_AVX2 inline __m256i load32(const std::int8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+MOEKIT_QA_AVX2 inline void put32(std::int8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+
+MOEKIT_QA_AVX2 void place4_avx2(const std::int8_t* src, std::int64_t K, bool pair64, std::int8_t* dst) {
+  if (!pair64) {
+    for (std::int64_t k = 0; k < K; k += 32) put32(dst + k, evens_odds32(load32(src + k)));
+    return;
+  }
+  for (std::int64_t k = 0; k < K; k += 64) {
+    const __m256i a = evens_odds32(load32(src + k)), b = evens_odds32(load32(src + k + 32));
+    put32(dst + k, _mm256_permute2x128_si256(a, b, 0x20));       // the 32 even elements
+    put32(dst + k + 32, _mm256_permute2x128_si256(a, b, 0x31));  // the 32 odd ones
+  }
+}
+
+MOEKIT_QA_AVX2 void widen16_avx2(const std::int8_t* src, std::int64_t K, std::int16_t* dst) {
+  for (std::int64_t k = 0; k < K; k += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k))));
+}
+#undef MOEKIT_QA_AVX2
+#endif
+
+// A's M rows quantized for B's groups of gs inputs. bytes8: 8-bit codes take int8 activations
+// too (the VNNI kernel), in natural order; pair64: the 64-chunk order of 4-bit codes
+// (QuantA::pair64). vector: the AVX2 steps (the same results; the caller checked the CPU).
 void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, bool bytes8, bool pair64,
-                QuantA& qa) {
+                bool vector, QuantA& qa) {
   qa.M = M;
   qa.K = K;
   qa.bytes8 = bits == 8 && bytes8;
   qa.pair64 = bits == 4 && pair64 && gs % 64 == 0;
   qa.groups = K / gs;
-  qa.d.assign(static_cast<std::size_t>(M * qa.groups), 0.0f);
+  qa.gstride = (qa.groups + 7) / 8 * 8;
+  qa.d.assign(static_cast<std::size_t>(M * qa.gstride), 0.0f);
   qa.xsum.assign(qa.d.size(), 0.0f);
+  const bool natural = bits == 8 && bytes8;  // codes written in place
   if (bits == 4 || bytes8)
-    qa.q8.assign(static_cast<std::size_t>(M * K), 0);
+    qa.q8.resize(static_cast<std::size_t>(M * K));
   else
-    qa.q16.assign(static_cast<std::size_t>(M * K), 0);
+    qa.q16.resize(static_cast<std::size_t>(M * K));
+  thread_local std::vector<std::int8_t> row;
+  row.resize(static_cast<std::size_t>(K));
+#if !(defined(__x86_64__) || defined(__i386__))
+  vector = false;
+#endif
   for (std::int64_t m = 0; m < M; ++m) {
-    const float* x = A.row(m);
-    const float f = A.scale ? A.scale[m] : 1.0f;
-    for (std::int64_t g = 0; g < qa.groups; ++g) {
-      const std::int64_t k0 = g * gs;
-      float amax = 0.0f;
-      bool finite = true;
-      for (int k = 0; k < gs; ++k) {
-        const float v = A.scale ? x[k0 + k] * f : x[k0 + k];
-        finite = finite && std::isfinite(v);
-        amax = std::max(amax, std::fabs(v));
+    std::int8_t* q = natural ? qa.q8.data() + m * K : row.data();
+    float* d = qa.d.data() + m * qa.gstride;
+    float* xsum = qa.xsum.data() + m * qa.gstride;
+    const float f = A.factor(m);
+#if defined(__x86_64__) || defined(__i386__)
+    if (vector) {
+      quantize_row_avx2(A.row(m), f, A.scale != nullptr, K, gs, d, xsum, q);
+      if (bits == 4) place4_avx2(q, K, qa.pair64, qa.q8.data() + m * K);
+      if (bits == 8 && !bytes8) widen16_avx2(q, K, qa.q16.data() + m * K);
+      continue;
+    }
+#endif
+    quantize_row(A.row(m), f, A.scale != nullptr, K, gs, d, xsum, q);
+    for (std::int64_t k = 0; k < K && !natural; ++k) {
+      if (bits == 4) {
+        qa.q8[static_cast<std::size_t>(m * K + qa.at(k))] = q[k];
+      } else {
+        qa.q16[static_cast<std::size_t>(m * K + k)] = q[k];
       }
-      const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
-      if (!finite) {  // NaN or Inf: the outputs of this row become NaN, as the exact kernel's would
-        qa.d[gi] = qa.xsum[gi] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      if (amax == 0.0f) continue;  // d = 0, codes 0
-      qa.d[gi] = amax / 127.0f;
-      const float inv = 127.0f / amax;
-      std::int32_t qsum = 0;
-      for (int k = 0; k < gs; ++k) {
-        const float v = A.scale ? x[k0 + k] * f : x[k0 + k];
-        const float r = std::min(127.0f, std::max(-127.0f, std::rint(v * inv)));
-        qsum += static_cast<std::int32_t>(r);
-        const std::int64_t kk = k0 + k;
-        if (bits == 4) {
-          qa.q8[static_cast<std::size_t>(m * K + qa.at(kk))] = static_cast<std::int8_t>(r);
-        } else if (bytes8) {
-          qa.q8[static_cast<std::size_t>(m * K + kk)] = static_cast<std::int8_t>(r);
-        } else {
-          qa.q16[static_cast<std::size_t>(m * K + kk)] = static_cast<std::int16_t>(r);
-        }
-      }
-      qa.xsum[gi] = qa.d[gi] * static_cast<float>(qsum);
     }
   }
 }
@@ -193,47 +306,49 @@ struct F8Table {
 };
 
 // rows × groups values of B's scale-shaped array `src` (row stride B.scale_ld) widened to f32 and
-// times f, into dst (row j at j · groups); `value(bytes, i)` decodes element i.
+// times f, into dst (row j at j · stride, the pad past `groups` zero); `value(bytes, i)` decodes
+// element i.
 template <class Value>
-void widen_rows(const WeightMatrix& B, const void* src, std::int64_t n, int rows, std::int64_t groups, float f,
-                float* dst, Value value) {
+void widen_rows(const WeightMatrix& B, const void* src, std::int64_t n, int rows, std::int64_t groups,
+                std::int64_t stride, float f, float* dst, Value value) {
   const auto* bytes = static_cast<const std::uint8_t*>(src);
   for (int j = 0; j < rows; ++j) {
     const std::int64_t base = (n + j) * B.scale_ld;
-    float* o = dst + j * groups;
+    float* o = dst + j * stride;
     for (std::int64_t g = 0; g < groups; ++g) o[g] = value(bytes, base + g) * f;
+    for (std::int64_t g = groups; g < stride; ++g) o[g] = 0.0f;
   }
 }
 
 // The scales of rows [n, n + rows) of B as f32 (signed codes: times the codes' factor), then for
-// affine codes their biases, in this thread's scratch: scale of row j, group g at j · groups + g,
-// its bias at (rows + j) · groups + g; valid until the thread's next call. The dtype is decided
-// once per call, not per scale (8-bit encodings through a table of their 256 values), so the
-// tiles' per-group epilogue reads plain floats from L1.
-const float* widen_scales(const WeightMatrix& B, std::int64_t n, int rows, std::int64_t groups) {
+// affine codes their biases, in this thread's scratch: scale of row j, group g at j · stride + g,
+// its bias at (rows + j) · stride + g, with stride = QuantA::gstride (the pad zero); valid until
+// the thread's next call. The dtype is decided once per call, not per scale (8-bit encodings
+// through a table of their 256 values), so the kernels' epilogue reads plain floats from L1.
+const float* widen_scales(const WeightMatrix& B, std::int64_t n, int rows, std::int64_t groups, std::int64_t stride) {
   thread_local std::vector<float> out;
   const bool affine = codes_of(B.format) != Codes::signed4;
-  out.resize(static_cast<std::size_t>((affine ? 2 : 1) * rows * groups));
+  out.resize(static_cast<std::size_t>((affine ? 2 : 1) * rows * stride));
   static const F8Table e8m0(DType::f8_e8m0), e4m3(DType::f8_e4m3);
   const DType dt = B.format.scale_dtype;
   const auto widen = [&](const void* src, float* dst, float f) {
     switch (dt) {
       case DType::f8_e8m0:
-        return widen_rows(B, src, n, rows, groups, f, dst,
+        return widen_rows(B, src, n, rows, groups, stride, f, dst,
                           [](const std::uint8_t* p, std::int64_t i) { return e8m0.v[p[i]]; });
       case DType::f8_e4m3:
-        return widen_rows(B, src, n, rows, groups, f, dst,
+        return widen_rows(B, src, n, rows, groups, stride, f, dst,
                           [](const std::uint8_t* p, std::int64_t i) { return e4m3.v[p[i]]; });
       case DType::bf16:  // the dtype known here
-        return widen_rows(B, src, n, rows, groups, f, dst,
+        return widen_rows(B, src, n, rows, groups, stride, f, dst,
                           [](const std::uint8_t* p, std::int64_t i) { return load_f32(p, DType::bf16, i); });
       default:
-        return widen_rows(B, src, n, rows, groups, f, dst,
+        return widen_rows(B, src, n, rows, groups, stride, f, dst,
                           [dt](const std::uint8_t* p, std::int64_t i) { return load_f32(p, dt, i); });
     }
   };
   widen(B.scales, out.data(), affine ? 1.0f : signed_codes(B.format).scale);
-  if (affine) widen(B.biases, out.data() + rows * groups, 1.0f);
+  if (affine) widen(B.biases, out.data() + rows * stride, 1.0f);
   return out.data();
 }
 
@@ -266,7 +381,7 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
             isum += static_cast<std::int32_t>(sc.table[(row[kk / 2] >> (4 * (kk & 1))) & 0xF]) * q[qa.at(kk)];
         }
         const std::int64_t sg = n * B.scale_ld + g;
-        const std::size_t gi = static_cast<std::size_t>(m * qa.groups + g);
+        const std::size_t gi = static_cast<std::size_t>(m * qa.gstride + g);
         if (affine) {
           const float s = load_f32(B.scales, B.format.scale_dtype, sg);
           const float b = load_f32(B.biases, B.format.scale_dtype, sg);
@@ -629,7 +744,8 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
   if (path == Int8Path::amx) return gemm_nt_affine_int8_amx(A, B, C, M, N, K, Threads::caller);
   if (path == Int8Path::best) path = best_path();
   const Codes codes = codes_of(B.format);
-  quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, codes == Codes::affine4, qa);
+  quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, codes == Codes::affine4,
+             path != Int8Path::portable, qa);
   if (path == Int8Path::avx512vnni) {
     if (codes == Codes::signed4) return kernel_vnni<Codes::signed4>(qa, B, C, M, N);
     if (codes == Codes::affine4) return kernel_vnni<Codes::affine4>(qa, B, C, M, N);
@@ -641,7 +757,7 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
     return kernel_avx2<Codes::affine8>(qa, B, C, M, N);
   }
 #else
-  quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, false, qa);
+  quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, false, false, qa);
 #endif
   kernel_scalar(qa, B, C, M, N);
 }
