@@ -49,56 +49,50 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(nibbles64)(const std::uint8_t* p, __m2
   hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
 }
 
-// Eight groups' int32 sums in order, as one vector: `h[p]` = vphaddd of the lane vectors of
-// groups 2p and 2p + 1 (each lane a partial sum of its group), p = 0..3. Exact.
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(sum_groups8)(const __m256i (&h)[4]) {
-  // t0's 128-bit halves: groups 0-3's sums of lanes 0-3 and of lanes 4-7; t1: groups 4-7's.
-  const __m256i t0 = _mm256_hadd_epi32(h[0], h[1]), t1 = _mm256_hadd_epi32(h[2], h[3]);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
+// Eight groups' exact int32 sums in order, as one vector, from the lane vectors of the units
+// that hold them (each lane a partial sum of one group), paired by `vphaddd`: h[p] = hadd(unit
+// 2p, unit 2p + 1). kSub groups per unit: 1 (8 units; a unit's 8 lanes one group), 2 (4 units;
+// lanes 0-3 the first group, 4-7 the second: a 64-chunk of groups of 32) or 4 (2 units; lanes
+// {0, 1}, {2, 3}, {4, 5}, {6, 7}: groups of 16).
+template <int kSub>
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(group_sums8)(const __m256i (&h)[4]) {
+  if constexpr (kSub == 1) {
+    // t0's 128-bit halves: groups 0-3's sums of lanes 0-3 and of lanes 4-7; t1: groups 4-7's.
+    const __m256i t0 = _mm256_hadd_epi32(h[0], h[1]), t1 = _mm256_hadd_epi32(h[2], h[3]);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
+  } else if constexpr (kSub == 2) {
+    // t: groups 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high one.
+    const __m256i t = _mm256_hadd_epi32(h[0], h[1]);
+    const __m128i even = _mm256_castsi256_si128(t), odd = _mm256_extracti128_si256(t, 1);
+    return _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd));
+  } else {
+    // h[0]: groups 0, 1, 4, 5 in the low half, 2, 3, 6, 7 in the high one.
+    return _mm256_permute4x64_epi64(h[0], 0xD8);
+  }
 }
 
-// The same for groups of 16 (NVFP4), two to a 32-block whose lanes {0, 1, 4, 5} hold the first
-// group's products and {2, 3, 6, 7} the second's: `h[p]` = vphaddd of blocks 2p and 2p + 1.
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(sum_pairs4)(const __m256i (&h)[4]) {
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h[0], h[1], 0x20), _mm256_permute2x128_si256(h[0], h[1], 0x31));
-}
-
-// The int32 lanes of one unit of B's row — a group, or a 32-block of two groups of 16 — against
-// MR rows of A: `codes` the unit's first code byte, a[i] (int8) or q[i] (int16: 8-bit codes on
-// AVX2) row i's activations at the unit's first input. kUnit: the unit's inputs, known at compile
-// time (32, 64, 128, 256), or 0: `unit` of them, a counted loop. 4-bit affine codes in units of a
-// multiple of 64 are in the pair64 order (quantize_a). The codes are loaded and unpacked once for
-// the MR rows.
+// The int32 lanes of one unit of B's row against MR rows of A: `codes` the unit's first code
+// byte, a[i] (int8) or q[i] (int16: 8-bit codes on AVX2) row i's activations at the unit's first
+// input; kUnit inputs (0: `unit` of them, a counted loop). 4-bit codes go 64 at a time (QuantA's
+// pair64 order: 32 bytes, low nibbles then high); signed ones through `table`, which gives each
+// nibble's integer plus the codes' offset (a u8). The codes are unpacked once for the MR rows.
 template <Codes kCodes, int kUnit, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_dot)(const std::uint8_t* codes, const std::int8_t* const (&a)[MR],
                                                     const std::int16_t* const (&q)[MR], int unit, __m256i table,
                                                     __m256i (&isum)[MR]) {
   for (int i = 0; i < MR; ++i) isum[i] = _mm256_setzero_si256();
   const int n = kUnit > 0 ? kUnit : unit;
-  const bool pair64 = kCodes == Codes::affine4 && n % 64 == 0;
-  const int step = pair64 ? 64 : 32;
 #pragma GCC unroll 8
-  for (int k = 0; k < n; k += step) {
-    if constexpr (kCodes == Codes::affine4) {
-      if (pair64) {
-        __m256i lo, hi;
-        MOEKIT_I8_NAME(nibbles64)(codes + k / 2, lo, hi);
-        for (int i = 0; i < MR; ++i)
-          isum[i] = MOEKIT_I8_NAME(dot4)(MOEKIT_I8_NAME(dot4)(isum[i], lo, MOEKIT_I8_NAME(load256)(a[i] + k)), hi,
-                                         MOEKIT_I8_NAME(load256)(a[i] + k + 32));
-      } else {
-        const __m256i c = MOEKIT_I8_NAME(nibbles32)(codes + k / 2);
-        for (int i = 0; i < MR; ++i) isum[i] = MOEKIT_I8_NAME(dot4)(isum[i], c, MOEKIT_I8_NAME(load256)(a[i] + k));
-      }
-    } else if constexpr (kCodes == Codes::affine8) {
+  for (int k = 0; k < n; k += kCodes == Codes::affine8 ? 32 : 64) {
+    if constexpr (kCodes == Codes::affine8) {
 #if MOEKIT_I8_VNNI
-      (void)q;
+      (void)q, (void)table;
       const __m256i c = MOEKIT_I8_NAME(load256)(codes + k);
       for (int i = 0; i < MR; ++i) isum[i] = MOEKIT_I8_NAME(dot4)(isum[i], c, MOEKIT_I8_NAME(load256)(a[i] + k));
 #else
       // u8 codes widened to int16 times int16 activations (vpmaddubsw's int16 pair sums would
       // overflow for codes up to 255).
-      (void)a;
+      (void)a, (void)table;
       const __m256i c0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k)));
       const __m256i c1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k + 16)));
       for (int i = 0; i < MR; ++i)
@@ -107,11 +101,18 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_dot)(const std::uint8_t* codes, c
                                                        _mm256_madd_epi16(c1, MOEKIT_I8_NAME(load256)(q[i] + k + 16))));
 #endif
     } else {
-      // Signed codes: |w| (u8) times the activation with w's sign; |w| <= 12.
-      const __m256i w = _mm256_shuffle_epi8(table, MOEKIT_I8_NAME(nibbles32)(codes + k / 2));
-      const __m256i u = _mm256_abs_epi8(w);
+      (void)q;
+      __m256i lo, hi;
+      MOEKIT_I8_NAME(nibbles64)(codes + k / 2, lo, hi);
+      if constexpr (kCodes == Codes::signed4) {  // u8 ≤ 24: vpmaddubsw's pair sums fit
+        lo = _mm256_shuffle_epi8(table, lo);
+        hi = _mm256_shuffle_epi8(table, hi);
+      } else {
+        (void)table;
+      }
       for (int i = 0; i < MR; ++i)
-        isum[i] = MOEKIT_I8_NAME(dot4)(isum[i], u, _mm256_sign_epi8(MOEKIT_I8_NAME(load256)(a[i] + k), w));
+        isum[i] = MOEKIT_I8_NAME(dot4)(MOEKIT_I8_NAME(dot4)(isum[i], lo, MOEKIT_I8_NAME(load256)(a[i] + k)), hi,
+                                       MOEKIT_I8_NAME(load256)(a[i] + k + 32));
     }
   }
 }
@@ -138,18 +139,19 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_at)(const std::uint8_t* row, cons
 }
 
 // MR (1 or 2) rows of A from row m against one row of B (`row`: its codes; `s`, `b`: its scales
-// and, for affine codes, biases widened by widen_scales): out[i] = Σ_g s_g · d[m+i,g] · Σ_k q·code
-// + Σ_g b_g · d·Σq. Eight groups at a time: their int32 lane vectors summed into one vector of
-// eight exact group sums (sum_groups8), converted, and one multiply-add by the eight s_g · d_g
-// (the bias term likewise); the eight f32 lanes summed at the end in a fixed order. Past the last
-// group the lanes are zero (no codes read; zero scales and d: the pad of QuantA and widen_scales).
-// kPairs: groups of 16, two to a 32-input unit (NVFP4). The same steps on AVX2 and VNNI: the same
-// bits for every format.
-template <Codes kCodes, int kUnit, bool kPairs, int MR>
+// and, for affine codes, biases widened by widen_scales):
+//   out[i] = Σ_g s_g · d[m+i,g] · Σ_k q·code + Σ_g b_g · d·Σq   (affine),
+//   out[i] = Σ_g s_g · d[m+i,g] · (Σ_k q·(w + c) − c · Σq)       (signed codes w, offset c).
+// Eight groups at a time: their units' int32 lanes summed into one vector of eight exact group
+// sums (group_sums8), converted, and one multiply-add by the eight s_g · d_g (the bias term
+// likewise); the eight f32 lanes summed at the end in a fixed order. Past the last group the
+// lanes are zero (no codes read; zero scales, d and Σq: the pad of QuantA and widen_scales).
+// kSub groups per unit (group_sums8). The same steps on AVX2 and VNNI: the same bits.
+template <Codes kCodes, int kUnit, int kSub, int MR>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(row_dot)(const QuantA& qa, std::int64_t m, const std::uint8_t* row, int unit,
-                                            const float* s, const float* b, __m256i table, float* out) {
+                                            const float* s, const float* b, __m256i table, int offset, float* out) {
   constexpr bool kAffine = kCodes != Codes::signed4;
-  constexpr int kPer8 = kPairs ? 4 : 8;  // units per eight groups
+  constexpr int kUnits = 8 / kSub;  // units per eight groups
   const std::int64_t units = qa.K / unit;
   const std::int8_t* a[MR];
   const std::int16_t* q[MR];
@@ -157,12 +159,13 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(row_dot)(const QuantA& qa, std::int64_t m, co
     a[i] = qa.q8.data() + (m + i) * qa.K;
     q[i] = qa.q16.data() + (m + i) * qa.K;
   }
+  const __m256i c = _mm256_set1_epi32(offset);
   __m256 acc[MR], bacc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = bacc[i] = _mm256_setzero_ps();
-  for (std::int64_t g = 0, u0 = 0; g < qa.groups; g += 8, u0 += kPer8) {
+  for (std::int64_t g = 0, u0 = 0; g < qa.groups; g += 8, u0 += kUnits) {
     __m256i h[MR][4];
 #pragma GCC unroll 4
-    for (int p = 0; p < kPer8 / 2; ++p) {
+    for (int p = 0; p < kUnits / 2; ++p) {
       __m256i x[MR], y[MR];
       MOEKIT_I8_NAME(unit_at)<kCodes, kUnit, MR>(row, a, q, u0 + 2 * p, units, unit, table, x);
       MOEKIT_I8_NAME(unit_at)<kCodes, kUnit, MR>(row, a, q, u0 + 2 * p + 1, units, unit, table, y);
@@ -170,11 +173,11 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(row_dot)(const QuantA& qa, std::int64_t m, co
     }
     const __m256 sv = _mm256_loadu_ps(s + g);
     for (int i = 0; i < MR; ++i) {
-      __m256i sums;
-      if constexpr (kPairs) {
-        sums = MOEKIT_I8_NAME(sum_pairs4)(h[i]);
-      } else {
-        sums = MOEKIT_I8_NAME(sum_groups8)(h[i]);
+      __m256i sums = MOEKIT_I8_NAME(group_sums8)<kSub>(h[i]);
+      if constexpr (!kAffine) {
+        const __m256i qs =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.qsum.data() + (m + i) * qa.gstride + g));
+        sums = _mm256_sub_epi32(sums, _mm256_mullo_epi32(qs, c));
       }
       const float* d = qa.d.data() + (m + i) * qa.gstride + g;
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sv, _mm256_loadu_ps(d)), acc[i]);
@@ -190,55 +193,73 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(row_dot)(const QuantA& qa, std::int64_t m, co
 // Every row of A (at most kInt8MaxRows) against B's rows [0, N): B's rows one at a time, in
 // address order (the hardware prefetcher follows that one stream), their scales widened 8 rows at
 // a time; A's rows two at a time against each (the row's codes from L1 for the next pair).
-template <Codes kCodes, int kUnit, bool kPairs>
+template <Codes kCodes, int kUnit, int kSub>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(rows)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
                                          std::int64_t N) {
   constexpr int kRows = 8;
-  const int unit = std::max(B.format.block_cols, 32);
-  const __m256i table =
-      kCodes == Codes::signed4
-          ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_codes(B.format).table)))
-          : _mm256_setzero_si256();
+  const int unit = kCodes == Codes::affine8 ? B.format.block_cols : std::max(B.format.block_cols, 64);
+  // Signed codes: each nibble's integer w plus the offset c that makes every w + c a u8 (≤ 24).
+  alignas(16) std::int8_t shifted[16] = {};
+  int offset = 0;
+  if constexpr (kCodes == Codes::signed4) {
+    const std::int8_t* w = signed_codes(B.format).table;
+    offset = -*std::min_element(w, w + 16);
+    for (int i = 0; i < 16; ++i) shifted[i] = static_cast<std::int8_t>(w[i] + offset);
+  }
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  const std::int64_t scale_bytes = B.scale_ld * static_cast<std::int64_t>(dtype_size(B.format.scale_dtype));
   for (std::int64_t n = 0; n < N; n += kRows) {
     const int rows = static_cast<int>(std::min<std::int64_t>(kRows, N - n));
     const float* ws = widen_scales(B, n, rows, qa.groups, qa.gstride);
+    // The next rows' scales (and biases), a stream of their own beside the codes', fetched while
+    // these rows compute.
+    if (n + kRows < N) {
+      const std::int64_t ahead = std::min<std::int64_t>(kRows, N - n - kRows) * scale_bytes;
+      for (const void* p : {B.scales, kCodes == Codes::signed4 ? nullptr : B.biases}) {
+        if (p == nullptr) continue;
+        const char* first = static_cast<const char*>(p) + (n + kRows) * scale_bytes;
+        for (std::int64_t o = 0; o < ahead; o += 64) _mm_prefetch(first + o, _MM_HINT_T0);
+      }
+    }
     for (int j = 0; j < rows; ++j) {
       const std::uint8_t* row = row_bytes(B, n + j);
       const float *s = ws + j * qa.gstride, *b = ws + (rows + j) * qa.gstride;
       float out[2];
       std::int64_t m = 0;
       for (; m + 2 <= M; m += 2) {
-        MOEKIT_I8_NAME(row_dot)<kCodes, kUnit, kPairs, 2>(qa, m, row, unit, s, b, table, out);
+        MOEKIT_I8_NAME(row_dot)<kCodes, kUnit, kSub, 2>(qa, m, row, unit, s, b, table, offset, out);
         store(C, m, n + j, out[0]);
         store(C, m + 1, n + j, out[1]);
       }
       if (m < M) {
-        MOEKIT_I8_NAME(row_dot)<kCodes, kUnit, kPairs, 1>(qa, m, row, unit, s, b, table, out);
+        MOEKIT_I8_NAME(row_dot)<kCodes, kUnit, kSub, 1>(qa, m, row, unit, s, b, table, offset, out);
         store(C, m, n + j, out[0]);
       }
     }
   }
 }
 
-// rows() with the unit's size fixed at compile time where it is 32, 64, 128 or 256 (every group
-// size MLX, MXFP4, NVFP4 and int4 checkpoints use), else counted.
+// rows() with the unit's size fixed at compile time where it is 32 (8-bit), 64, 128 or 256 (every
+// group size MLX, MXFP4, NVFP4 and int4 checkpoints use), else counted. 4-bit codes (K a multiple
+// of 64, QuantA::pair64) go in units of 64 inputs holding 1, 2 or 4 groups.
 template <Codes kCodes>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(kernel)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
                                            std::int64_t N) {
-  switch (B.format.block_cols) {
-    case 16:
-      if constexpr (kCodes == Codes::signed4) return MOEKIT_I8_NAME(rows)<kCodes, 32, true>(qa, B, C, M, N);
-      break;
-    case 32:
-      return MOEKIT_I8_NAME(rows)<kCodes, 32, false>(qa, B, C, M, N);
-    case 64:
-      return MOEKIT_I8_NAME(rows)<kCodes, 64, false>(qa, B, C, M, N);
-    case 128:
-      return MOEKIT_I8_NAME(rows)<kCodes, 128, false>(qa, B, C, M, N);
-    case 256:
-      return MOEKIT_I8_NAME(rows)<kCodes, 256, false>(qa, B, C, M, N);
-    default:
-      break;
+  const int gs = B.format.block_cols;
+  if constexpr (kCodes != Codes::affine8) {
+    if (gs == 16) return MOEKIT_I8_NAME(rows)<kCodes, 64, 4>(qa, B, C, M, N);
+    if (gs == 32) return MOEKIT_I8_NAME(rows)<kCodes, 64, 2>(qa, B, C, M, N);
+  } else if (gs == 32) {
+    return MOEKIT_I8_NAME(rows)<kCodes, 32, 1>(qa, B, C, M, N);
   }
-  MOEKIT_I8_NAME(rows)<kCodes, 0, false>(qa, B, C, M, N);
+  switch (gs) {
+    case 64:
+      return MOEKIT_I8_NAME(rows)<kCodes, 64, 1>(qa, B, C, M, N);
+    case 128:
+      return MOEKIT_I8_NAME(rows)<kCodes, 128, 1>(qa, B, C, M, N);
+    case 256:
+      return MOEKIT_I8_NAME(rows)<kCodes, 256, 1>(qa, B, C, M, N);
+    default:
+      return MOEKIT_I8_NAME(rows)<kCodes, 0, 1>(qa, B, C, M, N);
+  }
 }

@@ -73,18 +73,18 @@ inline SignedCodes signed_codes(const WeightFormat& f) {
   return {formats::int4::kIntegers, 1.0f};
 }
 
-// A's rows quantized for one call: per row, K int8 codes (4-bit B: each 32-block stored as its
-// 16 even elements then its 16 odd ones, the order the packed nibbles unpack into), or K int16
-// (8-bit B); per group, the scale d and d · Σ q (the rounded activations' sum, for the bias term).
+// A's rows quantized for one call: per row, K int8 codes (4-bit B: in the nibble order below),
+// or K int16 (8-bit B on AVX2); per group, the scale d, the integer Σq and d · Σq (the rounded
+// activations' sum: the affine bias term, the signed codes' offset).
 struct QuantA {
   std::int64_t M = 0, K = 0, groups = 0;
-  // d and xsum's row stride: groups rounded up to a multiple of 8, the pad zero (the x86 kernels
-  // take eight groups' scales at once).
+  // d, qsum and xsum's row stride: groups rounded up to a multiple of 8, the pad zero (the x86
+  // kernels take eight groups' scales at once).
   std::int64_t gstride = 0;
   bool bytes8 = false;  // 8-bit codes' activations in q8 (natural order), not q16
-  // 4-bit affine codes in groups of a multiple of 64: each 64-chunk stored as its 32 even elements
-  // then its 32 odd ones, the order 32 packed bytes unpack into (low nibbles, then high), so the
-  // x86 tiles load 64 codes at once; else per 32-block (16 bytes).
+  // 4-bit codes with K a multiple of 64: each 64-chunk stored as its 32 even elements then its 32
+  // odd ones, the order 32 packed bytes unpack into (low nibbles, then high), so the x86 kernels
+  // load 64 codes at once; else per 32-block (16 bytes; the portable kernel alone).
   bool pair64 = false;
 
   // Where element k of a row sits in q8 (4-bit codes): the unpack order above.
@@ -95,12 +95,14 @@ struct QuantA {
   std::vector<std::int8_t> q8;
   std::vector<std::int16_t> q16;
   std::vector<float> d, xsum;
+  std::vector<std::int32_t> qsum;
 };
 
 // One row of A's groups of gs inputs (x[k] times f where `scaled`): per group d and d·Σq into
-// d[g], xsum[g], its codes in natural order into q[k]. The definition the vector version below
+// d[g], xsum[g], Σq into isum[g], its codes in natural order into q[k]. The definition the vector version below
 // follows step for step (the same codes, d and d·Σq, bit for bit).
-void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, float* d, float* xsum, std::int8_t* q) {
+void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, float* d, float* xsum,
+                  std::int32_t* isum, std::int8_t* q) {
   if (gs <= 0) return;
   for (std::int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
     float amax = 0.0f;
@@ -112,6 +114,7 @@ void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, 
     }
     std::fill(q + k0, q + k0 + gs, std::int8_t{0});
     d[g] = xsum[g] = 0.0f;
+    isum[g] = 0;
     if (!finite) {  // NaN or Inf: the outputs of this row become NaN, as the exact kernel's would
       d[g] = xsum[g] = std::numeric_limits<float>::quiet_NaN();
       continue;
@@ -126,6 +129,7 @@ void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, 
       qsum += static_cast<std::int32_t>(r);
       q[k0 + k] = static_cast<std::int8_t>(r);
     }
+    isum[g] = qsum;
     xsum[g] = d[g] * static_cast<float>(qsum);
   }
 }
@@ -136,7 +140,7 @@ void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, 
 // quantize_row on AVX2 (gs a multiple of 16): the same float operations per element (the product
 // by f, |v|, the max, v · inv rounded to nearest even, the clamp) and an exact integer sum.
 MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std::int64_t K, int gs, float* d,
-                                      float* xsum, std::int8_t* q) {
+                                      float* xsum, std::int32_t* isum, std::int8_t* q) {
   if (gs <= 0) return;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
@@ -153,6 +157,7 @@ MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std:
     const __m128 h2 = _mm_max_ps(h, _mm_movehl_ps(h, h));
     const float amax_s = _mm_cvtss_f32(_mm_max_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
     d[g] = xsum[g] = 0.0f;
+    isum[g] = 0;
     if (_mm256_movemask_ps(bad) != 0 || amax_s == 0.0f) {
       std::memset(q + k0, 0, static_cast<std::size_t>(gs));
       if (_mm256_movemask_ps(bad) != 0) d[g] = xsum[g] = std::numeric_limits<float>::quiet_NaN();
@@ -175,7 +180,8 @@ MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std:
     }
     const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(qsum), _mm256_extracti128_si256(qsum, 1));
     const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-    xsum[g] = d[g] * static_cast<float>(_mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1))));
+    isum[g] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+    xsum[g] = d[g] * static_cast<float>(isum[g]);
   }
 #undef load
 }
@@ -215,18 +221,19 @@ MOEKIT_QA_AVX2 void widen16_avx2(const std::int8_t* src, std::int64_t K, std::in
 #endif
 
 // A's M rows quantized for B's groups of gs inputs. bytes8: 8-bit codes take int8 activations
-// too (the VNNI kernel), in natural order; pair64: the 64-chunk order of 4-bit codes
-// (QuantA::pair64). vector: the AVX2 steps (the same results; the caller checked the CPU).
-void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, bool bytes8, bool pair64,
-                bool vector, QuantA& qa) {
+// too (the VNNI kernel), in natural order; 4-bit codes in QuantA's nibble order. vector: the AVX2
+// steps (the same results; the caller checked the CPU).
+void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, bool bytes8, bool vector,
+                QuantA& qa) {
   qa.M = M;
   qa.K = K;
   qa.bytes8 = bits == 8 && bytes8;
-  qa.pair64 = bits == 4 && pair64 && gs % 64 == 0;
+  qa.pair64 = bits == 4 && K % 64 == 0;
   qa.groups = K / gs;
   qa.gstride = (qa.groups + 7) / 8 * 8;
   qa.d.assign(static_cast<std::size_t>(M * qa.gstride), 0.0f);
   qa.xsum.assign(qa.d.size(), 0.0f);
+  qa.qsum.assign(qa.d.size(), 0);
   const bool natural = bits == 8 && bytes8;  // codes written in place
   if (bits == 4 || bytes8)
     qa.q8.resize(static_cast<std::size_t>(M * K));
@@ -241,16 +248,17 @@ void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int 
     std::int8_t* q = natural ? qa.q8.data() + m * K : row.data();
     float* d = qa.d.data() + m * qa.gstride;
     float* xsum = qa.xsum.data() + m * qa.gstride;
+    std::int32_t* isum = qa.qsum.data() + m * qa.gstride;
     const float f = A.factor(m);
 #if defined(__x86_64__) || defined(__i386__)
     if (vector) {
-      quantize_row_avx2(A.row(m), f, A.scale != nullptr, K, gs, d, xsum, q);
+      quantize_row_avx2(A.row(m), f, A.scale != nullptr, K, gs, d, xsum, isum, q);
       if (bits == 4) place4_avx2(q, K, qa.pair64, qa.q8.data() + m * K);
       if (bits == 8 && !bytes8) widen16_avx2(q, K, qa.q16.data() + m * K);
       continue;
     }
 #endif
-    quantize_row(A.row(m), f, A.scale != nullptr, K, gs, d, xsum, q);
+    quantize_row(A.row(m), f, A.scale != nullptr, K, gs, d, xsum, isum, q);
     for (std::int64_t k = 0; k < K && !natural; ++k) {
       if (bits == 4) {
         qa.q8[static_cast<std::size_t>(m * K + qa.at(k))] = q[k];
@@ -744,8 +752,10 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
   if (path == Int8Path::amx) return gemm_nt_affine_int8_amx(A, B, C, M, N, K, Threads::caller);
   if (path == Int8Path::best) path = best_path();
   const Codes codes = codes_of(B.format);
-  quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, codes == Codes::affine4,
-             path != Int8Path::portable, qa);
+  quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, path != Int8Path::portable, qa);
+  // 4-bit codes take the x86 kernels with K a multiple of 64 (QuantA::pair64, every MoE shape
+  // moekit knows), else the portable one.
+  if (codes != Codes::affine8 && !qa.pair64) path = Int8Path::portable;
   if (path == Int8Path::avx512vnni) {
     if (codes == Codes::signed4) return kernel_vnni<Codes::signed4>(qa, B, C, M, N);
     if (codes == Codes::affine4) return kernel_vnni<Codes::affine4>(qa, B, C, M, N);
@@ -757,7 +767,7 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
     return kernel_avx2<Codes::affine8>(qa, B, C, M, N);
   }
 #else
-  quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, false, false, qa);
+  quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, false, qa);
 #endif
   kernel_scalar(qa, B, C, M, N);
 }
