@@ -4,9 +4,8 @@
 // one instruction, 4- and 8-bit codes alike). Each group's integer sum is exact either way and
 // reduced to one int32 before any float step, and the float part is the same code, so the two
 // give the same bits for every format (tested).
-// Signed 4-bit codes (Codes::signed4: e2m1 and int4 through a 16-entry table of small integers)
-// go in as |w| (u8) times the activation with w's sign (`vpsignb`), ggml's way of feeding a
-// signed operand to the u8 × int8 instructions.
+// Signed 4-bit codes (Codes::signed4: e2m1 and int4 through a 16-entry table of small integers
+// w) go in as w + c, a u8, and each group's sum loses c · Σq (the activations' integer sum).
 //   MOEKIT_I8_ATTR  the functions' target attribute
 //   MOEKIT_I8_NAME  name decoration of this instruction set's functions
 //   MOEKIT_I8_VNNI  1: vpdpbusd (8-bit activations as int8 for 8-bit codes too)
