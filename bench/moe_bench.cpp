@@ -9,10 +9,12 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <memory>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -21,6 +23,7 @@
 #include "kernels/gemm.hpp"
 #include "moekit/moekit.hpp"
 #include "synth/random_layer.hpp"
+#include "util/thread_pool.hpp"
 
 namespace {
 
@@ -338,8 +341,30 @@ MOEKIT_LAYOUT(dxp_down, Op::dxp_down)
 MOEKIT_LAYOUT(dx_down, Op::dx_down)
 MOEKIT_LAYOUT(dw_up, Op::dw_up)
 MOEKIT_LAYOUT(dw_down, Op::dw_down)
+// The pool's round trip: a job of one task per thread doing nothing, after range(0) µs of the
+// caller's own work (a busy wait: a framework's attention between two MoE layers) — the
+// fork-join cost a decode step pays per parallel region, with the workers still spinning (gap
+// under MOEKIT_SPIN_US, default 100) or parked. 2 threads.
+void BM_PoolRoundTrip(benchmark::State& state) {
+  set_num_threads(2);
+  const auto gap = std::chrono::microseconds(state.range(0));
+  std::atomic<int> sink{0};
+  for (auto _ : state) {
+    state.PauseTiming();
+    const auto until = std::chrono::steady_clock::now() + gap;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    state.ResumeTiming();
+    detail::parallel_tasks(2, [&](std::int64_t t) { sink.fetch_add(static_cast<int>(t)); });
+  }
+  benchmark::DoNotOptimize(sink.load());
+  set_num_threads(0);
+}
+
 BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 3, 32}, {0, 4, 8, 3}, {0}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 4, 8}, {4, 8}, {1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_PoolRoundTrip)->Arg(0)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PoolRoundTrip)->Arg(50)->Arg(1000)->Iterations(3000)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MoeForward, qwen3_f32, kQwen3, DType::f32)
     ->ArgsProduct({{1, 32, 512}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
