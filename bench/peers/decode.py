@@ -10,7 +10,11 @@ builds it, a fresh routing per call) in the plain layout and in llama.cpp's repa
 (CPU_REPACK) where this CPU has it, and, labelled as such, ggml's cached figure from
 test-backend-ops (one routing reused for hundreds of runs: its experts sit in the cache).
 Every figure: median ms per layer; % of the DRAM read bandwidth moekit measured in the same run.
+A VM's bandwidth can move by half within minutes, so each format pair is measured in --rounds
+rounds, moekit then ggml in each: a cell is the median over the rounds, and the ratio is taken per
+round (both sides minutes apart at most) and given as its median and range.
 """
+import statistics
 import argparse
 import json
 import math
@@ -101,6 +105,7 @@ def main():
     ap.add_argument("--tokens", default="1,2,4,8,32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3, help="moekit, then ggml, this many times per format pair")
     ap.add_argument("--out", required=True)
     ARGS = ap.parse_args()
     ARGS.log = os.path.join(ARGS.out, "log.txt")
@@ -110,36 +115,36 @@ def main():
         sys.exit(f"decode: --formats must name some of {[p[0] for p in PAIRS]}")
     tokens = [int(t) for t in ARGS.tokens.split(",")]
 
-    dtypes = [d for p in pairs for d in (p[1], p[2]) if d]
-    mk = moekit_rows(dtypes)
-    dram = mk["dram_read"]["gbps"]
-    llc = mk["last_level_cache_bytes"]
-    mrow = {(r["dtype"], r["tokens"]): r for r in mk["results"]}
-    results = dict(cpu=mk["cpu"], simd=mk["simd_target"], dram_gbps=dram, llc_bytes=llc, threads=ARGS.threads,
-                   reps=ARGS.reps, moekit=mk["results"], ggml=[], cached=[], failures=[])
+    if ARGS.rounds < 1:
+        sys.exit("decode: --rounds must be at least 1")
 
-    def pct(gbps):
-        return f"{100 * gbps / dram:.0f} %" if dram > 0 else "?"
-
-    lines = [f"# Decode at the memory limit: moekit vs ggml (qwen3 shape, {ARGS.threads} threads)", "",
-             f"- CPU: {mk['cpu']} ({mk['simd_target']}); DRAM read {dram:.1f} GB/s (moekit, same run); "
-             f"LLC {llc / 2**20:.0f} MiB",
-             f"- median ms per layer of {ARGS.reps} passes over L distinct layers, a fresh routing per call "
-             "(% = touched bytes / time / DRAM read)",
-             "- ggml: bench/peers/ggml_decode (llama.cpp's build_moe_ffn graph, persistent thread pool), "
-             "plain and CPU_REPACK layouts; 'cached' = test-backend-ops MUL_MAT_ID ×3, one routing reused "
-             "(experts cached), not a fair figure", ""]
-    for label, fast, exact, gtypes in pairs:
+    def measure(fast, exact, gtypes, llc):
+        """One round of a format pair: moekit's rows, its DRAM figure, then ggml's rows."""
+        mk = moekit_rows([d for d in (fast, exact) if d])
+        mrow = {(r["dtype"], r["tokens"]): r for r in mk["results"]}
         ggml = {}
         for typ in gtypes:
             for layout in ("plain", "repack"):
-                rows, err = ggml_rows(typ, layout, llc)
-                if err:
+                rows, err = ggml_rows(typ, layout, llc if llc else mk["last_level_cache_bytes"])
+                if err and not any(f["type"] == typ and f["layout"] == layout for f in results["failures"]):
                     results["failures"].append(dict(type=typ, layout=layout, reason=err))
                     log(f"ggml {typ} {layout}: {err}")
                 for r in rows:
                     ggml[(typ, layout, r["tokens"])] = r
                     results["ggml"].append(r)
+        results["moekit"] += mk["results"]
+        results["dram_gbps"].append(mk["dram_read"]["gbps"])
+        return mk, mrow, ggml
+
+    results = dict(threads=ARGS.threads, reps=ARGS.reps, rounds=ARGS.rounds, dram_gbps=[], moekit=[], ggml=[],
+                   cached=[], failures=[])
+    sections, first = [], None
+    for label, fast, exact, gtypes in pairs:
+        rounds = []
+        for _ in range(ARGS.rounds):
+            mk, mrow, ggml = measure(fast, exact, gtypes, first["last_level_cache_bytes"] if first else 0)
+            first = first or mk
+            rounds.append((mk["dram_read"]["gbps"], mrow, ggml))
         cached = {}
         for typ in gtypes:
             for t in tokens:
@@ -147,27 +152,52 @@ def main():
                 if ms is not None:
                     cached[(typ, t)] = ms
                     results["cached"].append(dict(type=typ, tokens=t, ms_x3=ms))
+        sections.append((label, fast, exact, gtypes, rounds, cached))
+    results.update(cpu=first["cpu"], simd=first["simd_target"], llc_bytes=first["last_level_cache_bytes"])
+    drams = results["dram_gbps"]
+    llc = results["llc_bytes"]
+
+    def cell(rs):
+        """Median ms over the rounds (and % of each round's DRAM figure, median) of rows rs = [(dram, row)]."""
+        rs = [(d, r) for d, r in rs if r]
+        if not rs:
+            return "—"
+        ms = statistics.median(r["ms_per_layer"] for _, r in rs)
+        pct = statistics.median(100 * r["gbps"] / d for d, r in rs if d > 0)
+        return f"{ms:.3g} ({pct:.0f} %)"
+
+    lines = [f"# Decode at the memory limit: moekit vs ggml (qwen3 shape, {ARGS.threads} threads)", "",
+             f"- CPU: {first['cpu']} ({first['simd_target']}); DRAM read {min(drams):.1f}–{max(drams):.1f} GB/s "
+             f"(moekit, measured at each of the {len(drams)} moekit runs); LLC {llc / 2**20:.0f} MiB",
+             f"- median ms per layer of {ARGS.reps} passes over L distinct layers, a fresh routing per call, median "
+             f"over {ARGS.rounds} rounds (moekit, then ggml, per format pair); % = touched bytes / time / that "
+             "round's DRAM read",
+             "- ggml: bench/peers/ggml_decode (llama.cpp's build_moe_ffn graph, persistent thread pool), "
+             "plain and CPU_REPACK layouts; 'cached' = test-backend-ops MUL_MAT_ID ×3, one routing reused "
+             "(experts cached), not a fair figure",
+             "- ratio: best fair ggml ÷ moekit's fast mode within each round; median (min–max over the rounds)", ""]
+    for label, fast, exact, gtypes, rounds, cached in sections:
         head = ["T", f"moekit {fast}"] + ([f"moekit {exact}"] if exact else [])
         for typ in gtypes:
             head += [f"ggml {typ}", f"ggml {typ} repack", f"{typ} cached"]
         head += ["moekit ÷ best fair ggml"]
         lines += [f"## {label}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for t in tokens:
-            fast_row = mrow.get((fast, t))
             cells = [str(t)]
             for d in (fast, exact) if exact else (fast,):
-                r = mrow.get((d, t))
-                cells.append(f"{r['ms_per_layer']:.3g} ({pct(r['gbps'])})" if r else "—")
-            best = None
+                cells.append(cell([(dr, m.get((d, t))) for dr, m, _ in rounds]))
             for typ in gtypes:
                 for layout in ("plain", "repack"):
-                    r = ggml.get((typ, layout, t))
-                    cells.append(f"{r['ms_per_layer']:.3g} ({pct(r['gbps'])})" if r else "—")
-                    if r and (best is None or r["ms_per_layer"] < best):
-                        best = r["ms_per_layer"]
+                    cells.append(cell([(dr, g.get((typ, layout, t))) for dr, _, g in rounds]))
                 c = cached.get((typ, t))
                 cells.append(f"{c:.3g}" if c else "—")
-            cells.append(f"{best / fast_row['ms_per_layer']:.2f}×" if best and fast_row else "—")
+            ratios = []
+            for _, m, g in rounds:
+                f_row = m.get((fast, t))
+                fair = [g[k]["ms_per_layer"] for k in g if k[2] == t]
+                if f_row and fair:
+                    ratios.append(min(fair) / f_row["ms_per_layer"])
+            cells.append(f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})" if ratios else "—")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     for f in results["failures"]:

@@ -98,9 +98,9 @@ struct QuantA {
   std::vector<std::int32_t> qsum;
 };
 
-// One row of A's groups of gs inputs (x[k] times f where `scaled`): per group d and d·Σq into
-// d[g], xsum[g], Σq into isum[g], its codes in natural order into q[k]. The definition the vector version below
-// follows step for step (the same codes, d and d·Σq, bit for bit).
+// One row of A's groups of gs inputs (x[k] times f where `scaled`): per group d, d·Σq and Σq
+// into d[g], xsum[g] and isum[g], its codes in natural order into q[k]. The definition the
+// vector version below follows step for step (the same codes, d, Σq and d·Σq, bit for bit).
 void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, float* d, float* xsum,
                   std::int32_t* isum, std::int8_t* q) {
   if (gs <= 0) return;
@@ -145,11 +145,11 @@ MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std:
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256 fv = _mm256_set1_ps(f), lim = _mm256_set1_ps(127.0f), neg = _mm256_set1_ps(-127.0f);
-#define load(k) (scaled ? _mm256_mul_ps(_mm256_loadu_ps(x + (k)), fv) : _mm256_loadu_ps(x + (k)))
+#define MOEKIT_QA_LOAD(k) (scaled ? _mm256_mul_ps(_mm256_loadu_ps(x + (k)), fv) : _mm256_loadu_ps(x + (k)))
   for (std::int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
     __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
     for (int k = 0; k < gs; k += 8) {
-      const __m256 a = _mm256_and_ps(load(k0 + k), abs_mask);
+      const __m256 a = _mm256_and_ps(MOEKIT_QA_LOAD(k0 + k), abs_mask);
       bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // NaN or Inf
       amax = _mm256_max_ps(amax, a);
     }
@@ -169,8 +169,8 @@ MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std:
     for (int k = 0; k < gs; k += 16) {
       __m256i i[2];
       for (int h8 = 0; h8 < 2; ++h8) {
-        const __m256 r =
-            _mm256_round_ps(_mm256_mul_ps(load(k0 + k + 8 * h8), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 r = _mm256_round_ps(_mm256_mul_ps(MOEKIT_QA_LOAD(k0 + k + 8 * h8), inv),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         i[h8] = _mm256_cvtps_epi32(_mm256_min_ps(lim, _mm256_max_ps(neg, r)));
         qsum = _mm256_add_epi32(qsum, i[h8]);
       }
@@ -183,7 +183,7 @@ MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std:
     isum[g] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
     xsum[g] = d[g] * static_cast<float>(isum[g]);
   }
-#undef load
+#undef MOEKIT_QA_LOAD
 }
 
 // A 32-block of int8 codes in natural order as its 16 even elements, then its 16 odd ones.
@@ -193,13 +193,13 @@ MOEKIT_QA_AVX2 inline __m256i evens_odds32(__m256i v) {
   return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8);
 }
 
-// Natural-order codes of a row (K a multiple of 32; of 64 with pair64) in QuantA's 4-bit order.
 MOEKIT_QA_AVX2 inline __m256i load32(const std::int8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
 MOEKIT_QA_AVX2 inline void put32(std::int8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 
+// Natural-order codes of a row (K a multiple of 32; of 64 with pair64) in QuantA's 4-bit order.
 MOEKIT_QA_AVX2 void place4_avx2(const std::int8_t* src, std::int64_t K, bool pair64, std::int8_t* dst) {
   if (!pair64) {
     for (std::int64_t k = 0; k < K; k += 32) put32(dst + k, evens_odds32(load32(src + k)));

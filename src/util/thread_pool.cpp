@@ -30,7 +30,7 @@ int default_threads() {
 
 // How long a thread spins on the pool's state before it parks on a condition variable: an idle
 // worker waiting for the next job, the caller waiting for the workers' last tasks. Waking a
-// parked thread costs 8-40 µs on the developers' VM (BM_PoolRoundTrip), paid at every job and
+// parked thread costs 8-50 µs on the developers' VM (BM_PoolRoundTrip), paid at every job and
 // twice on a decode step of under a millisecond. MOEKIT_SPIN_US (0 … 100000, default 100) sets
 // it; 0 parks at once.
 std::chrono::microseconds spin_budget() {
