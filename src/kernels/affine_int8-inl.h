@@ -24,20 +24,13 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(load256)(const void* p) {
 
 // isum plus, in each int32 lane, the four products of its bytes: u (u8) times a (int8). VNNI:
 // `vpdpbusd`; AVX2: `vpmaddubsw` + `vpmaddwd`, whose int16 pair sums are exact only for small u
-// (4-bit codes, |w| ≤ 12), the only ones it is given.
+// (4-bit codes: affine ≤ 15, signed w + c ≤ 24), the only ones it is given.
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(dot4)(__m256i isum, __m256i u, __m256i a) {
 #if MOEKIT_I8_VNNI
   return _mm256_dpbusd_epi32(isum, u, a);
 #else
   return _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
 #endif
-}
-
-// A 32-block's 4-bit codes from its 16 bytes: the low nibbles (even elements), then the high ones
-// (odd elements), as u8.
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(nibbles32)(const std::uint8_t* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
 }
 
 // A 64-chunk's 4-bit codes from its 32 bytes (QuantA::pair64): lo the low nibbles (even

@@ -369,13 +369,12 @@ const float* widen_scales(const WeightMatrix& B, std::int64_t n, int rows, std::
   return qa;
 }
 
-// Columns [n0, N) of C.
-void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-                   std::int64_t n0 = 0) {
+// The portable kernel: every column of C (the x86 kernels' reference, to f32 rounding).
+void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N) {
   const int gs = B.format.block_cols, bits = B.format.bits;
   const bool affine = codes_of(B.format) != Codes::signed4;
   const SignedCodes sc = signed_codes(B.format);
-  for (std::int64_t n = n0; n < N; ++n) {
+  for (std::int64_t n = 0; n < N; ++n) {
     const std::uint8_t* row = row_bytes(B, n);
     for (std::int64_t m = 0; m < M; ++m) {
       float acc = 0.0f, bacc = 0.0f;
