@@ -134,6 +134,21 @@ struct BackwardOptions {
 Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorView& dy, MoeTensors& grads,
                 const BackwardOptions& options = {});
 
+/// The routed experts' backward alone, for a routing the caller made: the gradients of
+/// run_experts(w, body, x, ids, weights, weight_on_input, y, false, &trace) for dL/dy = `dy`
+/// (f32 or bf16 [T, D]). This is what a framework's experts backend needs (transformers'
+/// ExpertsInterface routes with its own router and hands moekit ids and weights; moekit.transformers).
+/// `x` is the forward's f32 input [T, D], `trace` the forward's. Returns dL/dx [T, D] f32; writes
+/// dL/dweights [T, K] f32 into `dweights` and each expert's weight (and bias) gradients into the
+/// experts' members of `grads` (gate, up, down and the biases the experts have; allocated when
+/// empty, otherwise checked against [E, F, D] / [E, D, F] / [E, F] / [E, D] f32, and added to when
+/// `accumulate`). Experts without rows get exact zeros. fp32; bit-identical for any thread count.
+/// Throws std::invalid_argument for quantized or AMX-packed experts, a trace of another forward,
+/// mismatched shapes or dtypes, or a non-finite dy (naming the element); `grads` is untouched then.
+Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
+                        const TensorView& weights, bool weight_on_input, const ExpertTrace& trace, const TensorView& dy,
+                        MoeTensors& grads, Tensor& dweights, bool accumulate = false);
+
 }  // namespace moekit
 
 namespace moekit {

@@ -53,5 +53,6 @@ inline nb::dict load_dict(const LoadMetrics& l) {
 void bind_core(nb::module_& m);
 void bind_training(nb::module_& m);
 void bind_lm(nb::module_& m);
+void bind_experts(nb::module_& m);
 
 }  // namespace moekit::py

@@ -251,7 +251,94 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
   return dx;
 }
 
+Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
+                        const TensorView& weights, bool weight_on_input, const ExpertTrace& trace,
+                        const TensorView& dy_in, MoeTensors& grads, Tensor& dweights, bool accumulate) {
+  constexpr const char* fn = "experts_backward";
+  for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
+    if (m->quantized())
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the experts are quantized (" << m->describe()
+                                                         << "), which has no gradient here"));
+    if (m->layout == MatrixLayout::amx_tiles)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn
+                                                         << "] the experts are packed in AMX tiles, a "
+                                                            "forward-only layout"));
+  }
+  const std::int64_t E = w.num_experts(), D = w.hidden_size(), F = w.width();
+  detail::expect_tensor(fn, "x", x, {DType::f32}, {"T", D});
+  const std::int64_t T = x.dim(0);
+  detail::expect_tensor(fn, "ids", ids, {DType::i32}, {T, "K"});
+  const std::int64_t K = ids.dim(1);
+  detail::expect_tensor(fn, "weights", weights, {DType::f32}, {T, K}, "ids");
+  const DispatchPlan& plan = trace.plan;
+  if (plan.num_tokens != T || plan.top_k != K || plan.num_experts != E ||
+      static_cast<std::int64_t>(plan.sorted_pairs.size()) != T * K)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the trace's plan (" << plan.num_tokens
+                                                       << " tokens, top-" << plan.top_k << " of " << plan.num_experts
+                                                       << ") is not this forward's (" << T << " tokens, top-" << K
+                                                       << " of " << E << ")"));
+  const bool gated = w.gate.defined();
+  const bool kept = has(trace.pre_up);
+  if (kept && (trace.pre_up.shape() != Shape{T * K, F} || (gated && trace.pre_gate.shape() != Shape{T * K, F})))
+    throw std::invalid_argument(
+        MOEKIT_MSG("[moekit::" << fn << "] the trace's pre-activations are not [" << T * K << ", " << F << "]"));
+  Tensor dy_owned;
+  const float* dy = detail::checked_dy(fn, dy_in, {T, D}, T, D, E, {}, dy_owned);
+  // Gradient buffers: every one checked before any is written.
+  MoeTensors g = grads;
+  const auto check = [&](Tensor& t, const Shape& shape, const char* name) {
+    if (!has(t)) {
+      t = Tensor(shape, DType::f32);
+      return;
+    }
+    detail::expect_tensor(fn, std::string("grads.") + name, t, {DType::f32}, shape);
+  };
+  if (gated) check(g.gate, {E, F, D}, "gate");
+  check(g.up, {E, F, D}, "up");
+  check(g.down, {E, D, F}, "down");
+  if (has(w.gate_bias)) check(g.gate_bias, {E, F}, "gate_bias");
+  if (has(w.up_bias)) check(g.up_bias, {E, F}, "up_bias");
+  if (has(w.down_bias)) check(g.down_bias, {E, D}, "down_bias");
+
+  std::vector<std::int32_t> src_rows(static_cast<std::size_t>(T * K));
+  std::vector<float> slot_weight(static_cast<std::size_t>(T * K));
+  const float* ws = weights.data_as<const float>();
+  for (std::int64_t i = 0; i < T * K; ++i) {
+    const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(i)];
+    src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
+    slot_weight[static_cast<std::size_t>(i)] = ws[pair];
+  }
+  const detail::Workspace pair_dx(static_cast<std::size_t>(T * K * D), detail::WorkspaceSlot::backward_rows);
+  std::vector<float> pair_dg(static_cast<std::size_t>(T * K));
+  detail::backward_sorted_rows(w, body, x.data_as<const float>(), src_rows.data(), slot_weight.data(), weight_on_input,
+                               plan.offsets, kept && gated ? trace.pre_gate.data_as<const float>() : nullptr,
+                               kept ? trace.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(), pair_dg.data(),
+                               detail::expert_sink(g), accumulate);
+  Tensor dx = Tensor::uninitialized({T, D}, DType::f32);
+  dweights = Tensor::uninitialized({T, K}, DType::f32);
+  detail::combine_backward(T, K, D, pair_dx.data(), pair_dg.data(), plan.inverse.data(), dx.data_as<float>(),
+                           dweights.data_as<float>());
+  grads = g;
+  return dx;
+}
+
 namespace detail {
+
+void combine_backward(std::int64_t T, std::int64_t K, std::int64_t D, const float* pair_dx, const float* pair_dg,
+                      const std::int64_t* position, float* dx, float* dweights) {
+  parallel_for(T, 8, [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      float* row = dx + t * D;
+      std::fill(row, row + D, 0.0f);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::int64_t pos = position[t * K + k];
+        const float* o = pair_dx + pos * D;
+        for (std::int64_t d = 0; d < D; ++d) row[d] += o[d];
+        dweights[t * K + k] = pair_dg[pos];
+      }
+    }
+  });
+}
 
 void check_float_weights(const char* fn, const MoeLayer& layer) {
   const MoeWeights& w = layer.weights();
@@ -376,19 +463,7 @@ Tensor backward_tail(const MoeLayer& layer, const SavedForward& saved, const flo
   Tensor dx = Tensor::uninitialized({T, D}, DType::f32);
   float* dxs = dx.data_as<float>();
   Tensor dweights = Tensor::uninitialized({T, K}, DType::f32);
-  float* dws = dweights.data_as<float>();
-  parallel_for(T, 8, [&](std::int64_t t0, std::int64_t t1) {
-    for (std::int64_t t = t0; t < t1; ++t) {
-      float* row = dxs + t * D;
-      std::fill(row, row + D, 0.0f);
-      for (std::int64_t k = 0; k < K; ++k) {
-        const std::int64_t pos = position[t * K + k];
-        const float* o = pair_dx + pos * D;
-        for (std::int64_t d = 0; d < D; ++d) row[d] += o[d];
-        dws[t * K + k] = pair_dg[pos];
-      }
-    }
-  });
+  combine_backward(T, K, D, pair_dx, pair_dg, position, dxs, dweights.data_as<float>());
 
   // --- router
   Tensor dlogits = router_backward(cfg.router, saved.logits, saved.routing.ids, dweights, w.selection_bias.view());

@@ -50,6 +50,11 @@ void backward_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const 
                           const float* pre_gate, const float* pre_up, const float* dy, float* pair_dx,
                           float* pair_dg, const GradSink& sink, bool accumulate);
 
+/// The combine's backward: dx [T, D] row t = Σ_k pair_dx[position[t·K + k]] (slot order), and
+/// dweights [T, K] = pair_dg at the same positions.
+void combine_backward(std::int64_t T, std::int64_t K, std::int64_t D, const float* pair_dx, const float* pair_dg,
+                      const std::int64_t* position, float* dx, float* dweights);
+
 /// The rest of the block's backward for T tokens: dx_t = Σ_k pair_dx[position[t·K + k]] (slot
 /// order), dweights from pair_dg likewise, the router's backward (+ options.extra_dlogits) into
 /// g.router (g.router_bias) and dx, the shared experts and gate into g.shared_* and dx. `saved`

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moekit/threading.hpp"
@@ -310,6 +311,57 @@ TEST_P(Backward, DeterministicAcrossThreadsAndSavePolicies) {
   }
 }
 
+// experts_backward (the routed experts alone, on a routing the caller made: frameworks' experts
+// backends): its weight gradients are the block backward's, bit for bit; dL/dweights and dL/dx are
+// the derivatives of Σ dy · run_experts(...) (central differences).
+TEST_P(Backward, ExpertsBackwardIsTheBlocksRoutedPart) {
+  const Case& c = GetParam();
+  const Built b = build(c, 13);
+  SavedForward saved;
+  b.layer.forward_train(b.x, saved);
+  MoeTensors block;
+  backward(b.layer, saved, b.dy, block);
+
+  const ExpertWeights& w = b.layer.weights().experts;
+  const ExpertBody body = b.layer.body();
+  const bool woi = b.config.router.weight_on_input;
+  const TensorView ids = saved.routing.ids.view(), weights = saved.routing.weights.view();
+  MoeTensors g;
+  Tensor dweights;
+  const Tensor dx =
+      experts_backward(w, body, saved.x.view(), ids, weights, woi, saved.routed, b.dy.view(), g, dweights);
+  for (const auto& [name, mine, theirs] :
+       {std::tuple{"gate", &g.gate, &block.gate}, std::tuple{"up", &g.up, &block.up},
+        std::tuple{"down", &g.down, &block.down}, std::tuple{"gate_bias", &g.gate_bias, &block.gate_bias},
+        std::tuple{"up_bias", &g.up_bias, &block.up_bias}, std::tuple{"down_bias", &g.down_bias, &block.down_bias}})
+    EXPECT_TRUE(same_bits(*mine, *theirs)) << name;
+  EXPECT_EQ(g.router.numel(), 0);  // the router is the caller's
+
+  const std::int64_t T = b.x.dim(0), K = b.config.router.top_k;
+  const auto loss = [&](const Tensor& x, const Tensor& wts) {
+    Tensor y({T, kD}, DType::f32);
+    run_experts(w, body, x.view(), ids, wts.view(), woi, y.view());
+    double l = 0;
+    for (std::int64_t i = 0; i < T * kD; ++i) l += double(y.data_as<float>()[i]) * b.dy.data_as<float>()[i];
+    return l;
+  };
+  const double h = 1e-2;
+  for (std::int64_t i : {std::int64_t{0}, T * K / 2, T * K - 1}) {
+    Tensor wp = saved.routing.weights.clone(), wm = saved.routing.weights.clone();
+    wp.data_as<float>()[i] += float(h);
+    wm.data_as<float>()[i] -= float(h);
+    const double fd = (loss(saved.x, wp) - loss(saved.x, wm)) / (2 * h);
+    EXPECT_NEAR(dweights.data_as<float>()[i], fd, 2e-3 * (1 + std::abs(fd))) << "dweights[" << i << "]";
+  }
+  for (std::int64_t i : {std::int64_t{3}, T * kD / 2 + 1, T * kD - 2}) {
+    Tensor xp = saved.x.clone(), xm = saved.x.clone();
+    xp.data_as<float>()[i] += float(h);
+    xm.data_as<float>()[i] -= float(h);
+    const double fd = (loss(xp, saved.routing.weights) - loss(xm, saved.routing.weights)) / (2 * h);
+    EXPECT_NEAR(dx.data_as<float>()[i], fd, 5e-3 * (1 + std::abs(fd))) << "dx[" << i << "]";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Matrix, Backward, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
@@ -485,6 +537,47 @@ TEST(BackwardSparse, PermuteThenUnpermuteIsTheIdentity) {
   }
   for (std::int64_t i = 0; i < n; ++i) back[i] = sorted[p.inverse[i]];
   for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(back[i], w[i]);
+}
+
+// experts_backward refuses what it cannot differentiate, naming it; grads stay untouched.
+TEST(BackwardErrors, ExpertsBackwardNamesWhatIsWrong) {
+  Case c;
+  Built b = build(c, 21, 6);
+  SavedForward saved;
+  b.layer.forward_train(b.x, saved);
+  const ExpertWeights& w = b.layer.weights().experts;
+  MoeTensors g;
+  Tensor dweights;
+  const auto call = [&](const TensorView& x, const TensorView& dy, const ExpertTrace& trace) {
+    return experts_backward(w, b.layer.body(), x, saved.routing.ids.view(), saved.routing.weights.view(), false, trace,
+                            dy, g, dweights);
+  };
+  ExpertTrace other = saved.routed;
+  other.plan.num_tokens = 5;
+  EXPECT_THROW(
+      {
+        try {
+          call(saved.x.view(), b.dy.view(), other);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("is not this forward's"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  Tensor bad = b.dy.clone();
+  bad.data_as<float>()[7] = std::nanf("");
+  EXPECT_THROW(
+      {
+        try {
+          call(saved.x.view(), bad.view(), saved.routed);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  EXPECT_THROW(call(b.dy.view().reshaped({3, 2 * kD}), b.dy.view(), saved.routed), std::invalid_argument);
+  EXPECT_EQ(g.up.numel(), 0);  // untouched by the failed calls
 }
 
 }  // namespace
