@@ -134,20 +134,31 @@ struct BackwardOptions {
 Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorView& dy, MoeTensors& grads,
                 const BackwardOptions& options = {});
 
+/// How experts_backward() writes the experts' gradients.
+struct ExpertGradOptions {
+  /// Add into the gradients already in `grads` instead of overwriting them.
+  bool accumulate = false;
+  /// Write gate and up as one fused gate‖up gradient, as transformers stores the parameter:
+  /// grads.gate [E, 2F, D] (each expert's gate rows, then its up rows) and grads.gate_bias
+  /// [E, 2F]; grads.up and grads.up_bias stay empty. Gated bodies only.
+  bool fuse_gate_up = false;
+};
+
 /// The routed experts' backward alone, for a routing the caller made: the gradients of
 /// run_experts(w, body, x, ids, weights, weight_on_input, y, false, &trace) for dL/dy = `dy`
 /// (f32 or bf16 [T, D]). This is what a framework's experts backend needs (transformers'
 /// ExpertsInterface routes with its own router and hands moekit ids and weights; moekit.transformers).
 /// `x` is the forward's f32 input [T, D], `trace` the forward's. Returns dL/dx [T, D] f32; writes
 /// dL/dweights [T, K] f32 into `dweights` and each expert's weight (and bias) gradients into the
-/// experts' members of `grads` (gate, up, down and the biases the experts have; allocated when
-/// empty, otherwise checked against [E, F, D] / [E, D, F] / [E, F] / [E, D] f32, and added to when
-/// `accumulate`). Experts without rows get exact zeros. fp32; bit-identical for any thread count.
-/// Throws std::invalid_argument for quantized or AMX-packed experts, a trace of another forward,
-/// mismatched shapes or dtypes, or a non-finite dy (naming the element); `grads` is untouched then.
+/// experts' members of `grads` (gate, up, down and the biases the experts have, or the fused
+/// gate‖up of `options`; allocated when empty, otherwise checked against [E, F, D] / [E, D, F] /
+/// [E, F] / [E, D] f32, and added to when options.accumulate). Experts without rows get exact
+/// zeros. fp32; bit-identical for any thread count. Throws std::invalid_argument for quantized or
+/// AMX-packed experts, a trace of another forward, mismatched shapes or dtypes, or a non-finite dy
+/// (naming the element); `grads` is untouched then.
 Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
                         const TensorView& weights, bool weight_on_input, const ExpertTrace& trace, const TensorView& dy,
-                        MoeTensors& grads, Tensor& dweights, bool accumulate = false);
+                        MoeTensors& grads, Tensor& dweights, const ExpertGradOptions& options = {});
 
 }  // namespace moekit
 

@@ -209,17 +209,25 @@ def _experts(module, plan: _Plan, params, bf16: bool):
 def _param_grads(plan: _Plan, grads: dict, params, needs):
     """moekit's gradients (f32, [E, out, in]) in the parameters' own layout and dtype."""
     out = []
-    gate_w, up_w, down_w = grads.get("experts.gate"), grads["experts.up"], grads["experts.down"]
-    w_in = _fuse(gate_w, up_w, plan.concatenated) if plan.has_gate else up_w
-    mats = [w_in, down_w]
+    if plan.has_gate and _fused_grads(plan):  # moekit wrote gate‖up as the parameter stores it
+        w_in, b_in = grads["experts.gate"], grads.get("experts.gate_bias")
+    elif plan.has_gate:
+        w_in = _fuse(grads["experts.gate"], grads["experts.up"], plan.concatenated)
+        b_in = (_fuse(grads["experts.gate_bias"], grads["experts.up_bias"], plan.concatenated)
+                if plan.has_bias else None)
+    else:
+        w_in, b_in = grads["experts.up"], grads.get("experts.up_bias")
+    mats = [w_in, grads["experts.down"]]
     if plan.transposed:
         mats = [m.transpose(-2, -1) for m in mats]
     out.extend(mats)
     if plan.has_bias:
-        b_in = (_fuse(grads["experts.gate_bias"], grads["experts.up_bias"], plan.concatenated)
-                if plan.has_gate else grads["experts.up_bias"])
         out.extend([b_in, grads["experts.down_bias"]])
     return [g.to(p.dtype) if need else None for g, p, need in zip(out, params, needs)]
+
+
+def _fused_grads(plan: _Plan) -> bool:
+    return plan.has_gate and plan.concatenated
 
 
 class _ExpertsFunction(torch.autograd.Function):
@@ -236,7 +244,7 @@ class _ExpertsFunction(torch.autograd.Function):
         d = dy.detach()
         if d.dtype not in (torch.float32, torch.bfloat16):
             d = d.float()
-        dx, dweights, grads = ctx.experts.backward(ctx.saved, d.contiguous())
+        dx, dweights, grads = ctx.experts.backward(ctx.saved, d.contiguous(), fuse_gate_up=_fused_grads(ctx.plan))
         ctx.saved = None
         needs = ctx.needs_input_grad
         param_grads = _param_grads(ctx.plan, grads, ctx.params, needs[5:])

@@ -215,7 +215,7 @@ void bind_experts(nb::module_& m) {
           "forward() keeping what backward() needs: (y, saved).")
       .def(
           "backward",
-          [](const Experts& ex, const ExpertsSaved& s, nb::handle dy) {
+          [](const Experts& ex, const ExpertsSaved& s, nb::handle dy, bool fuse_gate_up) {
             if (s.owner != &ex)
               throw std::invalid_argument("[moekit.Experts] saved comes from another Experts' forward_train");
             const InputArray d = import_array(dy, "dy");
@@ -224,8 +224,10 @@ void bind_experts(nb::module_& m) {
             {
               nb::gil_scoped_release release;
               std::shared_lock lock(compute_mutex());
+              ExpertGradOptions options;
+              options.fuse_gate_up = fuse_gate_up;
               dx = experts_backward(ex.w, ex.body, s.x.view(), s.ids.view(), s.weights.view(), s.weight_on_input,
-                                    s.trace, d.view, grads, dweights);
+                                    s.trace, d.view, grads, dweights, options);
             }
             nb::dict g;
             grads.for_each(
@@ -233,9 +235,10 @@ void bind_experts(nb::module_& m) {
             return nb::make_tuple(export_tensor(std::move(dx), d.framework),
                                   export_tensor(std::move(dweights), d.framework), g);
           },
-          "saved"_a, "dy"_a,
+          "saved"_a, "dy"_a, "fuse_gate_up"_a = false,
           "(dx [T, D] f32, dweights [T, K] f32, {'experts.gate': [E, F, D], 'experts.up', 'experts.down',\n"
-          "biases}) for dL/dy = dy (float32 or bfloat16 [T, D]).");
+          "biases}) for dL/dy = dy (float32 or bfloat16 [T, D]). fuse_gate_up: 'experts.gate' is the fused\n"
+          "gate‖up gradient [E, 2F, D] (gate rows, then up rows; 'experts.gate_bias' [E, 2F]), no 'experts.up'.");
 }
 
 }  // namespace moekit::py

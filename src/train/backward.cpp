@@ -77,11 +77,12 @@ void expert_backward(const ExpertWeights& w, const ExpertBody& body, std::int64_
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
   const bool gated = w.gate.defined();
-  float* dWg = gated ? sink.gate + e * F * D : nullptr;
-  float* dWu = sink.up + e * F * D;
+  const std::int64_t ms = sink.matrix_stride ? sink.matrix_stride : F * D, bs = sink.bias_stride ? sink.bias_stride : F;
+  float* dWg = gated ? sink.gate + e * ms : nullptr;
+  float* dWu = sink.up + e * ms;
   float* dWd = sink.down + e * D * F;
-  float* dbg = sink.gate_bias ? sink.gate_bias + e * F : nullptr;
-  float* dbu = sink.up_bias ? sink.up_bias + e * F : nullptr;
+  float* dbg = sink.gate_bias ? sink.gate_bias + e * bs : nullptr;
+  float* dbu = sink.up_bias ? sink.up_bias + e * bs : nullptr;
   float* dbd = sink.down_bias ? sink.down_bias + e * D : nullptr;
   const float* bd = has(w.down_bias) ? w.down_bias.data_as<const float>() + e * D : nullptr;
   if (!accumulate) {
@@ -176,11 +177,12 @@ void zero_expert(const ExpertWeights& w, std::int64_t e, const GradSink& sink) {
   const auto zero = [](float* p, std::int64_t n) {
     if (p) std::fill(p, p + n, 0.0f);
   };
-  if (sink.gate) zero(sink.gate + e * F * D, F * D);
-  zero(sink.up + e * F * D, F * D);
+  const std::int64_t ms = sink.matrix_stride ? sink.matrix_stride : F * D, bs = sink.bias_stride ? sink.bias_stride : F;
+  if (sink.gate) zero(sink.gate + e * ms, F * D);
+  zero(sink.up + e * ms, F * D);
   zero(sink.down + e * D * F, D * F);
-  if (sink.gate_bias) zero(sink.gate_bias + e * F, F);
-  if (sink.up_bias) zero(sink.up_bias + e * F, F);
+  if (sink.gate_bias) zero(sink.gate_bias + e * bs, F);
+  if (sink.up_bias) zero(sink.up_bias + e * bs, F);
   if (sink.down_bias) zero(sink.down_bias + e * D, D);
 }
 
@@ -253,8 +255,10 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
 
 Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
                         const TensorView& weights, bool weight_on_input, const ExpertTrace& trace,
-                        const TensorView& dy_in, MoeTensors& grads, Tensor& dweights, bool accumulate) {
+                        const TensorView& dy_in, MoeTensors& grads, Tensor& dweights,
+                        const ExpertGradOptions& options) {
   constexpr const char* fn = "experts_backward";
+  const bool accumulate = options.accumulate;
   for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
     if (m->quantized())
       throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the experts are quantized (" << m->describe()
@@ -285,20 +289,36 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const Te
   Tensor dy_owned;
   const float* dy = detail::checked_dy(fn, dy_in, {T, D}, T, D, E, {}, dy_owned);
   // Gradient buffers: every one checked before any is written.
+  const bool fused = options.fuse_gate_up;
+  if (fused && (!gated || has(w.gate_bias) != has(w.up_bias)))
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn
+                                                       << "] fuse_gate_up needs a gated body with both or neither "
+                                                          "of the gate and up biases"));
   MoeTensors g = grads;
   const auto check = [&](Tensor& t, const Shape& shape, const char* name) {
     if (!has(t)) {
-      t = Tensor(shape, DType::f32);
+      // Every element is written (active experts overwrite, idle ones are zeroed) unless accumulating.
+      t = accumulate ? Tensor(shape, DType::f32) : Tensor::uninitialized(shape, DType::f32);
       return;
     }
     detail::expect_tensor(fn, std::string("grads.") + name, t, {DType::f32}, shape);
   };
-  if (gated) check(g.gate, {E, F, D}, "gate");
-  check(g.up, {E, F, D}, "up");
+  const std::int64_t halves = fused ? 2 : 1;
+  if (gated) check(g.gate, {E, halves * F, D}, fused ? "gate (fused gate_up)" : "gate");
+  if (!fused) check(g.up, {E, F, D}, "up");
   check(g.down, {E, D, F}, "down");
-  if (has(w.gate_bias)) check(g.gate_bias, {E, F}, "gate_bias");
-  if (has(w.up_bias)) check(g.up_bias, {E, F}, "up_bias");
+  if (has(w.gate_bias)) check(g.gate_bias, {E, halves * F}, fused ? "gate_bias (fused gate_up)" : "gate_bias");
+  if (has(w.up_bias) && !fused) check(g.up_bias, {E, F}, "up_bias");
   if (has(w.down_bias)) check(g.down_bias, {E, D}, "down_bias");
+  detail::GradSink sink = detail::expert_sink(g);
+  if (fused) {
+    sink.up = sink.gate + F * D;
+    sink.matrix_stride = 2 * F * D;
+    if (sink.gate_bias) {
+      sink.up_bias = has(w.up_bias) ? sink.gate_bias + F : nullptr;
+      sink.bias_stride = 2 * F;
+    }
+  }
 
   std::vector<std::int32_t> src_rows(static_cast<std::size_t>(T * K));
   std::vector<float> slot_weight(static_cast<std::size_t>(T * K));
@@ -313,7 +333,7 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const Te
   detail::backward_sorted_rows(w, body, x.data_as<const float>(), src_rows.data(), slot_weight.data(), weight_on_input,
                                plan.offsets, kept && gated ? trace.pre_gate.data_as<const float>() : nullptr,
                                kept ? trace.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(), pair_dg.data(),
-                               detail::expert_sink(g), accumulate);
+                               sink, accumulate);
   Tensor dx = Tensor::uninitialized({T, D}, DType::f32);
   dweights = Tensor::uninitialized({T, K}, DType::f32);
   detail::combine_backward(T, K, D, pair_dx.data(), pair_dg.data(), plan.inverse.data(), dx.data_as<float>(),

@@ -18,6 +18,10 @@ struct GradSink {
   float* gate_bias = nullptr;
   float* up_bias = nullptr;
   float* down_bias = nullptr;
+  /// Elements from one expert's gate (and up) gradient to the next's, and likewise for their
+  /// bias gradients; 0: packed (F·D, F). A fused [E, 2F, D] gate‖up gradient has 2·F·D (2·F),
+  /// with up = gate + F·D (gate_bias + F).
+  std::int64_t matrix_stride = 0, bias_stride = 0;
 };
 
 /// Throws std::invalid_argument ("[moekit::<fn>] ...") if `layer` has quantized weights (no

@@ -336,6 +336,28 @@ TEST_P(Backward, ExpertsBackwardIsTheBlocksRoutedPart) {
         std::tuple{"up_bias", &g.up_bias, &block.up_bias}, std::tuple{"down_bias", &g.down_bias, &block.down_bias}})
     EXPECT_TRUE(same_bits(*mine, *theirs)) << name;
   EXPECT_EQ(g.router.numel(), 0);  // the router is the caller's
+  if (w.gate.defined()) {
+    // The fused gate‖up gradient (transformers' gate_up_proj): each expert's gate rows, then its up rows.
+    MoeTensors f;
+    Tensor dw2;
+    ExpertGradOptions fuse;
+    fuse.fuse_gate_up = true;
+    const Tensor dx2 =
+        experts_backward(w, body, saved.x.view(), ids, weights, woi, saved.routed, b.dy.view(), f, dw2, fuse);
+    EXPECT_TRUE(same_bits(dx2, dx));
+    EXPECT_EQ(f.up.numel(), 0);
+    ASSERT_EQ(f.gate.shape(), (Shape{kE, 2 * kF, kD}));
+    for (std::int64_t e = 0; e < kE; ++e) {
+      const float* fe = f.gate.data_as<const float>() + e * 2 * kF * kD;
+      EXPECT_EQ(std::memcmp(fe, g.gate.data_as<const float>() + e * kF * kD, kF * kD * 4), 0) << e;
+      EXPECT_EQ(std::memcmp(fe + kF * kD, g.up.data_as<const float>() + e * kF * kD, kF * kD * 4), 0) << e;
+      if (g.gate_bias.numel() > 0) {
+        const float* be = f.gate_bias.data_as<const float>() + e * 2 * kF;
+        EXPECT_EQ(std::memcmp(be, g.gate_bias.data_as<const float>() + e * kF, kF * 4), 0) << e;
+        EXPECT_EQ(std::memcmp(be + kF, g.up_bias.data_as<const float>() + e * kF, kF * 4), 0) << e;
+      }
+    }
+  }
 
   const std::int64_t T = b.x.dim(0), K = b.config.router.top_k;
   const auto loss = [&](const Tensor& x, const Tensor& wts) {
