@@ -188,6 +188,23 @@ void zero_expert(const ExpertWeights& w, std::int64_t e, const GradSink& sink) {
 
 kernels::WeightMatrix view_matrix(const TensorView& t) { return {t.data(), t.dtype(), t.dim(-1)}; }
 
+// The routed experts' backward over the forward's plan: x [T, D], the slot weights ws [T, K] in
+// pair order; writes pair_dx [T·K, D] and pair_dg [T·K] in the plan's sorted order.
+void routed_backward(const ExpertWeights& w, const ExpertBody& body, const float* x, const float* ws, bool woi,
+                     const DispatchPlan& plan, const float* pre_gate, const float* pre_up, const float* dy,
+                     float* pair_dx, float* pair_dg, const GradSink& sink, bool accumulate) {
+  const std::int64_t n = plan.num_tokens * plan.top_k, K = plan.top_k;
+  std::vector<std::int32_t> src_rows(static_cast<std::size_t>(n));
+  std::vector<float> slot_weight(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(i)];
+    src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
+    slot_weight[static_cast<std::size_t>(i)] = ws[pair];
+  }
+  detail::backward_sorted_rows(w, body, x, src_rows.data(), slot_weight.data(), woi, plan.offsets, pre_gate, pre_up, dy,
+                               pair_dx, pair_dg, sink, accumulate);
+}
+
 }  // namespace
 
 Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorView& dy_in, MoeTensors& grads,
@@ -231,21 +248,13 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
   const bool woi = cfg.router.weight_on_input;
 
   // --- routed experts
-  std::vector<std::int32_t> src_rows(static_cast<std::size_t>(T * K));
-  std::vector<float> slot_weight(static_cast<std::size_t>(T * K));
-  const float* ws = saved.routing.weights.data_as<const float>();
-  for (std::int64_t i = 0; i < T * K; ++i) {
-    const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(i)];
-    src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
-    slot_weight[static_cast<std::size_t>(i)] = ws[pair];
-  }
   // [T*K, D] dL/d(input row) in sorted order; every row is written before it is read.
   const detail::Workspace pair_dx(static_cast<std::size_t>(T * K * D), detail::WorkspaceSlot::backward_rows);
   std::vector<float> pair_dg(static_cast<std::size_t>(T * K));
-  detail::backward_sorted_rows(w.experts, body, x, src_rows.data(), slot_weight.data(), woi, plan.offsets,
-                               kept ? saved.routed.pre_gate.data_as<const float>() : nullptr,
-                               kept ? saved.routed.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(),
-                               pair_dg.data(), detail::expert_sink(g), accumulate);
+  routed_backward(w.experts, body, x, saved.routing.weights.data_as<const float>(), woi, plan,
+                  kept ? saved.routed.pre_gate.data_as<const float>() : nullptr,
+                  kept ? saved.routed.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(), pair_dg.data(),
+                  detail::expert_sink(g), accumulate);
   Tensor dx = detail::backward_tail(layer, saved, dy, pair_dx.data(), pair_dg.data(), plan.inverse.data(), g,
                                     accumulate, options);
   grads = g;
@@ -320,20 +329,12 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const Te
     }
   }
 
-  std::vector<std::int32_t> src_rows(static_cast<std::size_t>(T * K));
-  std::vector<float> slot_weight(static_cast<std::size_t>(T * K));
-  const float* ws = weights.data_as<const float>();
-  for (std::int64_t i = 0; i < T * K; ++i) {
-    const std::int64_t pair = plan.sorted_pairs[static_cast<std::size_t>(i)];
-    src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
-    slot_weight[static_cast<std::size_t>(i)] = ws[pair];
-  }
   const detail::Workspace pair_dx(static_cast<std::size_t>(T * K * D), detail::WorkspaceSlot::backward_rows);
   std::vector<float> pair_dg(static_cast<std::size_t>(T * K));
-  detail::backward_sorted_rows(w, body, x.data_as<const float>(), src_rows.data(), slot_weight.data(), weight_on_input,
-                               plan.offsets, kept && gated ? trace.pre_gate.data_as<const float>() : nullptr,
-                               kept ? trace.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(), pair_dg.data(),
-                               sink, accumulate);
+  routed_backward(w, body, x.data_as<const float>(), weights.data_as<const float>(), weight_on_input, plan,
+                  kept && gated ? trace.pre_gate.data_as<const float>() : nullptr,
+                  kept ? trace.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(), pair_dg.data(), sink,
+                  accumulate);
   Tensor dx = Tensor::uninitialized({T, D}, DType::f32);
   dweights = Tensor::uninitialized({T, K}, DType::f32);
   detail::combine_backward(T, K, D, pair_dx.data(), pair_dg.data(), plan.inverse.data(), dx.data_as<float>(),
