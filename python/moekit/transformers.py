@@ -307,7 +307,7 @@ def experts_forward(module, hidden_states: torch.Tensor, top_k_index: torch.Tens
     if train:
         y = _ExpertsFunction.apply(hidden, weights, ids32, experts, plan, *params)
     else:
-        y = experts.forward(hidden.contiguous(), ids32, weights.contiguous()).to(x_dtype)
+        y = experts.forward(hidden, ids32, weights).to(x_dtype)
     return y.reshape(shape)
 
 

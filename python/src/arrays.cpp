@@ -97,10 +97,9 @@ Framework framework_of(nb::handle obj) {
   return Framework::numpy;
 }
 
-InputArray import_array(nb::handle obj, const char* what) {
-  InputArray in;
-  in.framework = framework_of(obj);
-  if (in.framework == Framework::torch && nb::cast<bool>(nb::getattr(obj, "requires_grad", nb::bool_(false))))
+nb::ndarray<nb::ro> checked_array(nb::handle obj, const char* what, DType& dtype, Framework& framework) {
+  framework = framework_of(obj);
+  if (framework == Framework::torch && nb::cast<bool>(nb::getattr(obj, "requires_grad", nb::bool_(false))))
     throw std::invalid_argument(std::string("[moekit] ") + what +
                                 " is a torch tensor that requires grad: pass it .detach()ed, or train through "
                                 "moekit.torch.MoE");
@@ -113,11 +112,17 @@ InputArray import_array(nb::handle obj, const char* what) {
   if (arr.device_type() != nb::device::cpu::value)
     throw std::invalid_argument(std::string("[moekit] ") + what + " is on DLPack device type " +
                                 std::to_string(arr.device_type()) + "; moekit computes on the CPU (use .cpu())");
-  DType dtype = DType::f32;
   std::string dtype_text;
   if (!from_dlpack(arr.dtype(), dtype, dtype_text))
     throw std::invalid_argument(std::string("[moekit] ") + what + " has dtype " + dtype_text +
                                 "; moekit takes float32, bfloat16, float16 or int32 arrays");
+  return arr;
+}
+
+InputArray import_array(nb::handle obj, const char* what) {
+  InputArray in;
+  DType dtype = DType::f32;
+  const nb::ndarray<nb::ro> arr = checked_array(obj, what, dtype, in.framework);
   const std::size_t ndim = arr.ndim();
   Shape shape(ndim);
   for (std::size_t i = 0; i < ndim; ++i) shape[i] = static_cast<std::int64_t>(arr.shape(i));

@@ -30,6 +30,11 @@ struct InputArray {
   Framework framework = Framework::numpy;
 };
 
+/// `obj` as the DLPack array it is, strides and all (nothing copied), after import_array's checks:
+/// a numpy array or DLPack producer, not a torch tensor that requires grad, on the CPU, of a dtype
+/// moekit reads (float32, bfloat16, float16, int32; returned in `dtype`). Throws as import_array.
+nb::ndarray<nb::ro> checked_array(nb::handle obj, const char* what, DType& dtype, Framework& framework);
+
 /// Imports `obj` (named `what` in errors). Accepts numpy arrays and DLPack producers on the CPU
 /// with dtype float32, bfloat16, float16 or int32; non-contiguous inputs are copied into a
 /// contiguous tensor (the only copy an input ever gets). Throws nb::type_error for an object

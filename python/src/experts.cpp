@@ -49,23 +49,10 @@ struct Experts {
   // One projection: a 3-D [E, rows, cols] array whose rows are contiguous (last stride 1), any
   // row and expert strides (a half or an interleaved part of a fused tensor).
   ExpertMatrix matrix(nb::handle obj, const char* what) {
-    if (nb::cast<bool>(nb::getattr(obj, "requires_grad", nb::bool_(false))))
-      throw std::invalid_argument(std::string("[moekit.Experts] ") + what + " requires grad: pass it .detach()ed");
-    nb::ndarray<nb::ro> a;
-    if (!nb::try_cast(obj, a, false))
-      throw nb::type_error((std::string("[moekit.Experts] ") + what + " must be a DLPack tensor").c_str());
-    if (a.device_type() != nb::device::cpu::value)
-      throw std::invalid_argument(std::string("[moekit.Experts] ") + what +
-                                  " is not on the CPU; moekit computes on the CPU");
-    const auto dt = a.dtype();
-    DType dtype;
-    if (dt.lanes == 1 && dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 32)
-      dtype = DType::f32;
-    else if (dt.lanes == 1 && dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16)
-      dtype = DType::bf16;
-    else if (dt.lanes == 1 && dt.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && dt.bits == 16)
-      dtype = DType::f16;
-    else
+    DType dtype = DType::f32;
+    Framework framework;
+    const nb::ndarray<nb::ro> a = checked_array(obj, what, dtype, framework);
+    if (dtype == DType::i32)
       throw std::invalid_argument(std::string("[moekit.Experts] ") + what + " must be float32, bfloat16 or float16");
     if (a.ndim() != 3)
       throw std::invalid_argument(std::string("[moekit.Experts] ") + what + " must be 3-D [E, out, in], got " +

@@ -268,15 +268,7 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const Te
                         const ExpertGradOptions& options) {
   constexpr const char* fn = "experts_backward";
   const bool accumulate = options.accumulate;
-  for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
-    if (m->quantized())
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the experts are quantized (" << m->describe()
-                                                         << "), which has no gradient here"));
-    if (m->layout == MatrixLayout::amx_tiles)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn
-                                                         << "] the experts are packed in AMX tiles, a "
-                                                            "forward-only layout"));
-  }
+  detail::check_float_experts(fn, w);
   const std::int64_t E = w.num_experts(), D = w.hidden_size(), F = w.width();
   detail::expect_tensor(fn, "x", x, {DType::f32}, {"T", D});
   const std::int64_t T = x.dim(0);
@@ -361,20 +353,28 @@ void combine_backward(std::int64_t T, std::int64_t K, std::int64_t D, const floa
   });
 }
 
+void check_float_experts(const char* fn, const ExpertWeights& x) {
+  for (const ExpertMatrix* m : {&x.gate, &x.up, &x.down})
+    if (m->quantized())
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the experts have quantized weights ("
+                                                         << m->describe()
+                                                         << "), which have no gradient here; train a float copy "
+                                                            "(moekit::trainable_parameters needs float weights too)"));
+  for (const ExpertMatrix* m : {&x.gate, &x.up, &x.down})
+    if (m->layout == MatrixLayout::amx_tiles)
+      throw std::invalid_argument(
+          MOEKIT_MSG("[moekit::" << fn
+                                 << "] the experts are packed in AMX tiles, a "
+                                    "forward-only layout; the backward reads rows or f32-mode panels"));
+}
+
 void check_float_weights(const char* fn, const MoeLayer& layer) {
   const MoeWeights& w = layer.weights();
-  bool quantized = w.router_quantized.defined() || w.shared_gate_quantized.defined();
-  for (const ExpertWeights* x : {&w.experts, &w.shared})
-    for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down}) quantized = quantized || m->quantized();
-  if (quantized)
+  if (w.router_quantized.defined() || w.shared_gate_quantized.defined())
     throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the layer has quantized weights, which have no "
                                            "gradient here; train a float copy (moekit::trainable_parameters needs "
                                            "float weights too)"));
-  for (const ExpertWeights* x : {&w.experts, &w.shared})
-    for (const ExpertMatrix* m : {&x->gate, &x->up, &x->down})
-      if (m->layout == MatrixLayout::amx_tiles)
-        throw std::invalid_argument(MOEKIT_MSG("[moekit::" << fn << "] the experts are packed in AMX tiles, a "
-                                               "forward-only layout; the backward reads rows or f32-mode panels"));
+  for (const ExpertWeights* x : {&w.experts, &w.shared}) check_float_experts(fn, *x);
 }
 
 const float* checked_dy(const char* fn, const TensorView& dy_in, const Shape& shape, std::int64_t T, std::int64_t D,

@@ -24,6 +24,10 @@ struct GradSink {
   std::int64_t matrix_stride = 0, bias_stride = 0;
 };
 
+/// Throws std::invalid_argument ("[moekit::<fn>] ...") if the experts `x` are quantized (no gradient
+/// through them) or packed in AMX tiles (a forward-only layout).
+void check_float_experts(const char* fn, const ExpertWeights& x);
+
 /// Throws std::invalid_argument ("[moekit::<fn>] ...") if `layer` has quantized weights (no
 /// gradient through them).
 void check_float_weights(const char* fn, const MoeLayer& layer);
