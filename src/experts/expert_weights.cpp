@@ -188,9 +188,16 @@ void check_quantized(const ExpertMatrix& m, std::int64_t E, const Fail& fail) {
   const std::int64_t per_row = t.row_elements(m.format, m.cols);
   if (m.row_stride < per_row)
     fail(MOEKIT_MSG("row_stride " << m.row_stride << " " << dtype_name(t.container) << " < " << per_row));
+  const auto count = [](const std::vector<const void*>& v) { return static_cast<std::int64_t>(v.size()); };
+  if (t.inline_scales) {  // ggml's blocks: scales inside, no arrays beside
+    if (!m.scales.empty() || !m.biases.empty())
+      fail(MOEKIT_MSG(t.name << " keeps its scales in its blocks: no scale or bias arrays"));
+    for (std::int64_t e = 0; e < E; ++e)
+      if (m.experts[static_cast<std::size_t>(e)] == nullptr) fail(MOEKIT_MSG("expert " << e << " has no data"));
+    return;
+  }
   const std::int64_t groups = kernels::formats::scale_cols(m.format, m.cols);
   if (m.scale_stride < groups) fail(MOEKIT_MSG("scale_stride " << m.scale_stride << " < groups " << groups));
-  const auto count = [](const std::vector<const void*>& v) { return static_cast<std::int64_t>(v.size()); };
   if (count(m.scales) != E || count(m.biases) != (m.format.has_bias ? E : 0))
     fail(m.format.has_bias ? "needs scales and biases for every expert"
                            : "needs scales (and no biases) for every expert");

@@ -61,7 +61,7 @@ WeightMatrix rows_of(const WeightMatrix& B, std::int64_t first, std::int64_t K) 
   // k = 0: the row's start in any layout; a quantized format's rows hold `ld` container elements.
   b.data = static_cast<const char*>(B.data) +
            weight_offset(B.layout, first, 0, K, B.ld) * static_cast<std::int64_t>(dtype_size(B.dtype));
-  if (B.quantized()) {
+  if (B.quantized() && B.scales != nullptr) {  // (ggml's blocks carry their scales)
     // The scale row holding row `first`, and where `first` lies in its block.
     const std::int64_t at = B.row_phase + first;
     b.row_phase = at % B.format.block_rows;

@@ -25,6 +25,7 @@
 #include "kernels/formats/affine-inl.h"
 #include "kernels/formats/e2m1-inl.h"
 #include "kernels/formats/e4m3-inl.h"
+#include "kernels/formats/ggml-inl.h"
 #include "kernels/formats/int4-inl.h"
 
 HWY_BEFORE_NAMESPACE();

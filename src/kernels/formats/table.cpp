@@ -5,6 +5,19 @@
 #include "kernels/formats/affine.hpp"
 #include "kernels/formats/e2m1.hpp"
 #include "kernels/formats/e4m3.hpp"
+#include "kernels/formats/ggml_iq4_nl.hpp"
+#include "kernels/formats/ggml_iq4_xs.hpp"
+#include "kernels/formats/ggml_mxfp4.hpp"
+#include "kernels/formats/ggml_q2_k.hpp"
+#include "kernels/formats/ggml_q3_k.hpp"
+#include "kernels/formats/ggml_q4_0.hpp"
+#include "kernels/formats/ggml_q4_1.hpp"
+#include "kernels/formats/ggml_q4_k.hpp"
+#include "kernels/formats/ggml_q5_0.hpp"
+#include "kernels/formats/ggml_q5_1.hpp"
+#include "kernels/formats/ggml_q5_k.hpp"
+#include "kernels/formats/ggml_q6_k.hpp"
+#include "kernels/formats/ggml_q8_0.hpp"
 #include "kernels/formats/int4.hpp"
 #include "util/error.hpp"
 
@@ -36,6 +49,8 @@ const FormatTraits& traits(Element element) {
   throw std::invalid_argument(
       MOEKIT_MSG("[moekit::formats] element " << static_cast<int>(element) << " is not a quantized weight format"));
 }
+
+bool inline_scales(const WeightFormat& f) { return f.quantized() && traits(f.element).inline_scales; }
 
 DType container_dtype(const WeightFormat& f, DType plain) {
   return f.quantized() ? traits(f.element).container : plain;

@@ -13,7 +13,10 @@
 
 // X(element): one line per quantized format; `element` names both the Element enumerator and the
 // format's namespace (kernels::formats::element, and kernels::HWY_NAMESPACE::element for SIMD).
-#define MOEKIT_QUANTIZED_FORMATS(X) X(affine) X(e2m1) X(e4m3) X(int4)
+#define MOEKIT_QUANTIZED_FORMATS(X) X(affine) X(e2m1) X(e4m3) X(int4) MOEKIT_GGML_FORMATS(X)
+// The ggml block types (GGUF), one file each (ggml_<type>.hpp); their kernels share ggml-inl.h.
+#define MOEKIT_GGML_FORMATS(X) \
+  X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) X(iq4_xs) X(ggml_mxfp4)
 
 namespace moekit::kernels::formats {
 
@@ -29,6 +32,8 @@ struct FormatTraits {
   std::string (*describe)(const WeightFormat& f);
   /// Weight (n, k) of B, decoded exactly as the format's reference code decodes it, in fp32.
   float (*decode)(const WeightMatrix& B, std::int64_t n, std::int64_t k);
+  /// The scales lie inside the container's blocks (ggml's types): no scale or bias arrays.
+  bool inline_scales = false;
 };
 
 /// Whether `element` is one of the quantized formats of the list.
@@ -38,12 +43,16 @@ bool known(Element element) noexcept;
 /// outside the enumeration (a corrupt descriptor), naming it.
 const FormatTraits& traits(Element element);
 
-/// Rows and columns of a quantized matrix's scale (and bias) array.
+/// Whether a quantized format keeps its scales inside its blocks (no scale array).
+bool inline_scales(const WeightFormat& f);
+
+/// Rows and columns of a quantized matrix's scale (and bias) array; 0 for a format whose scales
+/// lie inside its blocks.
 inline std::int64_t scale_rows(const WeightFormat& f, std::int64_t rows) {
-  return (rows + f.block_rows - 1) / f.block_rows;
+  return inline_scales(f) ? 0 : (rows + f.block_rows - 1) / f.block_rows;
 }
 inline std::int64_t scale_cols(const WeightFormat& f, std::int64_t cols) {
-  return (cols + f.block_cols - 1) / f.block_cols;
+  return inline_scales(f) ? 0 : (cols + f.block_cols - 1) / f.block_cols;
 }
 
 /// `v` rounded to `dtype` (WeightFormat::decode_dtype): bf16 or f16 to nearest even, f32 as is.

@@ -1,0 +1,66 @@
+// What every ggml block type (GGUF's quantized tensors; Element::q4_0 … ggml_mxfp4) shares:
+// rows of whole self-contained blocks, read in place, no separate scale array. Each type's file
+// (ggml_q4_0.hpp, …) gives its block — kBlock weights in kBytes bytes — and Block(), which
+// decodes one block into fp32 with exactly the operations, in exactly the order, of ggml's
+// dequantize_row_* (ggml/src/ggml-quants.c): int × float products and float sums, each rounded
+// once (moekit compiles with -ffp-contract=off, so `q·d − m` is never fused; docs/numerics.md).
+// The rules template below turns that into the format table's entry (table.hpp).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "kernels/formats/table.hpp"
+#include "util/error.hpp"
+
+namespace moekit::kernels::formats::ggml {
+
+/// The f16 at `p` (unaligned), widened exactly (GGML_FP16_TO_FP32).
+inline float half(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+/// K-quants' 6-bit scale and min of sub-block j (0-7) from the 12 packed bytes `q`
+/// (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& d, std::uint8_t& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+/// iq4_nl's and iq4_xs's 16 non-linear values (ggml's kvalues_iq4nl).
+inline constexpr std::int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
+
+/// The format-table entry of block type T (T::kName, kBlock, kBytes, kBits, Block(block, out)).
+template <typename T>
+struct Rules {
+  static std::int64_t row_elements(const WeightFormat&, std::int64_t cols) { return cols / T::kBlock * T::kBytes; }
+  static std::string check(const WeightFormat& f, std::int64_t, std::int64_t cols) {
+    if (f.bits != T::kBits || f.block_cols != T::kBlock || f.block_rows != 1 || f.has_bias)
+      return MOEKIT_MSG("ggml's " << T::kName << " is WeightFormat::ggml: bits " << T::kBits << ", blocks of "
+                                  << T::kBlock << " inputs, no bias");
+    if (cols % T::kBlock != 0)
+      return MOEKIT_MSG("cols " << cols << " is not a multiple of " << T::kName << "'s block of " << T::kBlock);
+    return {};
+  }
+  static std::string describe(const WeightFormat&) {
+    return MOEKIT_MSG(T::kName << " (ggml, " << 8.0 * T::kBytes / T::kBlock << " bits per weight)");
+  }
+  static float decode(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
+    const auto* row = static_cast<const std::uint8_t*>(B.data) + n * B.ld;
+    float out[T::kBlock];
+    T::Block(row + k / T::kBlock * T::kBytes, out);
+    return out[k % T::kBlock];
+  }
+  static constexpr FormatTraits kTraits{T::kName, DType::u8, row_elements, check, describe, decode, true};
+};
+
+}  // namespace moekit::kernels::formats::ggml

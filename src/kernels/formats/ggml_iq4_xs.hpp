@@ -1,0 +1,34 @@
+// ggml iq4_xs: blocks of 256 weights in 136 bytes — f16 d, a u16 of the scales' high 2-bit pairs,
+// 4 bytes of their low nibbles, 128 bytes of nibbles; sub-block ib of 32 weights (weight j low,
+// j + 16 high in its 16 bytes) has scale ls (6 bits); w = (d·(ls − 32))·value.
+#pragma once
+
+#include "kernels/formats/ggml_common.hpp"
+
+namespace moekit::kernels::formats::iq4_xs {
+
+struct Type {
+  static constexpr const char* kName = "iq4_xs";
+  static constexpr int kBits = 4, kBlock = 256, kBytes = 136;
+  static void Block(const std::uint8_t* b, float* y) {
+    const float d = ggml::half(b);
+    std::uint16_t scales_h;
+    std::memcpy(&scales_h, b + 2, 2);
+    const std::uint8_t* scales_l = b + 4;
+    const std::uint8_t* qs = b + 8;
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+      const float dl = d * static_cast<float>(ls - 32);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = dl * static_cast<float>(ggml::kIq4Values[qs[j] & 0xF]);
+        y[j + 16] = dl * static_cast<float>(ggml::kIq4Values[qs[j] >> 4]);
+      }
+      y += 32;
+      qs += 16;
+    }
+  }
+};
+
+inline constexpr FormatTraits kTraits = ggml::Rules<Type>::kTraits;
+
+}  // namespace moekit::kernels::formats::iq4_xs

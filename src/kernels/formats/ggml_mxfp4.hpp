@@ -1,0 +1,32 @@
+// ggml MXFP4 (gpt-oss in GGUF): blocks of 32 weights in 17 bytes — an e8m0 exponent e, then 16
+// bytes of e2m1 nibbles in ggml's order (weight j in the low nibble of byte j, weight j + 16 in
+// its high nibble; Hugging Face's blocks put weight 2j low and 2j + 1 high). ggml multiplies
+// twice the e2m1 value (an integer in [−12, 12]) by 2^(e − 128); w = that product, exact.
+#pragma once
+
+#include "kernels/formats/e2m1.hpp"
+#include "kernels/formats/ggml_common.hpp"
+
+namespace moekit::kernels::formats::ggml_mxfp4 {
+
+struct Type {
+  static constexpr const char* kName = "mxfp4";
+  static constexpr int kBits = 4, kBlock = 32, kBytes = 17;
+  static void Block(const std::uint8_t* b, float* y) {
+    // ggml_e8m0_to_fp32_half: 2^(e − 128), as f32 bits (subnormal for e < 2); e = 0xFF gives
+    // 2^127 (ggml does not treat it as NaN).
+    const std::uint8_t e = b[0];
+    const std::uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<std::uint32_t>(e - 1) << 23;
+    float d;
+    std::memcpy(&d, &bits, 4);
+    const std::uint8_t* qs = b + 1;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>(e2m1::kTwice[qs[j] & 0xF]) * d;
+      y[j + 16] = static_cast<float>(e2m1::kTwice[qs[j] >> 4]) * d;
+    }
+  }
+};
+
+inline constexpr FormatTraits kTraits = ggml::Rules<Type>::kTraits;
+
+}  // namespace moekit::kernels::formats::ggml_mxfp4

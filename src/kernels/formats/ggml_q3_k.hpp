@@ -1,0 +1,45 @@
+// ggml q3_K: blocks of 256 weights in 110 bytes — 32 bytes of high-bit masks, 64 bytes of low
+// 2-bit codes, 12 bytes of 16 packed 6-bit scales, f16 d. Codes are read as in q2_K (two halves,
+// four shifts, two sub-blocks of 16); the high bit of weight l of pass p is bit p of hmask[l]
+// (over both halves), and a clear bit subtracts 4. Sub-block s: w = (d·(scale_s − 32))·q.
+#pragma once
+
+#include "kernels/formats/ggml_common.hpp"
+
+namespace moekit::kernels::formats::q3_k {
+
+struct Type {
+  static constexpr const char* kName = "q3_K";
+  static constexpr int kBits = 3, kBlock = 256, kBytes = 110;
+  static void Block(const std::uint8_t* b, float* y) {
+    const std::uint8_t* hm = b;
+    const std::uint8_t* q = b + 32;
+    const float d_all = ggml::half(b + 108);
+    // The 16 6-bit scales: low 4 bits from bytes 0-7 (nibbles), high 2 bits from bytes 8-11.
+    std::uint32_t aux[4];
+    std::memcpy(aux, b + 96, 12);
+    const std::uint32_t tmp = aux[2], kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu;
+    aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+    aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+    aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+    aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+    std::int8_t scales[16];
+    std::memcpy(scales, aux, 16);
+    int is = 0;
+    std::uint8_t m = 1;
+    for (int n = 0; n < 256; n += 128) {
+      for (int shift = 0; shift < 8; shift += 2, m = static_cast<std::uint8_t>(m << 1)) {
+        for (int half = 0; half < 2; ++half) {
+          const float dl = d_all * static_cast<float>(scales[is++] - 32);
+          for (int l = 16 * half; l < 16 * half + 16; ++l)
+            *y++ = dl * static_cast<float>(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+        }
+      }
+      q += 32;
+    }
+  }
+};
+
+inline constexpr FormatTraits kTraits = ggml::Rules<Type>::kTraits;
+
+}  // namespace moekit::kernels::formats::q3_k

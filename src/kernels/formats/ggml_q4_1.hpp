@@ -1,0 +1,24 @@
+// ggml q4_1: blocks of 32 weights in 20 bytes — f16 d, f16 m, then 16 bytes of nibbles (weight j
+// low, j + 16 high); w = q·d + m, the product rounded before the sum.
+#pragma once
+
+#include "kernels/formats/ggml_common.hpp"
+
+namespace moekit::kernels::formats::q4_1 {
+
+struct Type {
+  static constexpr const char* kName = "q4_1";
+  static constexpr int kBits = 4, kBlock = 32, kBytes = 20;
+  static void Block(const std::uint8_t* b, float* y) {
+    const float d = ggml::half(b), m = ggml::half(b + 2);
+    const std::uint8_t* qs = b + 4;
+    for (int j = 0; j < 16; ++j) {
+      y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
+      y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+    }
+  }
+};
+
+inline constexpr FormatTraits kTraits = ggml::Rules<Type>::kTraits;
+
+}  // namespace moekit::kernels::formats::q4_1

@@ -1,0 +1,32 @@
+// ggml q4_K: blocks of 256 weights in 144 bytes — f16 d, f16 dmin, 12 bytes of eight 6-bit
+// scales and mins (get_scale_min_k4), 128 bytes of nibbles: each 32 bytes hold sub-block 2i in
+// their low nibbles and 2i + 1 in their high ones. Sub-block s: w = (d·scale_s)·q − dmin·min_s.
+#pragma once
+
+#include "kernels/formats/ggml_common.hpp"
+
+namespace moekit::kernels::formats::q4_k {
+
+struct Type {
+  static constexpr const char* kName = "q4_K";
+  static constexpr int kBits = 4, kBlock = 256, kBytes = 144;
+  static void Block(const std::uint8_t* b, float* y) {
+    const float d = ggml::half(b), dmin = ggml::half(b + 2);
+    const std::uint8_t* scales = b + 4;
+    const std::uint8_t* q = b + 16;
+    for (int is = 0; is < 8; is += 2) {
+      std::uint8_t sc, m;
+      ggml::scale_min_k4(is, scales, sc, m);
+      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+      ggml::scale_min_k4(is + 1, scales, sc, m);
+      const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+      q += 32;
+    }
+  }
+};
+
+inline constexpr FormatTraits kTraits = ggml::Rules<Type>::kTraits;
+
+}  // namespace moekit::kernels::formats::q4_k

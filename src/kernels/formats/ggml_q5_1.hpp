@@ -1,0 +1,27 @@
+// ggml q5_1: blocks of 32 weights in 24 bytes — f16 d, f16 m, a u32 of fifth bits, then 16 bytes
+// of low nibbles (weight j low, j + 16 high); w = q·d + m, the product rounded before the sum.
+#pragma once
+
+#include "kernels/formats/ggml_common.hpp"
+
+namespace moekit::kernels::formats::q5_1 {
+
+struct Type {
+  static constexpr const char* kName = "q5_1";
+  static constexpr int kBits = 5, kBlock = 32, kBytes = 24;
+  static void Block(const std::uint8_t* b, float* y) {
+    const float d = ggml::half(b), m = ggml::half(b + 2);
+    std::uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    const std::uint8_t* qs = b + 8;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>(((qh >> j) << 4) & 0x10), h1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+      y[j] = static_cast<float>((qs[j] & 0x0F) | h0) * d + m;
+      y[j + 16] = static_cast<float>((qs[j] >> 4) | h1) * d + m;
+    }
+  }
+};
+
+inline constexpr FormatTraits kTraits = ggml::Rules<Type>::kTraits;
+
+}  // namespace moekit::kernels::formats::q5_1

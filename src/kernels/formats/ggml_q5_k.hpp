@@ -1,0 +1,36 @@
+// ggml q5_K: blocks of 256 weights in 176 bytes — f16 d, f16 dmin, 12 bytes of eight 6-bit
+// scales and mins, 32 bytes of fifth bits (sub-block s: bit s of qh[l]), 128 bytes of low nibbles
+// laid out as q4_K's. Sub-block s: w = (d·scale_s)·q − dmin·min_s.
+#pragma once
+
+#include "kernels/formats/ggml_common.hpp"
+
+namespace moekit::kernels::formats::q5_k {
+
+struct Type {
+  static constexpr const char* kName = "q5_K";
+  static constexpr int kBits = 5, kBlock = 256, kBytes = 176;
+  static void Block(const std::uint8_t* b, float* y) {
+    const float d = ggml::half(b), dmin = ggml::half(b + 2);
+    const std::uint8_t* scales = b + 4;
+    const std::uint8_t* qh = b + 16;
+    const std::uint8_t* ql = b + 48;
+    std::uint8_t u1 = 1, u2 = 2;
+    for (int is = 0; is < 8; is += 2) {
+      std::uint8_t sc, m;
+      ggml::scale_min_k4(is, scales, sc, m);
+      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+      ggml::scale_min_k4(is + 1, scales, sc, m);
+      const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+      ql += 32;
+      u1 = static_cast<std::uint8_t>(u1 << 2);
+      u2 = static_cast<std::uint8_t>(u2 << 2);
+    }
+  }
+};
+
+inline constexpr FormatTraits kTraits = ggml::Rules<Type>::kTraits;
+
+}  // namespace moekit::kernels::formats::q5_k

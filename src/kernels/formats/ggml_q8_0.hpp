@@ -1,0 +1,20 @@
+// ggml q8_0: blocks of 32 weights in 34 bytes — f16 d, then 32 int8 codes; w = q·d.
+#pragma once
+
+#include "kernels/formats/ggml_common.hpp"
+
+namespace moekit::kernels::formats::q8_0 {
+
+struct Type {
+  static constexpr const char* kName = "q8_0";
+  static constexpr int kBits = 8, kBlock = 32, kBytes = 34;
+  static void Block(const std::uint8_t* b, float* y) {
+    const float d = ggml::half(b);
+    const auto* qs = reinterpret_cast<const std::int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+  }
+};
+
+inline constexpr FormatTraits kTraits = ggml::Rules<Type>::kTraits;
+
+}  // namespace moekit::kernels::formats::q8_0
