@@ -76,7 +76,7 @@ void check_output_path(const std::string& prefix, const std::string& path, const
 
 MoeLayer load_layer_with_knobs(const std::string& prefix, const std::string& model, std::int64_t layer,
                                const std::vector<std::string>& knobs) {
-  MoeConfig config = load_hf_config(model);
+  MoeConfig config = load_config(model);
   for (const std::string& kv : knobs) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos) throw std::invalid_argument(prefix + "--router expects KEY=VALUE, got '" + kv + "'");

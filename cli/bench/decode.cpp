@@ -174,7 +174,7 @@ std::vector<DecodeRow> run_layers(const BenchShape& s, const WeightFormat& d, co
 // --model: the checkpoint's MoE layers (all, or the first --layers of them), loaded as `moekit
 // forward` loads them (mapped, used in place).
 std::vector<DecodeRow> run_model(const std::string& dir, const Plan& p, const Limits& limits, bool progress) {
-  const MoeConfig cfg = load_hf_config(dir);
+  const MoeConfig cfg = load_config(dir);
   std::vector<std::int64_t> which = cfg.moe_layer_indices();
   if (which.empty()) throw std::invalid_argument("--model " + dir + " has no MoE layers");
   if (p.layers > 0) {

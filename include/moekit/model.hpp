@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moekit/config.hpp"
+#include "moekit/gguf.hpp"
 #include "moekit/layer.hpp"
 #include "moekit/safetensors.hpp"
 #include "moekit/train.hpp"
@@ -15,7 +16,8 @@
 namespace moekit {
 
 /// Loads the MoE block of decoder layer `layer` from `path` (a folder with config.json and
-/// model.safetensors, sharded model-*.safetensors + model.safetensors.index.json, or *.safetensors).
+/// model.safetensors, sharded model-*.safetensors + model.safetensors.index.json, or *.safetensors;
+/// or a GGUF file, read as the GGUF overload below reads it).
 ///
 /// Expert layouts recognised (docs/routing.md, "Checkpoint names"), tried in this order:
 ///  - "switch_mlp":   `<block>.switch_mlp.{gate,up,down}_proj.weight` stacked [E, out, in] (mlx-lm)
@@ -35,6 +37,25 @@ namespace moekit {
 /// tensor for a missing tensor (with the names tried) or a mis-shaped one (with the expected
 /// shape), plus everything load_hf_config and Checkpoint::open throw.
 MoeLayer load_moe_layer(const std::string& path, std::int64_t layer);
+
+/// The config of the model at `path`: load_hf_config for a checkpoint folder (or its
+/// config.json), gguf_config for a GGUF file (a path ending in ".gguf"; a split model from any
+/// of its parts).
+MoeConfig load_config(const std::string& path);
+
+/// The MoeConfig of a GGUF model's MoE blocks, read from its metadata as llama.cpp reads it for
+/// its architecture (`general.architecture`: qwen3moe, qwen2moe, deepseek2, glm4moe, gpt-oss,
+/// llama with experts, llama4, olmoe, minimax-m2; docs/formats.md, "GGUF"): keys llama.cpp
+/// requires are required (a missing one is named), the others defaulted as llama.cpp defaults
+/// them. Throws std::runtime_error naming the file and key.
+MoeConfig gguf_config(const GgufModel& model);
+
+/// Loads the MoE block of layer `layer` of a GGUF model: `blk.L.ffn_gate_inp`, the stacked
+/// `ffn_{gate,up,down}_exps` (or a fused `ffn_gate_up_exps`, gate rows first), shared experts
+/// `ffn_*_shexp`, `ffn_gate_inp_shexp`, `exp_probs_b.bias` and GPT-OSS's biases, used in place
+/// from the mapping (f32, f16, bf16 and the ggml block types of kernels/formats/; any other
+/// type is a named error listing those). Only these tensors and the metadata are read.
+MoeLayer load_moe_layer(std::shared_ptr<const GgufModel> model, const MoeConfig& config, std::int64_t layer);
 
 /// As load_moe_layer with an already-parsed config (e.g. after overriding router knobs).
 MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::int64_t layer);

@@ -44,6 +44,9 @@ enum class Renorm : std::uint8_t {
   none,
   sum,      ///< w /= sum(w)          (Qwen, OLMoE, Mixtral)
   sum_eps,  ///< w /= sum(w) + 1e-20  (DeepSeek, MiniMax)
+  /// w /= max(sum(w), renorm_eps): llama.cpp's norm_w, which clamps the sum below at the
+  /// smallest normal f16, 6.103515625e-5 (GGUF models).
+  sum_floor,
 };
 
 /// Every routing knob of docs/routing.md, "The pipeline" as data. Defaults are plain softmax top-K.
@@ -70,7 +73,7 @@ struct RouterConfig {
   /// A zero or non-finite weight sum leaves the weights unrenormalised instead of producing
   /// NaN/Inf. Turning it off reproduces the raw division.
   bool guard_zero_sum = true;
-  double renorm_eps = 1e-20;  ///< the epsilon of Renorm::sum_eps
+  double renorm_eps = 1e-20;  ///< the epsilon of Renorm::sum_eps; the floor of Renorm::sum_floor
 
   float routed_scaling_factor = 1.0f;  ///< w *= rsf, applied exactly once
   /// Apply the scale only when no renormalisation happened (DeepSeek-V2's own reference code).
@@ -88,7 +91,7 @@ struct RouterConfig {
 void validate(const RouterConfig& cfg);
 
 /// Sets one knob by name, for command lines and golden files: `mask_fill` (neg_inf |
-/// legacy_zero), `renorm` (none | sum | sum_eps), `renorm_only_if_k_gt_1`,
+/// legacy_zero), `renorm` (none | sum | sum_eps | sum_floor), `renorm_only_if_k_gt_1`,
 /// `scale_only_without_renorm`, `guard_zero_sum` (true | false), `routed_scaling_factor` (a
 /// number). Throws std::invalid_argument naming the key and value (listing the keys or values
 /// accepted). The config is unchanged on a throw; call validate() afterwards.

@@ -250,7 +250,8 @@ void bind_enums(nb::module_& m) {
   nb::enum_<Renorm>(m, "Renorm", "Renormalisation of the K weights.")
       .value("none", Renorm::none)
       .value("sum", Renorm::sum)
-      .value("sum_eps", Renorm::sum_eps);
+      .value("sum_eps", Renorm::sum_eps)
+      .value("sum_floor", Renorm::sum_floor);
   nb::enum_<BodyKind>(m, "BodyKind", "The expert body.")
       .value("swiglu", BodyKind::swiglu)
       .value("swiglu_clamped", BodyKind::swiglu_clamped)

@@ -52,7 +52,7 @@ static std::string describe_experts(const ExpertWeights& w) {
 
 std::string inspect_report(const std::string& path, std::int64_t layer_index) {
   // Everything that can fail happens before anything is printed.
-  const MoeConfig cfg = load_hf_config(path);
+  const MoeConfig cfg = load_config(path);
   std::vector<std::int64_t> moe, dense;
   for (std::int64_t l = 0; l < cfg.num_layers; ++l)
     (cfg.is_moe_layer(l) ? moe : dense).push_back(l);

@@ -585,12 +585,13 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
 }  // namespace
 
 MoeLayer load_moe_layer(const std::string& path, std::int64_t layer) {
-  return load_moe_layer(path, load_hf_config(path), layer);
+  return load_moe_layer(path, load_config(path), layer);
 }
 
 MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::int64_t layer) {
   if (layer < 0 || layer >= config.num_layers || !config.is_moe_layer(layer))
     return load_moe_layer(std::shared_ptr<const Checkpoint>(), config, layer);  // the same errors, first
+  if (is_gguf_path(path)) return load_moe_layer(GgufModel::open(path), config, layer);
   return load_moe_layer(Checkpoint::open(path), config, layer);
 }
 

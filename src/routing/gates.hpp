@@ -4,6 +4,7 @@
 // steps 7 (renormalise, and by what) and 8 (scale). Internal.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -56,6 +57,7 @@ inline void selected_logit_gates(const RouterConfig& cfg, const float* z, const 
 struct RenormDecision {
   bool applies = false;
   float denom = 1.0f;
+  bool floored = false;  ///< sum_floor took the floor: the denominator does not depend on w
 };
 
 inline RenormDecision renormalisation(const RouterConfig& cfg, const float* w) {
@@ -64,7 +66,10 @@ inline RenormDecision renormalisation(const RouterConfig& cfg, const float* w) {
   if (cfg.renorm == Renorm::none || (cfg.renorm_only_if_k_gt_1 && K == 1)) return d;
   float sum = 0.0f;
   for (std::int64_t k = 0; k < K; ++k) sum += w[k];
-  d.denom = cfg.renorm == Renorm::sum_eps ? sum + static_cast<float>(cfg.renorm_eps) : sum;
+  d.denom = cfg.renorm == Renorm::sum_eps     ? sum + static_cast<float>(cfg.renorm_eps)
+            : cfg.renorm == Renorm::sum_floor ? std::max(sum, static_cast<float>(cfg.renorm_eps))
+                                              : sum;
+  d.floored = cfg.renorm == Renorm::sum_floor && sum < static_cast<float>(cfg.renorm_eps);
   d.applies = !cfg.guard_zero_sum || (d.denom != 0.0f && std::isfinite(d.denom));
   return d;
 }

@@ -42,6 +42,8 @@ const char* name(Renorm r) {
       return "sum";
     case Renorm::sum_eps:
       return "sum_eps";
+    case Renorm::sum_floor:
+      return "sum_floor";
   }
   return "?";
 }
@@ -103,8 +105,10 @@ void set_router_knob(RouterConfig& cfg, const std::string& key, const std::strin
       cfg.renorm = Renorm::sum;
     } else if (value == "sum_eps") {
       cfg.renorm = Renorm::sum_eps;
+    } else if (value == "sum_floor") {
+      cfg.renorm = Renorm::sum_floor;
     } else {
-      bad("none, sum, sum_eps");
+      bad("none, sum, sum_eps, sum_floor");
     }
   } else if (key == "renorm_only_if_k_gt_1") {
     cfg.renorm_only_if_k_gt_1 = boolean();

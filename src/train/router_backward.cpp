@@ -45,7 +45,9 @@ void token_backward(const RouterConfig& cfg, const float* z, const float* bias, 
   const float denom = renorm.denom;
   const double c = detail::scale_applies(cfg, renormed) ? static_cast<double>(cfg.routed_scaling_factor) : 1.0;
   // dL/dv: through the scale, then the renormalisation v'_k = v_k / denom.
-  if (renormed) {
+  if (renormed && renorm.floored) {  // a constant denominator: v'_k = v_k / floor
+    for (std::int64_t k = 0; k < K; ++k) s.dv[k] = static_cast<float>(c * dw[k] / denom);
+  } else if (renormed) {
     double dot = 0.0;
     for (std::int64_t k = 0; k < K; ++k) dot += c * dw[k] * s.v[k];
     const double inv = 1.0 / denom;
