@@ -20,7 +20,7 @@ inline kernels::WeightMatrix weight_matrix(const ExpertMatrix& m, std::int64_t e
   kernels::WeightMatrix w{m.experts[e], m.dtype, m.row_stride, layout(m.layout), m.format};
   if (m.quantized()) {
     const auto i = static_cast<std::size_t>(e);
-    w.scales = m.scales[i];
+    w.scales = m.scales.empty() ? nullptr : m.scales[i];  // (ggml blocks carry their scales)
     w.biases = m.biases.empty() ? nullptr : m.biases[i];
     w.scale_ld = m.scale_stride;
     w.int8_activations = m.int8_activations;

@@ -32,17 +32,17 @@ struct Arch {
   // norm_w: always, never, or `<arch>.expert_weights_norm` (default false).
   enum class Norm { always, never, key } norm;
   // The gating function: fixed, or `<arch>.expert_gating_func` with a default (none: required).
-  std::optional<Gating> gating;       // fixed
-  Gating gating_default = Gating::none;  // when read from the key
-  bool scale_key = false;             // `<arch>.expert_weights_scale`
+  std::optional<Gating> gating;                                              // fixed
+  Gating gating_default = Gating::none;                                      // when read from the key
+  bool scale_key = false;                                                    // `<arch>.expert_weights_scale`
   enum class Bias { none, optional, required } selection_bias = Bias::none;  // exp_probs_b.bias
   // Shared expert: none; sigmoid-gated of width expert_shared_feed_forward_length (or
   // feed_forward_length); ungated of width F × expert_shared_count (required key); ungated of
   // width F.
   enum class Shared { none, gated, count, one } shared = Shared::none;
   enum class Schedule { all, lead_dense, interleave } schedule = Schedule::all;
-  bool gpt_oss = false;  // router and expert biases, the clamped SwiGLU, softmax over the selected logits
-  bool llama4 = false;   // sigmoid of the selected logits, the weight on the expert's input
+  bool gpt_oss = false;        // router and expert biases, the clamped SwiGLU, softmax over the selected logits
+  bool llama4 = false;         // sigmoid of the selected logits, the weight on the expert's input
   bool gate_optional = false;  // llama: without ffn_gate_exps the experts are silu(up)
 };
 
@@ -201,8 +201,8 @@ MoeConfig config_of(const GgufModel& m, std::int64_t layer) {
   c.hidden_size = meta.integer("embedding_length");
   const std::int64_t E = meta.integer("expert_count", 0);
   if (E < 1)
-    fail(m, "metadata '" + meta.key("expert_count") + "' is " + (meta.has("expert_count") ? std::to_string(E) : "missing") +
-                ": the model has no experts");
+    fail(m, "metadata '" + meta.key("expert_count") + "' is " +
+                (meta.has("expert_count") ? std::to_string(E) : "missing") + ": the model has no experts");
   const std::int64_t K = meta.per_layer("expert_used_count", layer, layers, 0);
   if (K < 1 || K > E)
     fail(m, MOEKIT_MSG("metadata '" << meta.key("expert_used_count") << "' is " << K << ", outside [1, " << E << "]"));
@@ -226,11 +226,11 @@ MoeConfig config_of(const GgufModel& m, std::int64_t layer) {
   r.num_experts = E;
   r.top_k = K;
   const Gating g = gating_of(a, meta, m, layers - meta.integer("nextn_predict_layers", 0));
-  r.score_func = a.llama4                         ? ScoreFunc::sigmoid_selected
-                 : g == Gating::softmax           ? ScoreFunc::softmax
-                 : g == Gating::sigmoid           ? ScoreFunc::sigmoid
-                 : g == Gating::softmax_weight    ? ScoreFunc::softmax_selected
-                                                  : ScoreFunc::sqrt_softplus;
+  r.score_func = a.llama4                      ? ScoreFunc::sigmoid_selected
+                 : g == Gating::softmax        ? ScoreFunc::softmax
+                 : g == Gating::sigmoid        ? ScoreFunc::sigmoid
+                 : g == Gating::softmax_weight ? ScoreFunc::softmax_selected
+                                               : ScoreFunc::sqrt_softplus;
   r.weight_on_input = a.llama4;
   r.has_router_bias = a.gpt_oss;
   r.has_selection_bias = a.selection_bias == B::required;  // optional: decided per layer by the tensor
@@ -305,14 +305,14 @@ struct TypeMap {
   Element element;
 };
 constexpr TypeMap kTypeMap[] = {
-    {0, true, DType::f32, Element::plain},     {1, true, DType::f16, Element::plain},
-    {30, true, DType::bf16, Element::plain},   {2, false, DType::u8, Element::q4_0},
-    {3, false, DType::u8, Element::q4_1},      {6, false, DType::u8, Element::q5_0},
-    {7, false, DType::u8, Element::q5_1},      {8, false, DType::u8, Element::q8_0},
-    {10, false, DType::u8, Element::q2_k},     {11, false, DType::u8, Element::q3_k},
-    {12, false, DType::u8, Element::q4_k},     {13, false, DType::u8, Element::q5_k},
-    {14, false, DType::u8, Element::q6_k},     {20, false, DType::u8, Element::iq4_nl},
-    {23, false, DType::u8, Element::iq4_xs},   {39, false, DType::u8, Element::ggml_mxfp4},
+    {0, true, DType::f32, Element::plain},   {1, true, DType::f16, Element::plain},
+    {30, true, DType::bf16, Element::plain}, {2, false, DType::u8, Element::q4_0},
+    {3, false, DType::u8, Element::q4_1},    {6, false, DType::u8, Element::q5_0},
+    {7, false, DType::u8, Element::q5_1},    {8, false, DType::u8, Element::q8_0},
+    {10, false, DType::u8, Element::q2_k},   {11, false, DType::u8, Element::q3_k},
+    {12, false, DType::u8, Element::q4_k},   {13, false, DType::u8, Element::q5_k},
+    {14, false, DType::u8, Element::q6_k},   {20, false, DType::u8, Element::iq4_nl},
+    {23, false, DType::u8, Element::iq4_xs}, {39, false, DType::u8, Element::ggml_mxfp4},
 };
 
 std::string supported_types() {
@@ -331,8 +331,8 @@ class TensorReader {
 
   [[noreturn]] void fail(const std::string& rel, const std::string& what) const {
     const GgufTensorInfo* t = find(rel);
-    throw std::runtime_error(MOEKIT_MSG("[moekit::gguf] " << (t ? t->file : m_.path()) << ": tensor '" << full(rel)
-                                                          << "' " << what));
+    throw std::runtime_error(
+        MOEKIT_MSG("[moekit::gguf] " << (t ? t->file : m_.path()) << ": tensor '" << full(rel) << "' " << what));
   }
 
   // `rel` with extents `ne` (innermost first; trailing 1s beyond them allowed, as llama.cpp does).
@@ -386,7 +386,7 @@ class TensorReader {
       if (x.id == t.type) tm = &x;
     if (tm == nullptr)
       fail(rel, MOEKIT_MSG("has ggml type " << ggml_type_info(t.type)->name << ", which moekit does not compute on "
-                                             << "(supported: " << supported_types() << ")"));
+                                            << "(supported: " << supported_types() << ")"));
     const std::int64_t n = std::max<std::int64_t>(E, 1);
     ExpertMatrix m;
     m.rows = out;
@@ -428,8 +428,8 @@ MoeConfig gguf_config(const GgufModel& model) { return config_of(model, -1); }
 MoeLayer load_moe_layer(std::shared_ptr<const GgufModel> model, const MoeConfig& given, std::int64_t layer) {
   if (!model) throw std::invalid_argument("[moekit::load_moe_layer] no GGUF model");
   if (layer < 0 || layer >= given.num_layers)
-    throw std::out_of_range(MOEKIT_MSG("[moekit::load_moe_layer] layer " << layer << " outside [0, "
-                                                                         << given.num_layers << ")"));
+    throw std::out_of_range(
+        MOEKIT_MSG("[moekit::load_moe_layer] layer " << layer << " outside [0, " << given.num_layers << ")"));
   if (!given.is_moe_layer(layer))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::load_moe_layer] layer "
                                            << layer << " is dense, not MoE (" << given.model_type

@@ -83,6 +83,20 @@ std::string inspect_report(const std::string& path, std::int64_t layer_index) {
   if (cfg.expert_bias) out << ", with expert biases";
   out << "\n";
 
+  std::shared_ptr<const GgufModel> gguf;
+  if (is_gguf_path(path)) {
+    gguf = GgufModel::open(path);
+    const GgufFile& f = gguf->first();
+    out << "GGUF: version " << f.version() << ", architecture " << cfg.model_type;
+    if (f.has("general.name") && f.get("general.name").type() == GgufType::string)
+      out << ", name '" << f.get("general.name").as_string() << "'";
+    out << ", " << gguf->tensors().size() << " tensors in " << gguf->files().size()
+        << (gguf->files().size() == 1 ? " file" : " files") << "\n";
+    for (const auto& part : gguf->files())
+      out << "  " << part->path() << ": " << part->tensors().size() << " tensors, " << format_bytes(part->file_size())
+          << "\n";
+  }
+
   if (!moe_layer) {
     out << "(no MoE layer to load)\n";
   } else {
@@ -130,6 +144,20 @@ std::string inspect_report(const std::string& path, std::int64_t layer_index) {
     const std::size_t total =
         w.experts.nbytes() + ((w.shared.num_experts() > 0) ? w.shared.nbytes() : 0);
     out << "  expert weight bytes: " << format_bytes(total) << " (routed + shared)\n";
+    if (gguf) {  // the block's tensors as stored: ggml type, extents (ne[0] first), bits per weight
+      out << "  tensors:\n";
+      const std::string prefix = "blk." + std::to_string(layer) + ".";
+      for (const GgufTensorInfo* t : gguf->tensors()) {
+        if (t->name.compare(0, prefix.size(), prefix) != 0) continue;
+        char bpw[32];
+        std::snprintf(bpw, sizeof bpw, "%.4g",
+                      t->numel() > 0 ? 8.0 * static_cast<double>(t->nbytes) / static_cast<double>(t->numel()) : 0.0);
+        std::ostringstream ne;
+        for (std::size_t i = 0; i < t->ne.size(); ++i) ne << (i ? ", " : "") << t->ne[i];
+        out << "    " << t->name << ": " << ggml_type_info(t->type)->name << " ne [" << ne.str() << "], " << bpw
+            << " bits per weight" << (gguf->files().size() > 1 ? " (" + t->file + ")" : "") << "\n";
+      }
+    }
   }
   return out.str();
 }

@@ -446,7 +446,7 @@ void split_gate_up(const ExpertMatrix& gu, bool interleaved, std::int64_t F, Exp
   };
   for (std::size_t e = 0; e < gu.experts.size(); ++e) {
     up.experts[e] = advance(gu.experts[e], row_step, gu.dtype);
-    if (gu.quantized()) up.scales[e] = advance(gu.scales[e], scale_step, gu.format.scale_dtype);
+    if (!gu.scales.empty()) up.scales[e] = advance(gu.scales[e], scale_step, gu.format.scale_dtype);
     if (!gu.biases.empty()) up.biases[e] = advance(gu.biases[e], scale_step, gu.format.scale_dtype);
   }
 }

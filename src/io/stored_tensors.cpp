@@ -70,10 +70,39 @@ std::vector<std::pair<std::string, Tensor>> stored_tensors(const MoeConfig& c, c
   const auto put = [&](const std::string& name, const Tensor& v) {
     if (v.numel() > 0) out.emplace_back(name, v);
   };
-  put(b + n.router + ".weight", t.router);
-  put(b + n.router + ".bias", t.router_bias);
   const bool gated = t.gate.numel() > 0;
   const std::string& L = where.layout;
+  if (L == "gguf" || L == "gguf_fused_gate_up") {
+    // llama.cpp's names; each tensor shaped as its ne reversed ([E, out, in] for ne {in, out, E}).
+    put(b + "ffn_gate_inp.weight", t.router);
+    put(b + "ffn_gate_inp.bias", t.router_bias);
+    if (L == "gguf_fused_gate_up") {
+      if (!gated) throw std::invalid_argument("[moekit::stored_tensors] a fused gate/up layout needs a gated body");
+      Tensor gu({E, 2 * F, D}, DType::f32);  // gate rows first
+      for (std::int64_t e = 0; e < E; ++e) {
+        const std::size_t n_ = static_cast<std::size_t>(F * D);
+        std::memcpy(gu.data_as<float>() + e * 2 * F * D, t.gate.data_as<const float>() + e * F * D, n_ * 4);
+        std::memcpy(gu.data_as<float>() + (e * 2 + 1) * F * D, t.up.data_as<const float>() + e * F * D, n_ * 4);
+      }
+      put(b + "ffn_gate_up_exps.weight", gu);
+    } else {
+      put(b + "ffn_gate_exps.weight", t.gate);
+      put(b + "ffn_up_exps.weight", t.up);
+    }
+    put(b + "ffn_down_exps.weight", t.down);
+    put(b + "ffn_gate_exps.bias", t.gate_bias);
+    put(b + "ffn_up_exps.bias", t.up_bias);
+    put(b + "ffn_down_exps.bias", t.down_bias);
+    put(b + "ffn_gate_shexp.weight", t.shared_gate_proj);
+    put(b + "ffn_up_shexp.weight", t.shared_up_proj);
+    put(b + "ffn_down_shexp.weight", t.shared_down_proj);
+    if (t.shared_gate.numel() > 0)
+      put(b + "ffn_gate_inp_shexp.weight", to_dtype(t.shared_gate.view().reshaped({D}), DType::f32));
+    std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    return out;
+  }
+  put(b + n.router + ".weight", t.router);
+  put(b + n.router + ".bias", t.router_bias);
   if (L == "per_expert") {
     for (std::int64_t e = 0; e < E; ++e) {
       const std::string p = b + n.experts + "." + std::to_string(e) + ".";

@@ -28,6 +28,13 @@ Files written:
                `<type>.q.ref` (F32) ggml's dequantization of it; `<type>.rand` the same shape of
                seeded random bytes (every bit pattern the decoder can meet, scales included) and
                `<type>.rand.ref` ggml's dequantization of those.
+  <arch>.gguf  for each llama.cpp MoE architecture moekit reads: the metadata llama.cpp's
+               converter writes for it and the MoE block of layer 1 (no other tensors), each
+               projection in another ggml type (quantized by ggml), plus three moekit tensors:
+               `moekit.x` [T, D] F32 inputs, `moekit.ids` [T, K] I32 and `moekit.y` [T, D] F32: the
+               experts chosen and the block's output computed in float64 from ggml's
+               dequantization of the stored weights, as llama.cpp's build_moe_ffn computes the
+               block (docs/formats.md, "GGUF").
 """
 import argparse
 import ctypes
@@ -137,6 +144,197 @@ def write_blocks(ggml, gguf, out_dir):
     writer.close()
 
 
+GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3}
+
+# One row per architecture: metadata beyond the common keys, the block's shape and the type of
+# each projection (gate, up, down; shared gate, up, down), and the reference's semantics.
+ARCHS = [
+    dict(arch="qwen3moe", E=8, K=2, F=32, kv={"expert_feed_forward_length": 32}, types=("q4_K", "q6_K", "q8_0"),
+         gating="softmax", norm=True),
+    dict(arch="qwen2moe", E=8, K=2, F=32, kv={"expert_feed_forward_length": 32, "expert_shared_feed_forward_length": 64},
+         types=("q5_K", "q4_0", "q4_1"), shared=("q8_0", "f16", "q5_0"), shared_width=64, shared_gated=True,
+         gating="softmax", norm=False),
+    dict(arch="deepseek2", E=8, K=2, F=32,
+         kv={"expert_feed_forward_length": 32, "expert_shared_count": 1, "leading_dense_block_count": 1,
+             "expert_weights_scale": 2.5, "expert_weights_norm": True, "expert_gating_func": GATING["sigmoid"],
+             "expert_group_count": 4, "expert_group_used_count": 2},
+         types=("q2_K", "q3_K", "q5_1"), shared=("bf16", "f32", "iq4_nl"), shared_width=32, bias=True,
+         gating="sigmoid", norm=True, scale=2.5, groups=(4, 2)),
+    dict(arch="glm4moe", E=8, K=2, F=32,
+         kv={"expert_feed_forward_length": 32, "expert_shared_count": 1, "leading_dense_block_count": 1,
+             "expert_weights_scale": 1.8, "expert_weights_norm": True, "expert_gating_func": GATING["sigmoid"]},
+         types=("iq4_xs", "q4_K", "q8_0"), shared=("q8_0", "q8_0", "q8_0"), shared_width=32, bias=True,
+         gating="sigmoid", norm=True, scale=1.8),
+    dict(arch="gpt-oss", E=4, K=2, F=32, kv={"expert_feed_forward_length": 32}, types=("mxfp4", "mxfp4", "mxfp4"),
+         gating="softmax_weight", norm=False, router_bias=True, expert_bias=True, oai=True),
+    dict(arch="llama", E=4, K=2, F=64, kv={"feed_forward_length": 64}, types=("q8_0", "q8_0", "q4_0"),
+         gating="softmax", norm=True),
+    dict(arch="llama4", E=4, K=1, F=32, kv={"expert_feed_forward_length": 32, "interleave_moe_layer_step": 2},
+         types=("bf16", "bf16", "f16"), shared=("q8_0", "q8_0", "q8_0"), shared_width=32, gating="sigmoid",
+         norm=False, llama4=True),
+    dict(arch="olmoe", E=8, K=2, F=32, kv={"feed_forward_length": 32}, types=("f32", "f16", "q5_0"),
+         gating="softmax", norm=False),
+    dict(arch="minimax-m2", E=8, K=2, F=32,
+         kv={"feed_forward_length": 32, "expert_feed_forward_length": 32, "expert_gating_func": GATING["sigmoid"]},
+         types=("q6_K", "q5_K", "q8_0"), bias=True, gating="sigmoid", norm=True),
+]
+
+FLOAT_TYPES = {"f32": 0, "f16": 1, "bf16": 30}
+
+
+def store(ggml, gguf, t, w):
+    """w [..., rows, n] f32 -> (the array to write, raw dtype, ggml's dequantization as float64)."""
+    shape = w.shape
+    flat = w.reshape(-1, shape[-1]).astype(np.float32)
+    if t == "f32":
+        return flat.reshape(shape), None, flat.astype(np.float64).reshape(shape)
+    if t == "f16":
+        h = flat.astype(np.float16)
+        return h.reshape(shape), None, h.astype(np.float64).reshape(shape)
+    if t == "bf16":
+        bits = (flat.view(np.uint32) + 0x7FFF + ((flat.view(np.uint32) >> 16) & 1)) >> 16  # nearest even
+        b = bits.astype(np.uint16)
+        back = (b.astype(np.uint32) << 16).view(np.float32)
+        return b.reshape(shape), gguf.GGMLQuantizationType.BF16, back.astype(np.float64).reshape(shape)
+    q = ggml.quantize(TYPES[t], flat)
+    deq = ggml.dequantize(TYPES[t], q, shape[-1]).astype(np.float64)
+    return q.reshape(shape[:-1] + (q.shape[-1],)), gguf.GGMLQuantizationType(TYPES[t]), deq.reshape(shape)
+
+
+def reference(a, x, W):
+    """The block as llama.cpp's build_moe_ffn computes it, in float64. x [T, D]; W: dequantized weights."""
+    T = x.shape[0]
+    E, K = a["E"], a["K"]
+    logits = x @ W["router"].T
+    if a.get("router_bias"):
+        logits = logits + W["router_bias"]
+    g = a["gating"]
+    if g == "softmax":
+        z = np.exp(logits - logits.max(-1, keepdims=True))
+        probs = z / z.sum(-1, keepdims=True)
+    elif g == "sigmoid":
+        probs = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        probs = logits.copy()
+    sel = probs + W["selection_bias"] if a.get("bias") else probs.copy()
+    if a.get("llama4"):
+        sel = logits.copy()
+    if a.get("groups"):
+        G, Kg = a["groups"]
+        per = sel.reshape(T, G, E // G)
+        score = np.sort(per, axis=-1)[..., -2:].sum(-1)
+        keep = np.argsort(-score, axis=-1, kind="stable")[:, :Kg]
+        mask = np.full((T, G), -np.inf)
+        np.put_along_axis(mask, keep, 0.0, axis=-1)
+        sel = (per + mask[..., None]).reshape(T, E)
+    ids = np.argsort(-sel, axis=-1, kind="stable")[:, :K]
+    # The routing must not hinge on rounding: the K-th choice clears the next by a margin.
+    srt = np.sort(sel, axis=-1)[:, ::-1]
+    margin = float(np.min(srt[:, K - 1] - srt[:, K])) if K < E else 1.0
+    w = np.take_along_axis(probs, ids, axis=-1)
+    if g == "softmax_weight":
+        z = np.exp(w - w.max(-1, keepdims=True))
+        w = z / z.sum(-1, keepdims=True)
+    if a.get("norm"):
+        w = w / np.maximum(w.sum(-1, keepdims=True), 6.103515625e-5)
+    if a.get("scale", 0) not in (0, 1):
+        w = w * a["scale"]
+    y = np.zeros_like(x)
+    for t in range(T):
+        for k in range(K):
+            e = ids[t, k]
+            xe = x[t] * w[t, k] if a.get("llama4") else x[t]
+            gate = W["gate"][e] @ xe
+            up = W["up"][e] @ xe
+            if a.get("expert_bias"):
+                gate = gate + W["gate_bias"][e]
+                up = up + W["up_bias"][e]
+            if a.get("oai"):
+                xg = np.minimum(gate, 7.0)
+                yu = np.clip(up, -7.0, 7.0)
+                h = xg / (1.0 + np.exp(-1.702 * xg)) * (yu + 1.0)
+            else:
+                h = gate / (1.0 + np.exp(-gate)) * up
+            out = W["down"][e] @ h
+            if a.get("expert_bias"):
+                out = out + W["down_bias"][e]
+            y[t] += out if a.get("llama4") else out * w[t, k]
+    if a.get("shared"):
+        gate = x @ W["shared_gate"].T
+        h = gate / (1.0 + np.exp(-gate)) * (x @ W["shared_up"].T)
+        s = h @ W["shared_down"].T
+        if a.get("shared_gated"):
+            s = s / (1.0 + np.exp(-(x @ W["shared_gate_inp"])))[:, None]
+        y = y + s
+    return ids, y, margin
+
+
+def write_arch(ggml, gguf, a, out_dir, rng):
+    D, E, F, K, T, layer = 256, a["E"], a["F"], a["K"], 8, 1
+    while True:
+        x = rng.standard_normal((T, D))
+        W, stored = {}, {}
+
+        def put(key, name, t, w):
+            arr, raw, deq = store(ggml, gguf, t, w)
+            W[key] = deq
+            stored[name] = (arr, raw)
+
+        put("router", f"blk.{layer}.ffn_gate_inp.weight", "f32", rng.standard_normal((E, D)) * 0.08)
+        put("gate", f"blk.{layer}.ffn_gate_exps.weight", a["types"][0], rng.standard_normal((E, F, D)) * 0.06)
+        put("up", f"blk.{layer}.ffn_up_exps.weight", a["types"][1], rng.standard_normal((E, F, D)) * 0.06)
+        put("down", f"blk.{layer}.ffn_down_exps.weight", a["types"][2], rng.standard_normal((E, D, F)) * 0.06)
+        if a.get("router_bias"):
+            put("router_bias", f"blk.{layer}.ffn_gate_inp.bias", "f32", rng.standard_normal(E) * 0.2)
+        if a.get("bias"):
+            put("selection_bias", f"blk.{layer}.exp_probs_b.bias", "f32", rng.standard_normal(E) * 0.05)
+        if a.get("expert_bias"):
+            put("gate_bias", f"blk.{layer}.ffn_gate_exps.bias", "f32", rng.standard_normal((E, F)) * 0.1)
+            put("up_bias", f"blk.{layer}.ffn_up_exps.bias", "f32", rng.standard_normal((E, F)) * 0.1)
+            put("down_bias", f"blk.{layer}.ffn_down_exps.bias", "f32", rng.standard_normal((E, D)) * 0.1)
+        if a.get("shared"):
+            S = a["shared_width"]
+            put("shared_gate", f"blk.{layer}.ffn_gate_shexp.weight", a["shared"][0], rng.standard_normal((S, D)) * 0.06)
+            put("shared_up", f"blk.{layer}.ffn_up_shexp.weight", a["shared"][1], rng.standard_normal((S, D)) * 0.06)
+            put("shared_down", f"blk.{layer}.ffn_down_shexp.weight", a["shared"][2], rng.standard_normal((D, S)) * 0.06)
+            if a.get("shared_gated"):
+                put("shared_gate_inp", f"blk.{layer}.ffn_gate_inp_shexp.weight", "f32", rng.standard_normal(D) * 0.08)
+        ids, y, margin = reference(a, x, W)
+        if margin > 2e-3:
+            break
+    arch = a["arch"]
+    path = os.path.join(out_dir, f"{arch}.gguf")
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(2)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(D)
+    writer.add_expert_count(E)
+    writer.add_expert_used_count(K)
+    for key, v in a["kv"].items():
+        full = f"{arch}.{key}"
+        if isinstance(v, bool):
+            writer.add_bool(full, v)
+        elif isinstance(v, float):
+            writer.add_float32(full, v)
+        else:
+            writer.add_uint32(full, v)
+    writer.add_string("moekit.goldens", "the MoE block of layer 1 and its float64 reference; see make_gguf_goldens.py")
+    for name, (arr, raw) in stored.items():
+        if raw is None:
+            writer.add_tensor(name, arr)
+        else:
+            writer.add_tensor(name, arr, raw_shape=arr.shape, raw_dtype=raw)
+    writer.add_tensor("moekit.x", x.astype(np.float32))
+    writer.add_tensor("moekit.ids", ids.astype(np.int32))
+    writer.add_tensor("moekit.y", y.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    print(f"{arch}: types {a['types']}, routing margin {margin:.3g}, max |y| {np.abs(y).max():.3g}, "
+          f"{os.path.getsize(path)} bytes")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ggml", required=True, help="libggml-base.so built with -ffp-contract=off")
@@ -149,6 +347,9 @@ def main():
 
     ggml = Ggml(args.ggml)
     write_blocks(ggml, gguf, args.out)
+    rng = np.random.default_rng(31)
+    for a in ARCHS:
+        write_arch(ggml, gguf, a, args.out, rng)
 
 
 if __name__ == "__main__":

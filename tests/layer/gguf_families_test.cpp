@@ -1,0 +1,62 @@
+// GGUF models of every llama.cpp MoE architecture moekit reads (tests/goldens/gguf/<arch>.gguf,
+// written by make_gguf_goldens.py with llama.cpp's gguf-py, weights quantized by ggml): the block
+// of layer 1 loads from metadata and tensors alone, chooses the experts the float64 reference
+// (llama.cpp's build_moe_ffn semantics on ggml's dequantization) chooses, in the same order, and
+// computes its output within fp32 rounding of it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "moekit/model.hpp"
+
+namespace moekit {
+namespace {
+
+std::string golden(const std::string& arch) { return std::string(MOEKIT_TEST_DATA_DIR) + "/gguf/" + arch + ".gguf"; }
+
+TensorView tensor_of(const GgufModel& m, const std::string& name, DType dtype) {
+  const GgufTensorInfo* t = m.find(name);
+  if (t == nullptr) throw std::runtime_error("golden lacks " + name);
+  return TensorView(t->data, {t->ne[1], t->ne[0]}, dtype);
+}
+
+class GgufFamilies : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GgufFamilies, ForwardMatchesTheFloat64Reference) {
+  const auto model = GgufModel::open(golden(GetParam()));
+  const MoeConfig cfg = gguf_config(*model);
+  EXPECT_EQ(cfg.model_type, GetParam());
+  EXPECT_TRUE(cfg.is_moe_layer(1));
+  const MoeLayer layer = load_moe_layer(model, cfg, 1);
+  const TensorView x = tensor_of(*model, "moekit.x", DType::f32);
+  const TensorView ids = tensor_of(*model, "moekit.ids", DType::i32);
+  const TensorView y_ref = tensor_of(*model, "moekit.y", DType::f32);
+  ForwardInfo info;
+  const Tensor y = layer.forward(x, &info);
+  ASSERT_EQ(info.routing.ids.shape(), ids.shape());
+  for (std::int64_t i = 0; i < ids.numel(); ++i)
+    EXPECT_EQ(info.routing.ids.data_as<const std::int32_t>()[i], ids.data_as<const std::int32_t>()[i])
+        << GetParam() << " slot " << i;
+  float scale = 0.0f, err = 0.0f;
+  for (std::int64_t i = 0; i < y_ref.numel(); ++i) {
+    scale = std::max(scale, std::fabs(y_ref.data_as<const float>()[i]));
+    err = std::max(err, std::fabs(y.data_as<const float>()[i] - y_ref.data_as<const float>()[i]));
+  }
+  EXPECT_LT(err, 2e-5f * scale) << GetParam() << ": max |y - y_ref| " << err << " of max |y_ref| " << scale;
+  // Used in place: the experts' bytes are the file's.
+  EXPECT_EQ(stored_layout(layer).layout, "gguf");
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GgufFamilies,
+                         ::testing::Values("qwen3moe", "qwen2moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "llama4",
+                                           "olmoe", "minimax-m2"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string s = i.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace moekit
