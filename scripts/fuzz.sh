@@ -16,7 +16,7 @@ if ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/
 fi
 
 cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz --target safetensors_fuzz
+cmake --build --preset fuzz --target safetensors_fuzz gguf_fuzz
 
 work=build-fuzz/fuzz-work
 seeds="$work/seeds"
@@ -61,3 +61,14 @@ echo "fuzz.sh: fuzzing safetensors_fuzz for ${seconds}s"
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
   build-fuzz/bin/safetensors_fuzz -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 -timeout=10 \
   "${parallel[@]}" -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" "$seeds"
+
+# The GGUF reader and loader: valid blocks written by the fuzzer itself as seeds.
+gguf_seeds="$work/gguf-seeds"
+gguf_corpus="$work/gguf-corpus"
+mkdir -p "$gguf_seeds" "$gguf_corpus"
+MOEKIT_FUZZ_WRITE_GGUF_SEEDS="$gguf_seeds" build-fuzz/bin/gguf_fuzz -runs=0 >/dev/null 2>&1
+[ -s "$gguf_seeds/qwen3moe.gguf" ] || { echo "fuzz.sh: no GGUF seed" >&2; exit 1; }
+echo "fuzz.sh: fuzzing gguf_fuzz for ${seconds}s"
+ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
+  build-fuzz/bin/gguf_fuzz -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
+  "${parallel[@]}" -artifact_prefix="$artifacts/gguf-" -print_final_stats=1 "$gguf_corpus" "$gguf_seeds"

@@ -36,6 +36,7 @@ from ._moekit import (  # noqa: F401
     aux_losses,
     expert_counts,
     inspect,
+    load_config,
     load_hf_config,
     load_metrics,
     load_moe_layer,

@@ -316,6 +316,9 @@ void bind_configs(nb::module_& m) {
   m.def("parse_hf_config", [](const std::string& text) { return parse_hf_config(text); }, "json_text"_a,
         "A MoeConfig from the text of a Hugging Face / mlx-lm config.json.");
   m.def("load_hf_config", &load_hf_config, "path"_a, "A MoeConfig from a checkpoint folder's config.json.");
+  m.def("load_config", &load_config, "path"_a,
+        "A MoeConfig from a checkpoint folder's config.json, or from a GGUF file's metadata (a path\n"
+        "ending in .gguf; llama.cpp's architectures, docs/formats.md).");
   m.def("supported_model_types", &supported_model_types);
   m.def(
       "preset_config",
@@ -449,9 +452,9 @@ void bind_loading(nb::module_& m) {
         return config ? load_moe_layer(path, *config, layer) : load_moe_layer(path, layer);
       },
       "path"_a, "layer"_a, "config"_a = nb::none(),
-      "Loads the MoE block of decoder layer `layer` from a checkpoint folder (memory-mapped;\n"
-      "experts used in place where the layout allows). `config` overrides the folder's parsed\n"
-      "config.json (say, after changing router knobs). Raises IndexError for a layer outside the\n"
+      "Loads the MoE block of decoder layer `layer` from a checkpoint folder or a GGUF file\n"
+      "(memory-mapped; experts used in place where the layout allows). `config` overrides the\n"
+      "parsed config (load_config; say, after changing router knobs). Raises IndexError for a layer outside the\n"
       "model, ValueError for a dense layer, RuntimeError naming the file and tensor otherwise.");
   m.def(
       "inspect",

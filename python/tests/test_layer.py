@@ -175,3 +175,21 @@ def test_mxfp4_release_loads_in_place():
     s0 = scales[0] if isinstance(scales, list) else scales[0]
     assert s0.dtype == np.uint8 and s0.shape == (32, 2)
     assert "experts.gate.biases" not in w
+
+
+def test_gguf_models_load_from_python():
+    """A GGUF model (llama.cpp) loads through the same load_moe_layer; its config comes from the metadata."""
+    path = str(GOLDENS.parent / "gguf" / "deepseek2.gguf")
+    cfg = moekit.load_config(path)
+    assert cfg.model_type == "deepseek2"
+    assert (cfg.hidden_size, cfg.router.num_experts, cfg.router.top_k, cfg.expert_width) == (256, 8, 2, 32)
+    assert cfg.router.renorm == moekit.Renorm.sum_floor
+    layer = moekit.load_moe_layer(path, 1)
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    y = layer.forward(x)
+    assert y.shape == (3, 256) and np.isfinite(y).all()
+    assert "q2_K" in moekit.inspect(path, 1)
+    with pytest.raises(ValueError, match="dense"):
+        moekit.load_moe_layer(path, 0)  # leading_dense_block_count = 1
+    with pytest.raises(RuntimeError, match="blk.0.ffn_gate_inp.weight"):
+        moekit.load_moe_layer(str(GOLDENS.parent / "gguf" / "qwen3moe.gguf"), 0)  # only layer 1's block is there

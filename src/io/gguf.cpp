@@ -8,13 +8,9 @@
 // it is used, and all arithmetic on them is overflow-checked.
 #include "moekit/gguf.hpp"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +19,7 @@
 #include <stdexcept>
 
 #include "util/error.hpp"
+#include "util/mapped_file.hpp"
 
 namespace moekit {
 
@@ -339,27 +336,13 @@ GgufFile::~GgufFile() {
 }
 
 std::shared_ptr<const GgufFile> GgufFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, MOEKIT_MSG("cannot open (" << std::strerror(errno) << ")"));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
-  }
+  detail::MappedFile m;
+  if (const std::string why = detail::map_file(path, false, m); !why.empty()) fail(path, why);
   std::shared_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
-  f->size_ = static_cast<std::size_t>(st.st_size);
-  if (f->size_ != 0) {
-    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      fail(path, MOEKIT_MSG("cannot mmap " << f->size_ << " bytes (" << std::strerror(err) << ")"));
-    }
-    f->base_ = static_cast<const std::uint8_t*>(p);
-    f->mapped_ = true;
-  }
-  ::close(fd);  // the mapping stays valid
+  f->base_ = m.data;
+  f->size_ = m.size;
+  f->mapped_ = m.data != nullptr;
   f->parse();
   return f;
 }

@@ -27,6 +27,7 @@
 #include <stdexcept>
 
 #include "util/error.hpp"
+#include "util/mapped_file.hpp"
 
 namespace moekit {
 
@@ -113,32 +114,15 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, MOEKIT_MSG("cannot open (" << std::strerror(errno) << ")"));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path, MOEKIT_MSG("cannot stat (" << std::strerror(err) << ")"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, "not a regular file");
-  }
+  detail::MappedFile m;
+  // The descriptor is kept for read(): the file mapped, even if its path is replaced later.
+  if (const std::string why = detail::map_file(path, true, m); !why.empty()) fail(path, why);
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
-  f->size_ = static_cast<std::size_t>(st.st_size);
-  if (f->size_ != 0) {  // mmap of length 0 is an error; parse() reports the short file
-    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      fail(path, MOEKIT_MSG("cannot mmap " << f->size_ << " bytes (" << std::strerror(err) << ")"));
-    }
-    f->base_ = static_cast<const std::uint8_t*>(p);
-    f->mapped_ = true;
-  }
-  f->fd_ = fd;  // kept for read(): the file mapped, even if its path is replaced later
+  f->base_ = m.data;
+  f->size_ = m.size;
+  f->mapped_ = m.data != nullptr;
+  f->fd_ = m.fd;
   f->parse(path);
   return f;
 }

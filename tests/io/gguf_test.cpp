@@ -239,7 +239,9 @@ TEST(Gguf, BadFilesGiveNamedErrors) {
 class GgufSplit : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (int i = 0; i < 3; ++i) write(i, 3, "t" + std::to_string(i));
+    write(0, 3, "t0");
+    write(1, 3, "t1");
+    write(2, 3, "t2");
   }
   // Part `no` (0-based) saying split.count `count`, under the name of part no + 1 of 3.
   void write(int no, int count, const std::string& tensor, int tensors_count = 3) {
