@@ -149,7 +149,8 @@ void register_backward(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "backward", "Gradients of one MoE layer of a checkpoint for L = sum(y * dy), under the checkpoint's names");
   cmd->add_option("--model", opt->model,
-                  "Checkpoint folder (config.json + *.safetensors); quantized weights get the gradient of their "
+                  "Checkpoint folder (config.json + *.safetensors) or GGUF file (*.gguf); quantized weights get the "
+                  "gradient of their "
                   "decoded values")
       ->required();
   cmd->add_option("--layer", opt->layer, "Decoder layer index (must be an MoE layer)")->required();

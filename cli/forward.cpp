@@ -156,7 +156,8 @@ void run_forward_expert_parallel(const MpiSession& mpi, const ForwardOptions& op
 void register_forward(CLI::App& app) {
   auto opt = std::make_shared<ForwardOptions>();
   auto* cmd = app.add_subcommand("forward", "Run one MoE layer of a checkpoint on an .npy input");
-  cmd->add_option("--model", opt->model, "Checkpoint folder (config.json + *.safetensors)")
+  cmd->add_option("--model", opt->model,
+                  "Checkpoint folder (config.json + *.safetensors) or GGUF file (*.gguf; a split model from any part)")
       ->required();
   cmd->add_option("--layer", opt->layer, "Decoder layer index (must be an MoE layer)")->required();
   cmd->add_option("--input", opt->input, "X: .npy, f32 (or f16) [..., D]")->required();

@@ -22,7 +22,8 @@ struct InspectOptions {
 void register_inspect(CLI::App& app) {
   auto opt = std::make_shared<InspectOptions>();
   auto* cmd = app.add_subcommand("inspect", "Print what moekit reads from a checkpoint folder");
-  cmd->add_option("--model", opt->model, "Checkpoint folder (config.json + *.safetensors)")
+  cmd->add_option("--model", opt->model,
+                  "Checkpoint folder (config.json + *.safetensors) or GGUF file (*.gguf; a split model from any part)")
       ->required();
   cmd->add_option("--layer", opt->layer, "MoE layer to load (default: the first MoE layer)")
       ->check(CLI::NonNegativeNumber);

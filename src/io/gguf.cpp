@@ -457,7 +457,7 @@ void GgufFile::parse() {
       fail(file, MOEKIT_MSG("truncated: tensor '" << t.name << "' (" << ggml_type_info(t.type)->name << ", " << t.nbytes
                                                   << " bytes at offset " << t.offset
                                                   << ") ends past the data section's " << data_size << " bytes"));
-    t.data = base_ + data + t.offset;
+    t.data = t.nbytes > 0 ? base_ + data + t.offset : base_;  // an empty tensor points nowhere past the file
     if (t.nbytes > 0) by_offset.push_back(&t);
   }
   std::sort(by_offset.begin(), by_offset.end(),
@@ -512,6 +512,8 @@ std::shared_ptr<const GgufModel> GgufModel::open(const std::string& path) {
     if (count > 99999) fail(path, MOEKIT_MSG("metadata 'split.count' is " << count << ", more than 99999 parts"));
     if (!f->has("split.no")) fail(path, "metadata 'split.count' is set but 'split.no' is missing");
     const std::int64_t no = split_key(*f, "split.no");
+    if (no < 0 || no >= count)
+      fail(path, MOEKIT_MSG("metadata 'split.no' is " << no << ", outside [0, " << count << ") (split.count)"));
     // The name must end in -NNNNN-of-MMMMM.gguf with this part's number and the count.
     const std::string own_suffix = split_path("", no + 1, count);
     if (path.size() < own_suffix.size() ||

@@ -233,7 +233,7 @@ MoeConfig config_of(const GgufModel& m, std::int64_t layer) {
                                                : ScoreFunc::sqrt_softplus;
   r.weight_on_input = a.llama4;
   r.has_router_bias = a.gpt_oss;
-  r.has_selection_bias = a.selection_bias == B::required;  // optional: decided per layer by the tensor
+  r.has_selection_bias = a.selection_bias == B::required;  // optional: below, and per layer at load
   // llama.cpp routes within groups whenever expert_group_count > 1, by the sum of each group's two
   // best (biased) scores, for every architecture.
   const std::int64_t groups = meta.integer("expert_group_count", 0);
@@ -282,6 +282,10 @@ MoeConfig config_of(const GgufModel& m, std::int64_t layer) {
         fail(m, MOEKIT_MSG("metadata '" << meta.key("interleave_moe_layer_step") << "' is "
                                         << c.interleave_moe_layer_step));
       break;
+  }
+  if (a.selection_bias == B::optional) {  // deepseek2: as the first MoE layer has it
+    const std::vector<std::int64_t> moe = c.moe_layer_indices();
+    r.has_selection_bias = !moe.empty() && m.find(MOEKIT_MSG("blk." << moe.front() << ".exp_probs_b.bias")) != nullptr;
   }
   c.names.block = "blk.{L}";
   c.names.router = "ffn_gate_inp";
@@ -448,7 +452,7 @@ MoeLayer load_moe_layer(std::shared_ptr<const GgufModel> model, const MoeConfig&
                                                                          << ".ffn_gate_inp.weight': a dense layer"));
     r.get("ffn_gate_inp.weight", {D, E});  // the named error
   }
-  if (a.selection_bias == B::optional && r.find("exp_probs_b.bias")) c.router.has_selection_bias = true;
+  if (a.selection_bias == B::optional) c.router.has_selection_bias = r.find("exp_probs_b.bias") != nullptr;
 
   MoeWeights w;
   w.keep_alive.push_back(model);

@@ -175,9 +175,9 @@ TEST(Gguf, BadFilesGiveNamedErrors) {
   {
     GgufImage g = small();
     g.tensors[1].offset = 1 << 20;
-    std::vector<std::uint8_t> img = g.image();
-    img.resize(img.size() - 64);  // the file ends before the tensor's bytes do
-    expect(img, "ends past the data section");
+    const std::vector<std::uint8_t> full = g.image();
+    // The file ends before the tensor's bytes do.
+    expect(std::vector<std::uint8_t>(full.begin(), full.end() - 64), "ends past the data section");
   }
   {
     GgufImage g = small();
