@@ -37,6 +37,7 @@ struct Case {
   std::int64_t K = 3;
   WeightsFrom from = WeightsFrom::scores;
   bool scale_only_without_renorm = false;
+  double renorm_eps = 1e-20;
 };
 
 // The matrix: every score function, renorm, groups, body, biases, weight-on-input and shared
@@ -70,6 +71,11 @@ std::vector<Case> cases() {
   add({"clamped_woi_biases", ScoreFunc::sigmoid_selected, Renorm::none, false, 1.0f, BodyKind::swiglu_clamped, true,
        true, 0, false, 2});
   add({"softmax_k1", ScoreFunc::softmax, Renorm::none, false, 1.0f, BodyKind::swiglu, false, false, 0, false, 1});
+  // llama.cpp's clamped renormalisation (GGUF): above the floor, and always below it.
+  add({"sigmoid_floor_renorm_groups_rsf_bias", ScoreFunc::sigmoid, Renorm::sum_floor, true, 2.5f, BodyKind::swiglu,
+       false, false, 0, true, 3, WeightsFrom::scores, false, 6.103515625e-5});
+  add({"softmax_floored_renorm", ScoreFunc::softmax, Renorm::sum_floor, false, 1.0f, BodyKind::swiglu, false, false, 0,
+       false, 3, WeightsFrom::scores, false, 10.0});
   return v;
 }
 
@@ -100,6 +106,7 @@ MoeConfig config_of(const Case& c) {
   r.weight_on_input = c.woi;
   r.weights_from = c.from;
   r.scale_only_without_renorm = c.scale_only_without_renorm;
+  r.renorm_eps = c.renorm_eps;
   if (c.groups) {
     r.group_mode = c.score == ScoreFunc::softmax ? GroupMode::max : GroupMode::top2_sum;
     r.n_group = 4;

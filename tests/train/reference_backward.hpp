@@ -143,12 +143,16 @@ inline void gate_weights(const RouterConfig& r, const double* z, const std::int3
   const double c = scaled ? r.routed_scaling_factor : 1.0;
   double sum = 0;
   for (std::int64_t k = 0; k < K; ++k) sum += v[k];
-  const double den = sum + (r.renorm == Renorm::sum_eps ? r.renorm_eps : 0.0);
+  // sum_floor (llama.cpp): max(Σ v, eps); below the floor the denominator is a constant.
+  const bool floored = r.renorm == Renorm::sum_floor && sum < r.renorm_eps;
+  const double den = floored ? r.renorm_eps : sum + (r.renorm == Renorm::sum_eps ? r.renorm_eps : 0.0);
   for (std::int64_t k = 0; k < K; ++k) {
     w[k] = renorm_taken ? c * v[k] / den : c * v[k];
     for (std::int64_t j = 0; j < E; ++j) {
       double d = dv[k * E + j];
-      if (renorm_taken) {
+      if (renorm_taken && floored) {
+        d = dv[k * E + j] / den;
+      } else if (renorm_taken) {
         double dsum = 0;
         for (std::int64_t i = 0; i < K; ++i) dsum += dv[i * E + j];
         d = (dv[k * E + j] * den - v[k] * dsum) / (den * den);
