@@ -4,13 +4,13 @@
 // mapping. Architectures are rows of a table; docs/formats.md ("GGUF") lists them.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
 
 #include "kernels/formats/table.hpp"
+#include "kernels/gemm.hpp"
 #include "moekit/gguf.hpp"
 #include "moekit/model.hpp"
 #include "util/error.hpp"
@@ -319,6 +319,13 @@ constexpr TypeMap kTypeMap[] = {
     {23, false, DType::u8, Element::iq4_xs}, {39, false, DType::u8, Element::ggml_mxfp4},
 };
 
+// The row of ggml type `id`, or nullptr for a type moekit does not compute on.
+const TypeMap* type_map(std::uint32_t id) {
+  for (const TypeMap& t : kTypeMap)
+    if (t.id == id) return &t;
+  return nullptr;
+}
+
 std::string supported_types() {
   std::string out;
   for (const TypeMap& t : kTypeMap) out += (out.empty() ? "" : ", ") + std::string(ggml_type_info(t.id)->name);
@@ -355,26 +362,14 @@ class TensorReader {
   // A small float tensor (biases, the shared gate) as an owned f32 [n].
   Tensor f32(const std::string& rel, const std::vector<std::int64_t>& ne) const {
     const GgufTensorInfo& t = get(rel, ne);
-    DType d;
-    if (t.type == 0) {
-      d = DType::f32;
-    } else if (t.type == 1) {
-      d = DType::f16;
-    } else if (t.type == 30) {
-      d = DType::bf16;
-    } else {
+    const TypeMap* tm = type_map(t.type);
+    if (tm == nullptr || !tm->plain)
       fail(rel, MOEKIT_MSG("has type " << ggml_type_info(t.type)->name << ", expected f32, f16 or bf16"));
-    }
+    if (reinterpret_cast<std::uintptr_t>(t.data) % dtype_size(tm->dtype) != 0)
+      fail(rel, "is not aligned to its element size");
     Tensor out({t.numel()}, DType::f32);
     for (std::int64_t i = 0; i < t.numel(); ++i) {
-      float v;
-      if (d == DType::f32) {
-        std::memcpy(&v, t.data + 4 * i, 4);
-      } else {
-        std::uint16_t h;
-        std::memcpy(&h, t.data + 2 * i, 2);
-        v = d == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
-      }
+      const float v = kernels::load_f32(t.data, tm->dtype, i);
       if (!std::isfinite(v)) fail(rel, MOEKIT_MSG("has a non-finite value " << v << " at index " << i));
       out.data_as<float>()[i] = v;
     }
@@ -385,9 +380,7 @@ class TensorReader {
   ExpertMatrix matrix(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in) const {
     const GgufTensorInfo& t =
         get(rel, E > 0 ? std::vector<std::int64_t>{in, out, E} : std::vector<std::int64_t>{in, out});
-    const TypeMap* tm = nullptr;
-    for (const TypeMap& x : kTypeMap)
-      if (x.id == t.type) tm = &x;
+    const TypeMap* tm = type_map(t.type);
     if (tm == nullptr)
       fail(rel, MOEKIT_MSG("has ggml type " << ggml_type_info(t.type)->name << ", which moekit does not compute on "
                                             << "(supported: " << supported_types() << ")"));

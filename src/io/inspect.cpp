@@ -51,14 +51,17 @@ static std::string describe_experts(const ExpertWeights& w) {
 }
 
 std::string inspect_report(const std::string& path, std::int64_t layer_index) {
-  // Everything that can fail happens before anything is printed.
-  const MoeConfig cfg = load_config(path);
+  // Everything that can fail happens before anything is printed. A GGUF model is opened once, for
+  // its metadata, the layer and the report's GGUF section.
+  const std::shared_ptr<const GgufModel> gguf = is_gguf_path(path) ? GgufModel::open(path) : nullptr;
+  const MoeConfig cfg = gguf ? gguf_config(*gguf) : load_hf_config(path);
   std::vector<std::int64_t> moe, dense;
   for (std::int64_t l = 0; l < cfg.num_layers; ++l)
     (cfg.is_moe_layer(l) ? moe : dense).push_back(l);
   const std::int64_t layer = layer_index >= 0 ? layer_index : (moe.empty() ? -1 : moe.front());
   std::unique_ptr<MoeLayer> moe_layer;
-  if (layer >= 0) moe_layer = std::make_unique<MoeLayer>(load_moe_layer(path, cfg, layer));
+  if (layer >= 0)
+    moe_layer = std::make_unique<MoeLayer>(gguf ? load_moe_layer(gguf, cfg, layer) : load_moe_layer(path, cfg, layer));
 
   std::ostringstream out;
   out << "model: " << path << "\n";
@@ -83,9 +86,7 @@ std::string inspect_report(const std::string& path, std::int64_t layer_index) {
   if (cfg.expert_bias) out << ", with expert biases";
   out << "\n";
 
-  std::shared_ptr<const GgufModel> gguf;
-  if (is_gguf_path(path)) {
-    gguf = GgufModel::open(path);
+  if (gguf) {
     const GgufFile& f = gguf->first();
     out << "GGUF: version " << f.version() << ", architecture " << cfg.model_type;
     if (f.has("general.name") && f.get("general.name").type() == GgufType::string)

@@ -585,7 +585,11 @@ void load_experts(const BlockReader& r, const MoeConfig& c, MoeWeights& w) {
 }  // namespace
 
 MoeLayer load_moe_layer(const std::string& path, std::int64_t layer) {
-  return load_moe_layer(path, load_config(path), layer);
+  if (is_gguf_path(path)) {  // one open serves the metadata and the tensors
+    auto model = GgufModel::open(path);
+    return load_moe_layer(model, gguf_config(*model), layer);
+  }
+  return load_moe_layer(path, load_hf_config(path), layer);
 }
 
 MoeLayer load_moe_layer(const std::string& path, const MoeConfig& config, std::int64_t layer) {
