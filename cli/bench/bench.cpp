@@ -214,6 +214,9 @@ Plan check_options(const Options& o) {
   }
   if (!o.model.empty() && !o.decode)
     throw std::invalid_argument("--model times a checkpoint's layers with --decode; add --decode");
+  if (o.int8 && o.model.empty())
+    throw std::invalid_argument(
+        "--int8 runs a --model checkpoint in the fast mode; for --dtype name it as q4-int8, ...");
   if (o.decode && o.mode != "forward") throw std::invalid_argument("--decode times the forward only (--mode forward)");
   if (o.decode && !o.simulate_threads.empty())
     throw std::invalid_argument("--simulate-threads models one layer's task schedule; it does not go with --decode");
@@ -361,6 +364,9 @@ void register_bench(CLI::App& app) {
   auto* model = cmd->add_option("--model", opt->model,
                                 "With --decode: a checkpoint folder whose MoE layers (all, or the first --layers) are "
                                 "timed as stored, in place of --shape and --dtype");
+  cmd->add_flag("--int8", opt->int8,
+                "With --model: the checkpoint's quantized layers in the int8 fast mode (int8 activations; "
+                "docs/numerics.md)");
   cmd->add_option("--layers", opt->layers,
                   "--decode's distinct layers (default: enough that their experts are at least 8x the last-level "
                   "cache, at most 64 and what memory holds)");

@@ -24,6 +24,7 @@ struct Options {
               output = "md", dram_mib = "1024", mode = "forward", simulate_threads, layers, model;
   bool expert_parallel = false;
   bool decode = false;
+  bool int8 = false;  ///< --int8: a --model checkpoint's quantized layers in the fast mode
 };
 
 // ---- formats.cpp: what the options name ------------------------------------------------------

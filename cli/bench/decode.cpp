@@ -173,7 +173,8 @@ std::vector<DecodeRow> run_layers(const BenchShape& s, const WeightFormat& d, co
 
 // --model: the checkpoint's MoE layers (all, or the first --layers of them), loaded as `moekit
 // forward` loads them (mapped, used in place).
-std::vector<DecodeRow> run_model(const std::string& dir, const Plan& p, const Limits& limits, bool progress) {
+std::vector<DecodeRow> run_model(const std::string& dir, bool int8, const Plan& p, const Limits& limits,
+                                 bool progress) {
   const MoeConfig cfg = load_config(dir);
   std::vector<std::int64_t> which = cfg.moe_layer_indices();
   if (which.empty()) throw std::invalid_argument("--model " + dir + " has no MoE layers");
@@ -189,6 +190,7 @@ std::vector<DecodeRow> run_model(const std::string& dir, const Plan& p, const Li
     if (progress)
       std::fprintf(stderr, "moekit bench --decode: loading layer %lld of %s\n", static_cast<long long>(l), dir.c_str());
     layers.push_back(std::make_unique<MoeLayer>(load_moe_layer(dir, cfg, l)));
+    if (int8) layers.back()->set_int8_activations(true);
     const MoeWeights& w = layers.back()->weights();
     const double E = static_cast<double>(w.experts.num_experts());
     bytes.push_back(
@@ -197,7 +199,7 @@ std::vector<DecodeRow> run_model(const std::string& dir, const Plan& p, const Li
   DecodeRow label;
   label.shape = std::filesystem::path(dir).filename().string();
   if (label.shape.empty()) label.shape = std::filesystem::path(dir).parent_path().filename().string();
-  label.dtype = layers.front()->weights().experts.down.describe();
+  label.dtype = layers.front()->weights().experts.down.describe() + (int8 ? ", int8" : "");
   label.layout = "checkpoint";
   return time_layers(layers, bytes, label, p, limits, progress);
 }
@@ -274,7 +276,7 @@ void run_decode(const Options& o) {
   const Limits limits = measure_limits(p, progress);
   std::vector<DecodeRow> rows;
   if (!o.model.empty()) {
-    rows = run_model(o.model, p, limits, progress);
+    rows = run_model(o.model, o.int8, p, limits, progress);
   } else {
     for (const BenchShape* s : p.shapes)
       for (const WeightFormat& d : p.dtypes)

@@ -40,7 +40,7 @@ CpuFeatures read() {
   f.amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
   const unsigned max_leaf = a;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
-  const bool osxsave = (c >> 27) & 1u, fma = (c >> 12) & 1u;
+  const bool osxsave = (c >> 27) & 1u, fma = (c >> 12) & 1u, f16c = (c >> 29) & 1u;
   if (!osxsave || max_leaf < 7) return f;
   const std::uint64_t x = xcr0();
   const bool os_avx = (x & 0x6u) == 0x6u;         // SSE, AVX state
@@ -53,7 +53,7 @@ CpuFeatures read() {
              avx512vl = (b >> 31) & 1u;
   const bool vnni = (c >> 11) & 1u;
   const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u, amx_int8 = (d >> 25) & 1u;
-  f.avx2_fma = os_avx && avx2 && fma;
+  f.avx2_fma = os_avx && avx2 && fma && f16c;
   f.avx512 = f.avx2_fma && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512_vnni = f.avx512 && vnni;
   if (subleaves >= 1) {

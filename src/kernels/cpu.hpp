@@ -11,7 +11,7 @@
 namespace moekit::kernels {
 
 struct CpuFeatures {
-  bool avx2_fma = false;    ///< AVX2 + FMA, OS-enabled
+  bool avx2_fma = false;    ///< AVX2 + FMA + F16C, OS-enabled
   bool avx512 = false;      ///< AVX-512 F, BW, VL, DQ, OS-enabled
   bool avx512_bf16 = false;  ///< avx512 + AVX512-BF16
   bool avx512_vnni = false;  ///< avx512 + AVX512-VNNI

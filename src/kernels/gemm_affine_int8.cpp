@@ -32,11 +32,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/amx.hpp"
 #include "kernels/cpu.hpp"
 #include "kernels/formats/e2m1.hpp"
+#include "kernels/formats/ggml_types.hpp"
 #include "kernels/formats/int4.hpp"
 #include "kernels/gemm.hpp"
 
@@ -404,18 +406,102 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
   }
 }
 
+// ---- ggml's block types (GGUF) -------------------------------------------------------------
+//
+// The fast mode on ggml's types: A quantized per 32 inputs (QuantA, groups of 32, int8 in natural
+// order), B's blocks in ggml_common.hpp's integer form (w = ws · qs16 · q + wb per 32 weights).
+// Per row of A and group g of 32 inputs: S_g = Σ_h qs16_h Σ_k q_k · a_k, exact, then
+//   y = Σ_g ( S_g · ws_g · d[m,g]  +  wb_g · d[m,g]·Σa ),
+// so, as for the affine codes, |y_fast − y_exact| ≤ Σ_g (d[m,g] / 2) Σ_k |w_k| (docs/numerics.md).
+// ggml itself quantizes the activations per 256 for the K-quants (q8_K) and per 32 for the rest
+// (q8_0, f16 scales); moekit's per-32 f32 scales are never coarser.
+
+// What the kernels need to know of a type beyond its integer form: whether its codes are signed
+// (else u8 ≤ 31), the offset its unsigned codes carry (q = code − offset: S_g loses offset · Σa),
+// whether it has a bias term, and whether x86 kernels exist for it (ggml_int8-inl.h; the others
+// run the portable kernel).
+template <class T>
+struct GgmlInt8 {
+  static constexpr bool kSigned = std::is_same_v<T, formats::q8_0::Type> || std::is_same_v<T, formats::iq4_nl::Type> ||
+                                  std::is_same_v<T, formats::ggml_mxfp4::Type>;
+  static constexpr int kOffset = std::is_same_v<T, formats::q4_0::Type>   ? 8
+                                 : std::is_same_v<T, formats::q5_0::Type> ? 16
+                                                                          : 0;
+  static constexpr bool kBias = std::is_same_v<T, formats::q4_1::Type> || std::is_same_v<T, formats::q5_1::Type> ||
+                                std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>;
+  static constexpr bool kSimd = T::kBlock == 32 || std::is_same_v<T, formats::q4_k::Type> ||
+                                std::is_same_v<T, formats::q5_k::Type> || std::is_same_v<T, formats::q6_k::Type>;
+};
+
+// The portable kernel: the x86 kernels' steps lane by lane (lane g mod 8 of acc and bacc, then
+// reduce8's order), so the same bits.
+template <class T>
+void ggml_kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N) {
+  constexpr int kGroups = T::kBlock / 32;
+  std::int8_t q[T::kBlock];
+  std::int16_t qs16[T::kBlock / 16];
+  float ws[kGroups], wb[kGroups];
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::uint8_t* row = row_bytes(B, n);
+    for (std::int64_t m = 0; m < M; ++m) {
+      const std::int8_t* a = qa.q8.data() + m * qa.K;
+      float acc[8] = {}, bacc[8] = {};
+      for (std::int64_t blk = 0; blk < qa.groups / kGroups; ++blk) {
+        T::Int8(row + blk * T::kBytes, q, qs16, ws, wb);
+        for (int j = 0; j < kGroups; ++j) {
+          const std::int64_t g = blk * kGroups + j;
+          std::int32_t S = 0;
+          for (int h = 0; h < 2; ++h) {
+            std::int32_t s = 0;
+            for (int k = 32 * j + 16 * h; k < 32 * j + 16 * h + 16; ++k)
+              s += static_cast<std::int32_t>(q[k]) * a[32 * (g - j) + k];
+            S += static_cast<std::int32_t>(qs16[2 * j + h]) * s;
+          }
+          const std::size_t gi = static_cast<std::size_t>(m * qa.gstride + g);
+          acc[g % 8] = std::fma(static_cast<float>(S), ws[j] * qa.d[gi], acc[g % 8]);
+          if (GgmlInt8<T>::kBias) bacc[g % 8] = std::fma(wb[j], qa.xsum[gi], bacc[g % 8]);
+        }
+      }
+      float v[8];
+      for (int l = 0; l < 8; ++l) v[l] = GgmlInt8<T>::kBias ? acc[l] + bacc[l] : acc[l];
+      store(C, m, n, ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
+    }
+  }
+}
+
+// Calls fn(T{}) for B's ggml type T where it has a fast mode; returns whether it did.
+template <class Fn>
+bool with_ggml_int8_type(Element element, const Fn& fn) {
+  switch (element) {
+#define MOEKIT_GGML_INT8_CASE(f)             \
+  case Element::f:                           \
+    if constexpr (formats::f::Type::kInt8) { \
+      fn(formats::f::Type{});                \
+      return true;                           \
+    } else {                                 \
+      return false;                          \
+    }
+    MOEKIT_GGML_FORMATS(MOEKIT_GGML_INT8_CASE)
+#undef MOEKIT_GGML_INT8_CASE
+    default:
+      return false;
+  }
+}
+
 #if MOEKIT_X86
-#define MOEKIT_I8_ATTR __attribute__((target("avx2,fma")))
+#define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,f16c")))
 #define MOEKIT_I8_NAME(f) f##_avx2
 #define MOEKIT_I8_VNNI 0
 #include "kernels/affine_int8-inl.h"
+#include "kernels/ggml_int8-inl.h"
 #undef MOEKIT_I8_ATTR
 #undef MOEKIT_I8_NAME
 #undef MOEKIT_I8_VNNI
-#define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+#define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define MOEKIT_I8_NAME(f) f##_vnni
 #define MOEKIT_I8_VNNI 1
 #include "kernels/affine_int8-inl.h"
+#include "kernels/ggml_int8-inl.h"
 #undef MOEKIT_I8_ATTR
 #undef MOEKIT_I8_NAME
 #undef MOEKIT_I8_VNNI
@@ -695,6 +781,24 @@ bool amx_int8_allowed() noexcept {
   return ok;
 }
 
+// The fast mode on a ggml type T: A quantized per 32 inputs, then the x86 kernels where T has
+// them and the path allows, else the portable one (the same bits).
+template <class T>
+void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+               std::int64_t K, detail::Int8Path path, QuantA& qa) {
+  using detail::Int8Path;
+  if (path == Int8Path::best || path == Int8Path::amx) path = best_path();
+  if (path == Int8Path::amx) path = Int8Path::portable;  // MOEKIT_INT8_PATH=amx: no AMX kernel here
+  quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa);
+#if MOEKIT_X86
+  if constexpr (GgmlInt8<T>::kSimd) {
+    if (path == Int8Path::avx512vnni) return ggml_rows_vnni<T>(qa, B, C, M, N);
+    if (path == Int8Path::avx2) return ggml_rows_avx2<T>(qa, B, C, M, N);
+  }
+#endif
+  ggml_kernel_scalar<T>(qa, B, C, M, N);
+}
+
 }  // namespace
 
 bool detail::amx_int8_takes(const WeightMatrix& B) noexcept {
@@ -708,6 +812,8 @@ bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::
   const int gs = f.block_cols;
   if (f.element == Element::affine)
     return (f.bits == 4 || f.bits == 8) && gs % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
+  // ggml's block types with an integer form (all but q2_K), whole blocks in rows.
+  if (with_ggml_int8_type(f.element, [](auto) {})) return M <= kInt8MaxRows;
   // e2m1 and symmetric int4 (a zero point would need the bias term): whole groups of 16 or of a
   // multiple of 32 inputs, whole 32-blocks.
   const bool signed4 = f.element == Element::e2m1 || (f.element == Element::int4 && !f.has_bias);
@@ -747,6 +853,7 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
                                         std::int64_t N, std::int64_t K, Int8Path path) {
   if (M <= 0 || N <= 0) return;
   QuantA& qa = thread_quant_a();
+  if (with_ggml_int8_type(B.format.element, [&](auto type) { ggml_int8(type, A, B, C, M, N, K, path, qa); })) return;
 #if MOEKIT_X86
   if (path == Int8Path::amx) return gemm_nt_affine_int8_amx(A, B, C, M, N, K, Threads::caller);
   if (path == Int8Path::best) path = best_path();

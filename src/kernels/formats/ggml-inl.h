@@ -14,19 +14,7 @@
 #include <hwy/highway.h>
 
 #include "kernels/dot-inl.h"
-#include "kernels/formats/ggml_iq4_nl.hpp"
-#include "kernels/formats/ggml_iq4_xs.hpp"
-#include "kernels/formats/ggml_mxfp4.hpp"
-#include "kernels/formats/ggml_q2_k.hpp"
-#include "kernels/formats/ggml_q3_k.hpp"
-#include "kernels/formats/ggml_q4_0.hpp"
-#include "kernels/formats/ggml_q4_1.hpp"
-#include "kernels/formats/ggml_q4_k.hpp"
-#include "kernels/formats/ggml_q5_0.hpp"
-#include "kernels/formats/ggml_q5_1.hpp"
-#include "kernels/formats/ggml_q5_k.hpp"
-#include "kernels/formats/ggml_q6_k.hpp"
-#include "kernels/formats/ggml_q8_0.hpp"
+#include "kernels/formats/ggml_types.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {

@@ -5,6 +5,13 @@
 // dequantize_row_* (ggml/src/ggml-quants.c): int × float products and float sums, each rounded
 // once (moekit compiles with -ffp-contract=off, so `q·d − m` is never fused; docs/numerics.md).
 // The rules template below turns that into the format table's entry (table.hpp).
+//
+// The int8 fast mode (kernels/gemm_ggml_int8-inl.h) needs each type as integers: a type with
+// kInt8 gives Int8(block, q, qs16, ws, wb), its weights as w_k = ws[k/32] · qs16[k/16] · q[k] +
+// wb[k/32] in real arithmetic — q an int8 code, qs16 an integer per 16 weights (the K-quants'
+// sub-block scales, else 1), ws and wb a float per 32 (wb 0 where the type has no min or bias).
+// The fast mode multiplies q by int8 activations exactly and applies ws, wb per 32 weights.
+// q2_K's min per 16 weights does not fit that form: it has no fast mode.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +40,18 @@ inline void scale_min_k4(int j, const std::uint8_t* q, std::uint8_t& d, std::uin
     d = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+/// The K-quants' eight 6-bit scales sc[0..7] and mins m[0..7] from their 12 packed bytes `q`: the
+/// same values as scale_min_k4, all at once.
+inline void scales_mins_k4(const std::uint8_t* q, std::uint8_t* sc, std::uint8_t* m) {
+  std::uint32_t u[3];
+  std::memcpy(u, q, 12);
+  const std::uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, top2 = 0x03030303u;
+  const std::uint32_t s[2] = {u[0] & low6, (u[2] & low4) | (((u[0] >> 6) & top2) << 4)};
+  const std::uint32_t n[2] = {u[1] & low6, ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4)};
+  std::memcpy(sc, s, 8);
+  std::memcpy(m, n, 8);
 }
 
 /// iq4_nl's and iq4_xs's 16 non-linear values (ggml's kvalues_iq4nl).

@@ -9,6 +9,7 @@ namespace moekit::kernels::formats::iq4_nl {
 struct Type {
   static constexpr const char* kName = "iq4_nl";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 18;
+  static constexpr bool kInt8 = true;
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b);
     const std::uint8_t* qs = b + 2;
@@ -16,6 +17,16 @@ struct Type {
       y[j] = d * static_cast<float>(ggml::kIq4Values[qs[j] & 0xF]);
       y[j + 16] = d * static_cast<float>(ggml::kIq4Values[qs[j] >> 4]);
     }
+  }  // The integer form (ggml_common.hpp).
+  static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
+    const std::uint8_t* qs = b + 2;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = ggml::kIq4Values[qs[j] & 0xF];
+      q[j + 16] = ggml::kIq4Values[qs[j] >> 4];
+    }
+    qs16[0] = qs16[1] = 1;
+    ws[0] = ggml::half(b);
+    wb[0] = 0.0f;
   }
 };
 

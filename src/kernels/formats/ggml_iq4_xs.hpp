@@ -10,6 +10,7 @@ namespace moekit::kernels::formats::iq4_xs {
 struct Type {
   static constexpr const char* kName = "iq4_xs";
   static constexpr int kBits = 4, kBlock = 256, kBytes = 136;
+  static constexpr bool kInt8 = true;
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b);
     std::uint16_t scales_h;
@@ -25,6 +26,22 @@ struct Type {
       }
       y += 32;
       qs += 16;
+    }
+  }  // The integer form (ggml_common.hpp).
+  static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
+    std::uint16_t scales_h;
+    std::memcpy(&scales_h, b + 2, 2);
+    const std::uint8_t* scales_l = b + 4;
+    const std::uint8_t* qs = b + 8;
+    for (int ib = 0; ib < 8; ++ib, qs += 16) {
+      const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+      for (int j = 0; j < 16; ++j) {
+        q[32 * ib + j] = ggml::kIq4Values[qs[j] & 0xF];
+        q[32 * ib + j + 16] = ggml::kIq4Values[qs[j] >> 4];
+      }
+      qs16[2 * ib] = qs16[2 * ib + 1] = static_cast<std::int16_t>(ls - 32);
+      ws[ib] = ggml::half(b);
+      wb[ib] = 0.0f;
     }
   }
 };

@@ -12,18 +12,33 @@ namespace moekit::kernels::formats::ggml_mxfp4 {
 struct Type {
   static constexpr const char* kName = "mxfp4";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 17;
-  static void Block(const std::uint8_t* b, float* y) {
-    // ggml_e8m0_to_fp32_half: 2^(e − 128), as f32 bits (subnormal for e < 2); e = 0xFF gives
-    // 2^127 (ggml does not treat it as NaN).
-    const std::uint8_t e = b[0];
+  static constexpr bool kInt8 = true;
+  // ggml_e8m0_to_fp32_half: 2^(e − 128), as f32 bits (subnormal for e < 2); e = 0xFF gives
+  // 2^127 (ggml does not treat it as NaN).
+  static float Scale(std::uint8_t e) {
     const std::uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<std::uint32_t>(e - 1) << 23;
     float d;
     std::memcpy(&d, &bits, 4);
+    return d;
+  }
+  static void Block(const std::uint8_t* b, float* y) {
+    const float d = Scale(b[0]);
     const std::uint8_t* qs = b + 1;
     for (int j = 0; j < 16; ++j) {
       y[j] = static_cast<float>(e2m1::kTwice[qs[j] & 0xF]) * d;
       y[j + 16] = static_cast<float>(e2m1::kTwice[qs[j] >> 4]) * d;
     }
+  }
+  // The integer form (ggml_common.hpp).
+  static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
+    const std::uint8_t* qs = b + 1;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = e2m1::kTwice[qs[j] & 0xF];
+      q[j + 16] = e2m1::kTwice[qs[j] >> 4];
+    }
+    qs16[0] = qs16[1] = 1;
+    ws[0] = Scale(b[0]);
+    wb[0] = 0.0f;
   }
 };
 

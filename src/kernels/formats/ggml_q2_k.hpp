@@ -11,6 +11,7 @@ namespace moekit::kernels::formats::q2_k {
 struct Type {
   static constexpr const char* kName = "q2_K";
   static constexpr int kBits = 2, kBlock = 256, kBytes = 84;
+  static constexpr bool kInt8 = false;  // a min per 16 weights (ggml_common.hpp)
   static void Block(const std::uint8_t* b, float* y) {
     const std::uint8_t* scales = b;
     const std::uint8_t* q = b + 16;

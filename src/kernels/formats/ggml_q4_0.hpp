@@ -9,6 +9,7 @@ namespace moekit::kernels::formats::q4_0 {
 struct Type {
   static constexpr const char* kName = "q4_0";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 18;
+  static constexpr bool kInt8 = true;
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b);
     const std::uint8_t* qs = b + 2;
@@ -16,6 +17,16 @@ struct Type {
       y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
       y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
     }
+  }  // The integer form (ggml_common.hpp).
+  static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
+    const std::uint8_t* qs = b + 2;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<std::int8_t>((qs[j] & 0x0F) - 8);
+      q[j + 16] = static_cast<std::int8_t>((qs[j] >> 4) - 8);
+    }
+    qs16[0] = qs16[1] = 1;
+    ws[0] = ggml::half(b);
+    wb[0] = 0.0f;
   }
 };
 

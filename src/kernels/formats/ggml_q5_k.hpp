@@ -10,6 +10,7 @@ namespace moekit::kernels::formats::q5_k {
 struct Type {
   static constexpr const char* kName = "q5_K";
   static constexpr int kBits = 5, kBlock = 256, kBytes = 176;
+  static constexpr bool kInt8 = true;
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b), dmin = ggml::half(b + 2);
     const std::uint8_t* scales = b + 4;
@@ -27,6 +28,21 @@ struct Type {
       ql += 32;
       u1 = static_cast<std::uint8_t>(u1 << 2);
       u2 = static_cast<std::uint8_t>(u2 << 2);
+    }
+  }  // The integer form (ggml_common.hpp).
+  static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
+    const float d = ggml::half(b), dmin = ggml::half(b + 2);
+    std::uint8_t sc[8], m[8];
+    ggml::scales_mins_k4(b + 4, sc, m);
+    const std::uint8_t* qh = b + 16;
+    const std::uint8_t* ql = b + 48;
+    for (int j = 0; j < 8; ++j) {
+      for (int l = 0; l < 32; ++l)
+        q[32 * j + l] =
+            static_cast<std::int8_t>(((ql[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF) | (((qh[l] >> j) & 1) << 4));
+      qs16[2 * j] = qs16[2 * j + 1] = sc[j];
+      ws[j] = d;
+      wb[j] = -(dmin * static_cast<float>(m[j]));
     }
   }
 };

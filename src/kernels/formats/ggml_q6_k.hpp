@@ -11,6 +11,7 @@ namespace moekit::kernels::formats::q6_k {
 struct Type {
   static constexpr const char* kName = "q6_K";
   static constexpr int kBits = 6, kBlock = 256, kBytes = 210;
+  static constexpr bool kInt8 = true;
   static void Block(const std::uint8_t* b, float* y) {
     const std::uint8_t* ql = b;
     const std::uint8_t* qh = b + 128;
@@ -33,6 +34,21 @@ struct Type {
       qh += 32;
       sc += 8;
     }
+  }  // The integer form (ggml_common.hpp).
+  static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
+    const std::uint8_t* ql = b;
+    const std::uint8_t* qh = b + 128;
+    const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
+    for (int n = 0; n < 2; ++n, ql += 64, qh += 32, q += 128) {
+      for (int l = 0; l < 32; ++l) {
+        q[l] = static_cast<std::int8_t>(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+        q[l + 32] = static_cast<std::int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+        q[l + 64] = static_cast<std::int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+        q[l + 96] = static_cast<std::int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+      }
+    }
+    for (int i = 0; i < 16; ++i) qs16[i] = sc[i];  // weights 16i .. 16i + 15
+    for (int j = 0; j < 8; ++j) ws[j] = ggml::half(b + 208), wb[j] = 0.0f;
   }
 };
 

@@ -1,0 +1,270 @@
+// The x86 kernels of the int8 fast mode on ggml's block types (gemm_affine_int8.cpp), included
+// once per instruction set after affine_int8-inl.h, whose dot4, group_sums8 and reduce8 they use:
+// AVX2 and AVX512-VNNI on 256-bit vectors. A's rows come quantized per 32 inputs in natural
+// order (QuantA with groups of 32, int8); B's blocks are read in place and turned into int8 codes
+// in registers, one block at a time, for every row of A in the pair.
+//
+// Per eight groups of 32 inputs (one K-quant block, or eight 32-blocks) each row of A gets the
+// eight exact integer sums S_g = Σ_h qs16_h Σ_k q_k · a_k (ggml_common.hpp's integer form), then
+//   acc = fma(float(S), ws · d, acc),   bacc = fma(wb, d·Σa, bacc)   (eight lanes)
+// and at the end reduce8(acc + bacc) — the portable kernel's steps lane by lane, so every path
+// gives the same bits (tested). Codes in [0, 31] go to dot4 as u8; signed codes w as |w| times
+// the activation with w's sign (`vpsignb`), |w| ≤ 128, so AVX2's int16 pair sums cannot saturate.
+// No include guard: included twice on purpose.
+
+// The f16 at p, widened (exact; `vcvtph2ps`, where ggml::half calls out of line).
+MOEKIT_I8_ATTR inline float MOEKIT_I8_NAME(half)(const std::uint8_t* p) {
+  std::uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 32 signed codes times 32 activations: 8 int32 lanes, lane l the sum of elements 4l .. 4l + 3.
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(sdot)(__m256i w, __m256i a) {
+  return MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+}
+
+// A 32-block's 16 bytes of nibbles as 32 codes in element order (byte j: element j low, j + 16
+// high).
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(nibbles32)(const std::uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), low4 = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
+}
+
+// The fifth bits of a q5 block (`qh`, 32 bits: bit j for element j) as 0x10 in byte j.
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(fifth_bits)(const std::uint8_t* qh) {
+  std::uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i mask = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask), _mm256_set1_epi8(0x10));
+}
+
+// A nibble table (16 int8 values) applied to 32 codes.
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(lookup)(const std::int8_t* table, __m256i codes) {
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(table)));
+  return _mm256_shuffle_epi8(t, codes);
+}
+
+// The 32 codes of a 32-block type's block `b` in element order (GgmlInt8<T>::kSigned: int8
+// values, else u8 ≤ 31).
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q4_0::Type, const std::uint8_t* b) {
+  return MOEKIT_I8_NAME(nibbles32)(b + 2);
+}
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q4_1::Type, const std::uint8_t* b) {
+  return MOEKIT_I8_NAME(nibbles32)(b + 4);
+}
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q5_0::Type, const std::uint8_t* b) {
+  return _mm256_or_si256(MOEKIT_I8_NAME(nibbles32)(b + 6), MOEKIT_I8_NAME(fifth_bits)(b + 2));
+}
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q5_1::Type, const std::uint8_t* b) {
+  return _mm256_or_si256(MOEKIT_I8_NAME(nibbles32)(b + 8), MOEKIT_I8_NAME(fifth_bits)(b + 4));
+}
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q8_0::Type, const std::uint8_t* b) {
+  return MOEKIT_I8_NAME(load256)(b + 2);
+}
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::iq4_nl::Type, const std::uint8_t* b) {
+  return MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 2));
+}
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::ggml_mxfp4::Type, const std::uint8_t* b) {
+  return MOEKIT_I8_NAME(lookup)(formats::e2m1::kTwice, MOEKIT_I8_NAME(nibbles32)(b + 1));
+}
+
+// One 32-block (group g of the row) against MR rows of A: x[i] its 8 lanes of products, *ws and
+// *wb its scale and bias; zero lanes and zero scales where the row has no block g.
+template <class T, int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(block32)(const std::uint8_t* row, std::int64_t g, bool present,
+                                                   const std::int8_t* const (&a)[MR], __m256i (&x)[MR], float* ws,
+                                                   float* wb) {
+  if (!present) {
+    for (int i = 0; i < MR; ++i) x[i] = _mm256_setzero_si256();
+    *ws = *wb = 0.0f;
+    return;
+  }
+  const std::uint8_t* b = row + g * T::kBytes;
+  const __m256i c = MOEKIT_I8_NAME(codes32)(T{}, b);
+  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+    *ws = T::Scale(b[0]);
+  } else {
+    *ws = MOEKIT_I8_NAME(half)(b);
+  }
+  *wb = GgmlInt8<T>::kBias ? MOEKIT_I8_NAME(half)(b + 2) : 0.0f;
+  for (int i = 0; i < MR; ++i) {
+    const __m256i av = MOEKIT_I8_NAME(load256)(a[i] + 32 * g);
+    x[i] = GgmlInt8<T>::kSigned ? MOEKIT_I8_NAME(sdot)(c, av) : MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), c, av);
+  }
+}
+
+// Groups [g, g + 8) of a 32-block type's row (`groups` in all): S[i] the eight integer sums
+// (before the offset), ws and wb the eight blocks' scales and biases.
+template <class T, int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
+                                                   const std::int8_t* const (&a)[MR], __m256i (&S)[MR], __m256& ws,
+                                                   __m256& wb) {
+  alignas(32) float s[8], b[8];
+  __m256i h[MR][4];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    __m256i x[MR], y[MR];
+    MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p, g + 2 * p < groups, a, x, s + 2 * p, b + 2 * p);
+    MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p + 1, g + 2 * p + 1 < groups, a, y, s + 2 * p + 1, b + 2 * p + 1);
+    for (int i = 0; i < MR; ++i) h[i][p] = _mm256_hadd_epi32(x[i], y[i]);
+  }
+  for (int i = 0; i < MR; ++i) S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
+  ws = _mm256_load_ps(s);
+  wb = _mm256_load_ps(b);
+}
+
+// q4_K / q5_K: a block's eight sub-block scales times their groups' sums, ws = d, wb = −dmin·m.
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k_epilogue)(const std::uint8_t* b, __m256i (&h)[MR][4], __m256i (&S)[MR],
+                                                      __m256& ws, __m256& wb) {
+  alignas(8) std::uint8_t sc[8], m[8];
+  formats::ggml::scales_mins_k4(b + 4, sc, m);
+  const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+  const __m256 mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
+  for (int i = 0; i < MR; ++i) S[i] = _mm256_mullo_epi32(MOEKIT_I8_NAME(group_sums8) < 1 > (h[i]), scv);
+  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b));
+  wb = _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), mv);
+}
+
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q4_k::Type, const std::uint8_t* row, std::int64_t g,
+                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
+                                                   __m256& wb) {
+  const std::uint8_t* b = row + g / 8 * formats::q4_k::Type::kBytes;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256i h[MR][4];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    const __m256i v = MOEKIT_I8_NAME(load256)(b + 16 + 32 * p);
+    const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    for (int i = 0; i < MR; ++i) {
+      const std::int8_t* a = a0[i] + 32 * g + 64 * p;
+      h[i][p] = _mm256_hadd_epi32(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)),
+                                  MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), hi, MOEKIT_I8_NAME(load256)(a + 32)));
+    }
+  }
+  MOEKIT_I8_NAME(k_epilogue)<MR>(b, h, S, ws, wb);
+}
+
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q5_k::Type, const std::uint8_t* row, std::int64_t g,
+                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
+                                                   __m256& wb) {
+  const std::uint8_t* b = row + g / 8 * formats::q5_k::Type::kBytes;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m256i qh = MOEKIT_I8_NAME(load256)(b + 16);
+  __m256i h[MR][4];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    const __m256i v = MOEKIT_I8_NAME(load256)(b + 48 + 32 * p);
+    const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4);
+    const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4);
+    const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), h0);
+    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), h1);
+    for (int i = 0; i < MR; ++i) {
+      const std::int8_t* a = a0[i] + 32 * g + 64 * p;
+      h[i][p] = _mm256_hadd_epi32(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)),
+                                  MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), hi, MOEKIT_I8_NAME(load256)(a + 32)));
+    }
+  }
+  MOEKIT_I8_NAME(k_epilogue)<MR>(b, h, S, ws, wb);
+}
+
+// q6_K: codes q − 32 (signed 6-bit), each 16 weights' pair sums times their int8 scale by
+// `vpmaddwd` (|pair| ≤ 2 · 32 · 127, so no saturation), ws = d.
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, const std::uint8_t* row, std::int64_t g,
+                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
+                                                   __m256& wb) {
+  const std::uint8_t* b = row + g / 8 * formats::q6_k::Type::kBytes;
+  const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+  __m256i x[8][MR];
+  for (int n = 0; n < 2; ++n) {
+    const __m256i l0 = MOEKIT_I8_NAME(load256)(b + 64 * n), l1 = MOEKIT_I8_NAME(load256)(b + 64 * n + 32);
+    const __m256i qh = MOEKIT_I8_NAME(load256)(b + 128 + 32 * n);
+    const __m256i c[4] = {
+        _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4)),
+        _mm256_or_si256(_mm256_and_si256(l1, low4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4)),
+    };
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      const int j = 4 * n + t;  // the group within the block
+      const __m256i w = _mm256_sub_epi8(c[t], bias), aw = _mm256_abs_epi8(w);
+      const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+      for (int i = 0; i < MR; ++i) {
+        const __m256i av = MOEKIT_I8_NAME(load256)(a0[i] + 32 * (g + j));
+        x[j][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(av, w)), scale);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    __m256i h[4];
+    for (int p = 0; p < 4; ++p) h[p] = _mm256_hadd_epi32(x[2 * p][i], x[2 * p + 1][i]);
+    S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h);
+  }
+  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 208));
+  wb = _mm256_setzero_ps();
+}
+
+// MR (1 or 2) rows of A from row m against one row of B (`row`, T's blocks).
+template <class T, int MR>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t m, const std::uint8_t* row,
+                                                 float* out) {
+  using Tr = GgmlInt8<T>;
+  const std::int8_t* a[MR];
+  for (int i = 0; i < MR; ++i) a[i] = qa.q8.data() + (m + i) * qa.K;
+  __m256 acc[MR], bacc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = bacc[i] = _mm256_setzero_ps();
+  for (std::int64_t g = 0; g < qa.groups; g += 8) {
+    __m256i S[MR];
+    __m256 ws, wb;
+    if constexpr (T::kBlock == 32) {
+      MOEKIT_I8_NAME(chunk32)<T, MR>(row, g, qa.groups, a, S, ws, wb);
+    } else {
+      MOEKIT_I8_NAME(chunk_k)<MR>(T{}, row, g, a, S, ws, wb);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const std::size_t gi = static_cast<std::size_t>((m + i) * qa.gstride + g);
+      if constexpr (Tr::kOffset != 0) {
+        const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.qsum.data() + gi));
+        S[i] = _mm256_sub_epi32(S[i], _mm256_mullo_epi32(qs, _mm256_set1_epi32(Tr::kOffset)));
+      }
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(ws, _mm256_loadu_ps(qa.d.data() + gi)), acc[i]);
+      if constexpr (Tr::kBias) bacc[i] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(qa.xsum.data() + gi), bacc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) out[i] = MOEKIT_I8_NAME(reduce8)(Tr::kBias ? _mm256_add_ps(acc[i], bacc[i]) : acc[i]);
+}
+
+// Every row of A (at most kInt8MaxRows) against B's rows [0, N), B's rows in address order, A's
+// rows two at a time against each.
+template <class T>
+MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_rows)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
+                                              std::int64_t N) {
+  const auto* base = static_cast<const std::uint8_t*>(B.data);
+  const std::int64_t stride = row_stride_bytes(B);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::uint8_t* row = base + n * stride;
+    float out[2];
+    std::int64_t m = 0;
+    for (; m + 2 <= M; m += 2) {
+      MOEKIT_I8_NAME(ggml_row_dot)<T, 2>(qa, m, row, out);
+      store(C, m, n, out[0]);
+      store(C, m + 1, n, out[1]);
+    }
+    if (m < M) {
+      MOEKIT_I8_NAME(ggml_row_dot)<T, 1>(qa, m, row, out);
+      store(C, m, n, out[0]);
+    }
+  }
+}

@@ -1,0 +1,249 @@
+// The int8 fast mode on ggml's block types (kernels/gemm_affine_int8.cpp, ggml_int8-inl.h)
+// against ggml itself (tests/goldens/gguf/blocks.gguf: rows ggml's C quantizer wrote, rows of
+// random bytes, each with ggml's dequantization):
+//  - each type's integer form (ggml_common.hpp) gives ggml's weights to f32 rounding;
+//  - the fast mode's outputs lie within the documented bound of the exact mode's (docs/numerics.md);
+//  - every instruction-set path gives the same bits, on ggml's blocks and on random bytes (every
+//    code pattern, NaN and Inf scales included), with K a multiple of 256 and, for the 32-blocks,
+//    with a ragged last eight-block chunk;
+//  - gemm_nt takes the fast mode for up to kInt8MaxRows rows and the exact one beyond, and a NaN
+//    input makes its row NaN.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/formats/ggml_types.hpp"
+#include "kernels/formats/table.hpp"
+#include "kernels/gemm.hpp"
+#include "moekit/gguf.hpp"
+
+namespace moekit {
+namespace {
+
+using kernels::detail::Int8Path;
+
+const GgufFile& blocks() {
+  static const auto f = GgufFile::open(std::string(MOEKIT_TEST_DATA_DIR) + "/gguf/blocks.gguf");
+  return *f;
+}
+
+bool same_bits(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return true;
+  std::uint32_t x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  return x == y;
+}
+
+template <class T, Element kElement>
+struct Type {
+  using Block = T;
+  static constexpr Element element = kElement;
+};
+
+using Types =
+    std::tuple<Type<kernels::formats::q4_0::Type, Element::q4_0>, Type<kernels::formats::q4_1::Type, Element::q4_1>,
+               Type<kernels::formats::q5_0::Type, Element::q5_0>, Type<kernels::formats::q5_1::Type, Element::q5_1>,
+               Type<kernels::formats::q8_0::Type, Element::q8_0>, Type<kernels::formats::q3_k::Type, Element::q3_k>,
+               Type<kernels::formats::q4_k::Type, Element::q4_k>, Type<kernels::formats::q5_k::Type, Element::q5_k>,
+               Type<kernels::formats::q6_k::Type, Element::q6_k>, Type<kernels::formats::iq4_nl::Type, Element::iq4_nl>,
+               Type<kernels::formats::iq4_xs::Type, Element::iq4_xs>,
+               Type<kernels::formats::ggml_mxfp4::Type, Element::ggml_mxfp4>>;
+
+template <class Fn>
+void for_each_type(const Fn& fn) {
+  std::apply([&](auto... t) { (fn(t), ...); }, Types{});
+}
+
+kernels::WeightMatrix matrix(Element e, const void* data, std::int64_t ld) {
+  kernels::WeightMatrix B;
+  B.data = data;
+  B.dtype = DType::u8;
+  B.format = WeightFormat::ggml(e);
+  B.ld = ld;
+  return B;
+}
+
+std::vector<float> inputs(std::int64_t M, std::int64_t K, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(M * K));
+  for (auto& v : x) v = g(rng);
+  return x;
+}
+
+std::vector<float> fast(const kernels::WeightMatrix& B, const std::vector<float>& x, std::int64_t M, std::int64_t N,
+                        std::int64_t K, Int8Path path) {
+  std::vector<float> y(static_cast<std::size_t>(M * N), -7.0f);
+  kernels::detail::gemm_nt_affine_int8_kernel(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K,
+                                              path);
+  return y;
+}
+
+TEST(GgmlInt8, IntegerFormGivesGgmlsWeights) {
+  for_each_type([](auto type) {
+    using T = typename decltype(type)::Block;
+    for (const char* which : {".q", ".rand"}) {
+      const std::string name = std::string(T::kName) + which;
+      const GgufTensorInfo* q = blocks().find(name);
+      const GgufTensorInfo* ref = blocks().find(name + ".ref");
+      ASSERT_TRUE(q && ref) << name;
+      const auto* bytes = static_cast<const std::uint8_t*>(q->data);
+      const auto* want = reinterpret_cast<const float*>(ref->data);
+      const std::int64_t count = q->ne[0] * q->ne[1] / T::kBlock;
+      int bad = 0, checked = 0;
+      for (std::int64_t b = 0; b < count; ++b) {
+        std::int8_t codes[T::kBlock];
+        std::int16_t qs16[T::kBlock / 16];
+        float ws[T::kBlock / 32], wb[T::kBlock / 32];
+        T::Int8(bytes + b * T::kBytes, codes, qs16, ws, wb);
+        for (int k = 0; k < T::kBlock; ++k) {
+          const double scaled = static_cast<double>(ws[k / 32]) * qs16[k / 16] * codes[k];
+          const double w = scaled + wb[k / 32];
+          const float g = want[b * T::kBlock + k];
+          if (!std::isfinite(g) || !std::isfinite(w)) continue;  // NaN / Inf scales: the values, not a form
+          ++checked;
+          // ggml rounds at most three times in f32 (a scale product, the code's product, the min).
+          const double tol = 4.0 * 0x1p-24 * (std::fabs(scaled) + std::fabs(wb[k / 32])) + 1e-40;
+          if (std::fabs(w - g) > tol && bad++ < 5)
+            ADD_FAILURE() << name << " block " << b << " weight " << k << ": ggml " << g << ", integer form " << w;
+        }
+      }
+      EXPECT_EQ(bad, 0) << name;
+      if (which[1] == 'q') {
+        EXPECT_EQ(checked, count * T::kBlock) << name;
+      }
+    }
+  });
+}
+
+TEST(GgmlInt8, TakesEveryTypeButQ2K) {
+  for (const Element e :
+       {Element::q4_0, Element::q4_1, Element::q5_0, Element::q5_1, Element::q8_0, Element::q3_k, Element::q4_k,
+        Element::q5_k, Element::q6_k, Element::iq4_nl, Element::iq4_xs, Element::ggml_mxfp4}) {
+    kernels::WeightMatrix B = matrix(e, nullptr, 0);
+    B.int8_activations = true;
+    EXPECT_TRUE(kernels::detail::int8_activations_apply(B, 1, 256)) << static_cast<int>(e);
+    EXPECT_TRUE(kernels::detail::int8_activations_apply(B, kernels::kInt8MaxRows, 256));
+    EXPECT_FALSE(kernels::detail::int8_activations_apply(B, kernels::kInt8MaxRows + 1, 256));
+    B.int8_activations = false;
+    EXPECT_FALSE(kernels::detail::int8_activations_apply(B, 1, 256));
+  }
+  kernels::WeightMatrix q2 = matrix(Element::q2_k, nullptr, 0);
+  q2.int8_activations = true;
+  EXPECT_FALSE(kernels::detail::int8_activations_apply(q2, 1, 256));
+}
+
+// |y_fast − y_exact| ≤ Σ_g (d_g / 2) Σ_k |w_k| with d_g = max |x| / 127 over the 32-group, plus
+// f32 rounding of the sums.
+TEST(GgmlInt8, WithinTheBoundOfTheExactMode) {
+  for_each_type([](auto type) {
+    using T = typename decltype(type)::Block;
+    const std::string name = std::string(T::kName) + ".q";
+    const GgufTensorInfo* q = blocks().find(name);
+    const GgufTensorInfo* ref = blocks().find(name + ".ref");
+    ASSERT_TRUE(q && ref);
+    const std::int64_t K = q->ne[0], N = q->ne[1];
+    const auto* W = reinterpret_cast<const float*>(ref->data);
+    const kernels::WeightMatrix B = matrix(type.element, q->data, K / T::kBlock * T::kBytes);
+    for (const std::int64_t M : {std::int64_t{1}, std::int64_t{3}, std::int64_t{8}}) {
+      const auto x = inputs(M, K, 11 + static_cast<std::uint32_t>(M));
+      std::vector<float> exact(static_cast<std::size_t>(M * N));
+      kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{exact.data(), N}, M, N, K);
+      const auto y = fast(B, x, M, N, K, Int8Path::best);
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < N; ++n) {
+          double bound = 0.0, mag = 0.0;
+          for (std::int64_t g = 0; g < K / 32; ++g) {
+            double amax = 0.0, wsum = 0.0;
+            for (std::int64_t k = 32 * g; k < 32 * g + 32; ++k) {
+              amax = std::max(amax, std::fabs(static_cast<double>(x[m * K + k])));
+              wsum += std::fabs(static_cast<double>(W[n * K + k]));
+              mag += std::fabs(static_cast<double>(W[n * K + k]) * x[m * K + k]);
+            }
+            bound += amax / 127.0 / 2.0 * wsum;
+          }
+          const std::size_t i = static_cast<std::size_t>(m * N + n);
+          EXPECT_LE(std::fabs(y[i] - exact[i]), bound + 1e-5 * mag)
+              << T::kName << " M " << M << " (" << m << ", " << n << "): fast " << y[i] << ", exact " << exact[i];
+          EXPECT_GT(std::fabs(y[i] - exact[i]), 0.0f) << "the fast mode should not be the exact one";
+        }
+    }
+  });
+}
+
+// Every path, the same bits: ggml's blocks, random bytes, and (32-blocks) K = 11 blocks, whose
+// last chunk of eight holds three.
+TEST(GgmlInt8, EveryPathGivesTheSameBits) {
+  std::mt19937 rng(5);
+  for_each_type([&](auto type) {
+    using T = typename decltype(type)::Block;
+    struct Case {
+      std::string what;
+      std::vector<std::uint8_t> bytes;
+      std::int64_t N, K, ld;
+    };
+    std::vector<Case> cases;
+    const GgufTensorInfo* q = blocks().find(std::string(T::kName) + ".q");
+    ASSERT_NE(q, nullptr);
+    const auto* qb = static_cast<const std::uint8_t*>(q->data);
+    const std::int64_t qK = q->ne[0], qld = qK / T::kBlock * T::kBytes;
+    cases.push_back({"ggml's blocks", std::vector<std::uint8_t>(qb, qb + q->nbytes), q->ne[1], qK, qld});
+    {
+      const std::int64_t N = 13, K = 1024, ld = K / T::kBlock * T::kBytes;
+      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
+      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+      cases.push_back({"random bytes", std::move(bytes), N, K, ld});
+    }
+    if (T::kBlock == 32) cases.push_back({"ragged chunk", cases[0].bytes, q->ne[1], 11 * 32, qld});
+    for (const Case& c : cases) {
+      const kernels::WeightMatrix B = matrix(type.element, c.bytes.data(), c.ld);
+      for (const std::int64_t M : {std::int64_t{1}, std::int64_t{2}, std::int64_t{5}}) {
+        const auto x = inputs(M, c.K, 3 + static_cast<std::uint32_t>(M));
+        const auto want = fast(B, x, M, c.N, c.K, Int8Path::portable);
+        for (const Int8Path path : {Int8Path::avx2, Int8Path::avx512vnni, Int8Path::best}) {
+          if (!kernels::detail::int8_path_supported(path)) continue;
+          const auto got = fast(B, x, M, c.N, c.K, path);
+          int bad = 0;
+          for (std::size_t i = 0; i < got.size(); ++i)
+            if (!same_bits(got[i], want[i]) && bad++ < 3)
+              ADD_FAILURE() << T::kName << " " << c.what << " M " << M << " path "
+                            << kernels::detail::int8_path_name(path) << " [" << i << "]: " << got[i] << ", portable "
+                            << want[i];
+        }
+      }
+    }
+  });
+}
+
+TEST(GgmlInt8, GemmNtTakesTheFastModeForFewRowsAndNaNStaysInItsRow) {
+  const GgufTensorInfo* q = blocks().find("q4_K.q");
+  ASSERT_NE(q, nullptr);
+  const std::int64_t K = q->ne[0], N = q->ne[1];
+  kernels::WeightMatrix B = matrix(Element::q4_k, q->data, K / 256 * 144);
+  B.int8_activations = true;
+  for (const std::int64_t M : {std::int64_t{2}, kernels::kInt8MaxRows + 1}) {
+    auto x = inputs(M, K, 21);
+    x[static_cast<std::size_t>(K + 5)] = std::nanf("");  // row 1
+    std::vector<float> y(static_cast<std::size_t>(M * N)), exact(y.size());
+    kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K);
+    kernels::WeightMatrix E = B;
+    E.int8_activations = false;
+    kernels::gemm_nt(kernels::RowSource{x.data(), K}, E, kernels::Output{exact.data(), N}, M, N, K);
+    const auto kernel = fast(B, x, M, N, K, Int8Path::best);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t n = 0; n < N; ++n) {
+        const std::size_t i = static_cast<std::size_t>(m * N + n);
+        EXPECT_EQ(std::isnan(y[i]), m == 1) << m << ", " << n;
+        EXPECT_TRUE(same_bits(y[i], M <= kernels::kInt8MaxRows ? kernel[i] : exact[i])) << M << ": " << m << ", " << n;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace moekit
