@@ -120,9 +120,9 @@ struct WeightMatrix {
   /// a matrix whose scales cover 128 rows, split at 64).
   std::int64_t row_phase = 0;
   /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit MLX affine codes, e2m1 (MXFP4,
-  /// NVFP4) and int4, and at most kInt8MaxRows rows of A, the activations are quantized to int8
-  /// per group and multiplied as integers (error bound: docs/numerics.md); otherwise, and by
-  /// default, the exact kernels.
+  /// NVFP4), int4 and ggml's block types but q2_K, and at most kInt8MaxRows rows of A, the activations are quantized to
+  /// int8 per group and multiplied as integers (error bound: docs/numerics.md); otherwise, and by default, the exact
+  /// kernels.
   bool int8_activations = false;
 
   bool quantized() const noexcept { return format.quantized(); }

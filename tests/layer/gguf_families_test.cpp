@@ -49,6 +49,34 @@ TEST_P(GgufFamilies, ForwardMatchesTheFloat64Reference) {
   EXPECT_EQ(stored_layout(layer).layout, "gguf");
 }
 
+// The int8 fast mode (--int8) on the same block: the router stays exact, so the same experts; y
+// within the fast mode's error (activations rounded to int8 per 32 inputs: about 0.4 % of each
+// product, docs/numerics.md) of the float64 reference, and not the exact mode's output.
+TEST_P(GgufFamilies, FastModeChoosesTheSameExpertsAndStaysNearTheReference) {
+  const auto model = GgufModel::open(golden(GetParam()));
+  const MoeConfig cfg = gguf_config(*model);
+  MoeLayer layer = load_moe_layer(model, cfg, 1);
+  const TensorView x = tensor_of(*model, "moekit.x", DType::f32);
+  const TensorView ids = tensor_of(*model, "moekit.ids", DType::i32);
+  const TensorView y_ref = tensor_of(*model, "moekit.y", DType::f32);
+  const Tensor exact = layer.forward(x);
+  layer.set_int8_activations(true);
+  ForwardInfo info;
+  const Tensor y = layer.forward(x, &info);
+  for (std::int64_t i = 0; i < ids.numel(); ++i)
+    EXPECT_EQ(info.routing.ids.data_as<const std::int32_t>()[i], ids.data_as<const std::int32_t>()[i])
+        << GetParam() << " slot " << i;
+  float scale = 0.0f, err = 0.0f, moved = 0.0f;
+  for (std::int64_t i = 0; i < y_ref.numel(); ++i) {
+    const float r = y_ref.data_as<const float>()[i], v = y.data_as<const float>()[i];
+    scale = std::max(scale, std::fabs(r));
+    err = std::max(err, std::fabs(v - r));
+    moved = std::max(moved, std::fabs(v - exact.data_as<const float>()[i]));
+  }
+  EXPECT_LT(err, 2e-2f * scale) << GetParam() << ": max |y - y_ref| " << err << " of max |y_ref| " << scale;
+  EXPECT_GT(moved, 0.0f) << GetParam() << ": the fast mode gave the exact mode's output";
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, GgufFamilies,
                          ::testing::Values("qwen3moe", "qwen2moe", "deepseek2", "glm4moe", "gpt-oss", "llama", "llama4",
                                            "olmoe", "minimax-m2"),
