@@ -171,6 +171,21 @@ std::vector<DecodeRow> run_layers(const BenchShape& s, const WeightFormat& d, co
   return time_layers(layers, bytes, label, p, limits, progress);
 }
 
+// Every page of a mapped layer's experts read once before timing, as a server's first passes
+// would read them: otherwise the first rows pay the mapping's first-touch page faults (about 5k
+// per T = 1 call on a Qwen3-30B-A3B layer in q4_K), which ggml's harness, computing on weights in
+// its own memory, never pays. One byte per 4 KB page of each expert's matrices.
+void fault_in(const MoeWeights& w) {
+  unsigned char sum = 0;
+  for (const ExpertMatrix* m : {&w.experts.gate, &w.experts.up, &w.experts.down}) {
+    if (m->rows <= 0) continue;
+    const std::size_t span = static_cast<std::size_t>((m->rows - 1) * m->row_stride) * dtype_size(m->dtype);
+    for (const void* e : m->experts)
+      for (std::size_t o = 0; o < span; o += 4096) sum ^= static_cast<const volatile unsigned char*>(e)[o];
+  }
+  asm volatile("" : : "r"(sum));  // the reads stay
+}
+
 // --model: the checkpoint's MoE layers (all, or the first --layers of them), loaded as `moekit
 // forward` loads them (mapped, used in place).
 std::vector<DecodeRow> run_model(const std::string& dir, bool int8, const Plan& p, const Limits& limits,
@@ -191,6 +206,7 @@ std::vector<DecodeRow> run_model(const std::string& dir, bool int8, const Plan& 
       std::fprintf(stderr, "moekit bench --decode: loading layer %lld of %s\n", static_cast<long long>(l), dir.c_str());
     layers.push_back(std::make_unique<MoeLayer>(load_moe_layer(dir, cfg, l)));
     if (int8) layers.back()->set_int8_activations(true);
+    fault_in(layers.back()->weights());
     const MoeWeights& w = layers.back()->weights();
     const double E = static_cast<double>(w.experts.num_experts());
     bytes.push_back(

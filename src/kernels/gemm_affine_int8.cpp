@@ -433,6 +433,9 @@ struct GgmlInt8 {
                                 std::is_same_v<T, formats::q5_k::Type> || std::is_same_v<T, formats::q6_k::Type>;
 };
 
+// How far ahead of the row it computes the x86 kernels fetch B's bytes (ggml_rows).
+constexpr std::int64_t kGgmlPrefetchBytes = 2048;
+
 // The portable kernel: the x86 kernels' steps lane by lane (lane g mod 8 of acc and bacc, then
 // reduce8's order), so the same bits.
 template <class T>
