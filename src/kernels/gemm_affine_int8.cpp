@@ -417,16 +417,16 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
 // (q8_0, f16 scales); moekit's per-32 f32 scales are never coarser.
 
 // What the kernels need to know of a type beyond its integer form: whether its codes are signed
-// (else u8 ≤ 31), the offset its unsigned codes carry (q = code − offset: S_g loses offset · Σa),
-// whether it has a bias term, and whether x86 kernels exist for it (ggml_int8-inl.h; the others
+// (else u8 ≤ 31), the offset its unsigned codes carry in the x86 kernels (q = code − offset: S_g
+// loses offset · Σa), whether it has a bias term, and whether x86 kernels exist for it (ggml_int8-inl.h; the others
 // run the portable kernel).
 template <class T>
 struct GgmlInt8 {
-  static constexpr bool kSigned = std::is_same_v<T, formats::q8_0::Type> || std::is_same_v<T, formats::iq4_nl::Type> ||
-                                  std::is_same_v<T, formats::ggml_mxfp4::Type>;
-  static constexpr int kOffset = std::is_same_v<T, formats::q4_0::Type>   ? 8
-                                 : std::is_same_v<T, formats::q5_0::Type> ? 16
-                                                                          : 0;
+  static constexpr bool kSigned = std::is_same_v<T, formats::q8_0::Type> || std::is_same_v<T, formats::iq4_nl::Type>;
+  static constexpr int kOffset = std::is_same_v<T, formats::q4_0::Type>         ? 8
+                                 : std::is_same_v<T, formats::q5_0::Type>       ? 16
+                                 : std::is_same_v<T, formats::ggml_mxfp4::Type> ? 12  // codes32's table
+                                                                                : 0;
   static constexpr bool kBias = std::is_same_v<T, formats::q4_1::Type> || std::is_same_v<T, formats::q5_1::Type> ||
                                 std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>;
   static constexpr bool kSimd = T::kBlock == 32 || std::is_same_v<T, formats::q4_k::Type> ||

@@ -68,8 +68,10 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q8_0::Type, const
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::iq4_nl::Type, const std::uint8_t* b) {
   return MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 2));
 }
+// MXFP4: twice the e2m1 value plus 12, a u8 ≤ 24 (GgmlInt8's offset takes the 12 off again).
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::ggml_mxfp4::Type, const std::uint8_t* b) {
-  return MOEKIT_I8_NAME(lookup)(formats::e2m1::kTwice, MOEKIT_I8_NAME(nibbles32)(b + 1));
+  alignas(16) static constexpr std::int8_t kShifted[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+  return MOEKIT_I8_NAME(lookup)(kShifted, MOEKIT_I8_NAME(nibbles32)(b + 1));
 }
 
 // One 32-block (group g of the row) against MR rows of A: x[i] its 8 lanes of products, *ws and
@@ -130,17 +132,24 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k_epilogue)(const std::uint8_t* b, __m
   wb = _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), mv);
 }
 
-template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q4_k::Type, const std::uint8_t* row, std::int64_t g,
-                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
-                                                   __m256& wb) {
-  const std::uint8_t* b = row + g / 8 * formats::q4_k::Type::kBytes;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
+// q4_K / q5_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of 32 bytes (q5_K: plus
+// the fifth bits, bits 2p and 2p + 1 of its 32 qh bytes, as 16).
+template <bool kFifth, int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std::int64_t g,
+                                                     const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
+                                                     __m256& wb) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const std::uint8_t* qs = b + (kFifth ? 48 : 16);
+  const __m256i qh = kFifth ? MOEKIT_I8_NAME(load256)(b + 16) : _mm256_setzero_si256();
   __m256i h[MR][4];
 #pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
-    const __m256i v = MOEKIT_I8_NAME(load256)(b + 16 + 32 * p);
-    const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    const __m256i v = MOEKIT_I8_NAME(load256)(qs + 32 * p);
+    __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if constexpr (kFifth) {
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+    }
     for (int i = 0; i < MR; ++i) {
       const std::int8_t* a = a0[i] + 32 * g + 64 * p;
       h[i][p] = _mm256_hadd_epi32(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)),
@@ -151,27 +160,17 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q4_k::Type, const st
 }
 
 template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q4_k::Type, const std::uint8_t* row, std::int64_t g,
+                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
+                                                   __m256& wb) {
+  MOEKIT_I8_NAME(chunk_k45)<false, MR>(row + g / 8 * formats::q4_k::Type::kBytes, g, a0, S, ws, wb);
+}
+
+template <int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q5_k::Type, const std::uint8_t* row, std::int64_t g,
                                                    const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
                                                    __m256& wb) {
-  const std::uint8_t* b = row + g / 8 * formats::q5_k::Type::kBytes;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  const __m256i qh = MOEKIT_I8_NAME(load256)(b + 16);
-  __m256i h[MR][4];
-#pragma GCC unroll 4
-  for (int p = 0; p < 4; ++p) {
-    const __m256i v = MOEKIT_I8_NAME(load256)(b + 48 + 32 * p);
-    const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4);
-    const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4);
-    const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low4), h0);
-    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), h1);
-    for (int i = 0; i < MR; ++i) {
-      const std::int8_t* a = a0[i] + 32 * g + 64 * p;
-      h[i][p] = _mm256_hadd_epi32(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)),
-                                  MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), hi, MOEKIT_I8_NAME(load256)(a + 32)));
-    }
-  }
-  MOEKIT_I8_NAME(k_epilogue)<MR>(b, h, S, ws, wb);
+  MOEKIT_I8_NAME(chunk_k45)<true, MR>(row + g / 8 * formats::q5_k::Type::kBytes, g, a0, S, ws, wb);
 }
 
 // q6_K: codes q − 32 (signed 6-bit), each 16 weights' pair sums times their int8 scale by

@@ -12,11 +12,9 @@ struct Type {
   static constexpr const char* kName = "q3_K";
   static constexpr int kBits = 3, kBlock = 256, kBytes = 110;
   static constexpr bool kInt8 = true;
-  static void Block(const std::uint8_t* b, float* y) {
-    const std::uint8_t* hm = b;
-    const std::uint8_t* q = b + 32;
-    const float d_all = ggml::half(b + 108);
-    // The 16 6-bit scales: low 4 bits from bytes 0-7 (nibbles), high 2 bits from bytes 8-11.
+  // The 16 6-bit scales (biased by 32): low 4 bits from bytes 96-103 (nibbles), high 2 bits from
+  // bytes 104-107.
+  static void Scales(const std::uint8_t* b, std::int8_t* scales) {
     std::uint32_t aux[4];
     std::memcpy(aux, b + 96, 12);
     const std::uint32_t tmp = aux[2], kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu;
@@ -24,8 +22,14 @@ struct Type {
     aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
     aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
     aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
-    std::int8_t scales[16];
     std::memcpy(scales, aux, 16);
+  }
+  static void Block(const std::uint8_t* b, float* y) {
+    const std::uint8_t* hm = b;
+    const std::uint8_t* q = b + 32;
+    const float d_all = ggml::half(b + 108);
+    std::int8_t scales[16];
+    Scales(b, scales);
     int is = 0;
     std::uint8_t m = 1;
     for (int n = 0; n < 256; n += 128) {
@@ -42,15 +46,8 @@ struct Type {
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
     const std::uint8_t* hm = b;
     const std::uint8_t* qs = b + 32;
-    std::uint32_t aux[4];
-    std::memcpy(aux, b + 96, 12);
-    const std::uint32_t tmp = aux[2], kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu;
-    aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-    aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-    aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-    aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
     std::int8_t scales[16];
-    std::memcpy(scales, aux, 16);
+    Scales(b, scales);
     for (int i = 0; i < 16; ++i) qs16[i] = static_cast<std::int16_t>(scales[i] - 32);
     std::uint8_t m = 1;
     for (int n = 0; n < 256; n += 128, qs += 32)
