@@ -1,10 +1,11 @@
 // libFuzzer target: untrusted bytes into the GGUF reader (moekit/gguf.hpp), and every image that
 // parses into the GGUF loader (the architecture's metadata -> MoeConfig, the block's tensors in
-// ggml's types) and one forward of what loads. Any input must either parse / load or throw a
-// std::exception; a crash, sanitizer report, leak or any other exception type is a bug. Run
-// through scripts/fuzz.sh, which first writes valid images as seeds (MOEKIT_FUZZ_WRITE_GGUF_SEEDS
-// = folder; see LLVMFuzzerInitialize): a Qwen3-MoE block in q8_0 / q4_0 / f16 with a q4_K shared
-// expert's worth of K-quant bytes, and a GPT-OSS block in MXFP4 with its biases.
+// ggml's types) and a forward of what loads, exact and in the int8 fast mode. Any input must
+// either parse / load or throw a std::exception; a crash, sanitizer report, leak or any other
+// exception type is a bug. Run through scripts/fuzz.sh, which first writes valid images as seeds
+// (MOEKIT_FUZZ_WRITE_GGUF_SEEDS = folder; see LLVMFuzzerInitialize): a Qwen3-MoE block in q8_0 /
+// q4_0 / f16 with a q4_K shared expert's worth of K-quant bytes, and a GPT-OSS block in MXFP4
+// with its biases.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -101,8 +102,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (const std::int64_t layer : cfg.moe_layer_indices()) {
       if (layer > 2) break;
       try {
-        const moekit::MoeLayer l = moekit::load_moe_layer(model, cfg, layer);
-        (void)l.forward(moekit::TensorView(x.data(), {1, cfg.hidden_size}, moekit::DType::f32));
+        moekit::MoeLayer l = moekit::load_moe_layer(model, cfg, layer);
+        const moekit::TensorView input(x.data(), {1, cfg.hidden_size}, moekit::DType::f32);
+        (void)l.forward(input);
+        l.set_int8_activations(true);  // the fast mode's kernels on the same blocks
+        (void)l.forward(input);
       } catch (const std::exception&) {
       }
     }

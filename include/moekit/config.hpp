@@ -106,6 +106,10 @@ struct QuantConfig {
   QuantParams of(const std::string& path) const;
 };
 
+/// The most decoder layers a config may declare (config.json's num_hidden_layers, GGUF's
+/// block_count): far above any released model, and a bound on what listing the layers costs.
+inline constexpr std::int64_t kMaxLayers = 1 << 16;
+
 struct MoeConfig {
   std::string model_type;       ///< as in config.json ("deepseek_v3", "mixtral", ...)
   std::int64_t hidden_size = 0;  ///< D
@@ -121,7 +125,7 @@ struct MoeConfig {
   bool shared_gated = false;      ///< y += sigmoid(x · w_sg) * shared(x)
 
   // Layer schedule (which decoder layers have an MoE block).
-  std::int64_t num_layers = 0;
+  std::int64_t num_layers = 0;             ///< at most kMaxLayers
   std::int64_t first_k_dense_replace = 0;  ///< DeepSeek: layers below are dense
   std::int64_t moe_layer_freq = 1;         ///< DeepSeek: MoE iff layer % freq == 0
   std::int64_t decoder_sparse_step = 1;    ///< Qwen: MoE iff (layer + 1) % step == 0

@@ -196,7 +196,9 @@ MoeConfig config_of(const GgufModel& m, std::int64_t layer) {
   MoeConfig c;
   c.model_type = std::string(a.name);
   const std::int64_t layers = meta.integer("block_count");
-  if (layers < 1) fail(m, MOEKIT_MSG("metadata '" << meta.key("block_count") << "' is " << layers));
+  if (layers < 1 || layers > kMaxLayers)
+    fail(m, MOEKIT_MSG("metadata '" << meta.key("block_count") << "' is " << layers << " (expected 1 to " << kMaxLayers
+                                    << ")"));
   c.num_layers = layers;
   c.hidden_size = meta.integer("embedding_length");
   const std::int64_t E = meta.integer("expert_count", 0);

@@ -429,6 +429,10 @@ MoeConfig parse_hf_config(std::string_view json_text) {
   positive("hidden_size", c.hidden_size);
   positive("expert width", c.expert_width);
   positive("num_hidden_layers", c.num_layers);
+  if (c.num_layers > kMaxLayers)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::parse_hf_config] " << model_type << ": num_hidden_layers ("
+                                                                        << c.num_layers << ") is above moekit's limit "
+                                                                        << kMaxLayers));
   positive("moe_layer_freq", c.moe_layer_freq);
   positive("decoder_sparse_step", c.decoder_sparse_step);
   positive("interleave_moe_layer_step", c.interleave_moe_layer_step);

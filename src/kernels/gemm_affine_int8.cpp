@@ -418,8 +418,9 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
 
 // What the kernels need to know of a type beyond its integer form: whether its codes are signed
 // (else u8 ≤ 31), the offset its unsigned codes carry in the x86 kernels (q = code − offset: S_g
-// loses offset · Σa), whether it has a bias term, and whether x86 kernels exist for it (ggml_int8-inl.h; the others
-// run the portable kernel).
+// loses offset · Σa), whether it has a bias term, and whether x86 kernels exist for it
+// (ggml_int8-inl.h; every type with an integer form has them, the portable kernel serves other
+// CPUs and the tests).
 template <class T>
 struct GgmlInt8 {
   static constexpr bool kSigned = std::is_same_v<T, formats::q8_0::Type> || std::is_same_v<T, formats::iq4_nl::Type>;
@@ -429,8 +430,7 @@ struct GgmlInt8 {
                                                                                 : 0;
   static constexpr bool kBias = std::is_same_v<T, formats::q4_1::Type> || std::is_same_v<T, formats::q5_1::Type> ||
                                 std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>;
-  static constexpr bool kSimd = T::kBlock == 32 || std::is_same_v<T, formats::q4_k::Type> ||
-                                std::is_same_v<T, formats::q5_k::Type> || std::is_same_v<T, formats::q6_k::Type>;
+  static constexpr bool kSimd = T::kInt8;  // every type with an integer form
 };
 
 // How far ahead of the row it computes the x86 kernels fetch B's bytes (ggml_rows).
@@ -790,8 +790,7 @@ template <class T>
 void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                std::int64_t K, detail::Int8Path path, QuantA& qa) {
   using detail::Int8Path;
-  if (path == Int8Path::best || path == Int8Path::amx) path = best_path();
-  if (path == Int8Path::amx) path = Int8Path::portable;  // MOEKIT_INT8_PATH=amx: no AMX kernel here
+  if (path == Int8Path::best || path == Int8Path::amx) path = best_path();  // no AMX kernel for these
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa);
 #if MOEKIT_X86
   if constexpr (GgmlInt8<T>::kSimd) {

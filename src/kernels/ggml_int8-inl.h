@@ -173,8 +173,30 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q5_k::Type, const st
   MOEKIT_I8_NAME(chunk_k45)<true, MR>(row + g / 8 * formats::q5_k::Type::kBytes, g, a0, S, ws, wb);
 }
 
-// q6_K: codes q − 32 (signed 6-bit), each 16 weights' pair sums times their int8 scale by
-// `vpmaddwd` (|pair| ≤ 2 · 32 · 127, so no saturation), ws = d.
+// Signed codes w of one group of 32 (|w| ≤ 32) against MR rows of A at a[i] + at: each 16
+// weights' pair sums times their integer scale (s0 the first 16, s1 the second) by `vpmaddwd`
+// (|pair| ≤ 2 · 32 · 127: no saturation): 8 int32 lanes per row.
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled16)(__m256i w, int s0, int s1, const std::int8_t* const (&a)[MR],
+                                                    std::int64_t at, __m256i (&x)[MR]) {
+  const __m256i aw = _mm256_abs_epi8(w);
+  const __m256i scale =
+      _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(s1)), _mm_set1_epi16(static_cast<short>(s0)));
+  for (int i = 0; i < MR; ++i)
+    x[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(MOEKIT_I8_NAME(load256)(a[i] + at), w)), scale);
+}
+
+// The eight groups' lanes x[j] of a K-quant block summed per group (S[i], lane j group j).
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(sums8)(const __m256i (&x)[8][MR], __m256i (&S)[MR]) {
+  for (int i = 0; i < MR; ++i) {
+    __m256i h[4];
+    for (int p = 0; p < 4; ++p) h[p] = _mm256_hadd_epi32(x[2 * p][i], x[2 * p + 1][i]);
+    S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h);
+  }
+}
+
+// q6_K: codes q − 32 (signed 6-bit), int8 scales per 16, ws = d.
 template <int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, const std::uint8_t* row, std::int64_t g,
                                                    const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
@@ -198,20 +220,67 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, const st
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const int j = 4 * n + t;  // the group within the block
-      const __m256i w = _mm256_sub_epi8(c[t], bias), aw = _mm256_abs_epi8(w);
-      const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
-      for (int i = 0; i < MR; ++i) {
-        const __m256i av = MOEKIT_I8_NAME(load256)(a0[i] + 32 * (g + j));
-        x[j][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(av, w)), scale);
-      }
+      MOEKIT_I8_NAME(scaled16)<MR>(_mm256_sub_epi8(c[t], bias), sc[2 * j], sc[2 * j + 1], a0, 32 * (g + j), x[j]);
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    __m256i h[4];
-    for (int p = 0; p < 4; ++p) h[p] = _mm256_hadd_epi32(x[2 * p][i], x[2 * p + 1][i]);
-    S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h);
-  }
+  MOEKIT_I8_NAME(sums8)<MR>(x, S);
   ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 208));
+  wb = _mm256_setzero_ps();
+}
+
+// q3_K: codes (2 low bits + 4 · the hmask bit) − 4, scales per 16 minus 32, ws = d.
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, const std::uint8_t* row, std::int64_t g,
+                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
+                                                   __m256& wb) {
+  const std::uint8_t* b = row + g / 8 * formats::q3_k::Type::kBytes;
+  std::int8_t sc[16];
+  formats::q3_k::Type::Scales(b, sc);
+  const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+  const __m256i hm = MOEKIT_I8_NAME(load256)(b);
+  __m256i x[8][MR];
+  for (int n = 0; n < 2; ++n) {
+    const __m256i qs = MOEKIT_I8_NAME(load256)(b + 32 + 32 * n);
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      const int j = 4 * n + t;  // the group within the block; hmask bit j
+      const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * t), low2);
+      const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j), one), 2);
+      MOEKIT_I8_NAME(scaled16)<MR>(_mm256_sub_epi8(_mm256_or_si256(low, high), four), sc[2 * j] - 32,
+                                   sc[2 * j + 1] - 32, a0, 32 * (g + j), x[j]);
+    }
+  }
+  MOEKIT_I8_NAME(sums8)<MR>(x, S);
+  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 108));
+  wb = _mm256_setzero_ps();
+}
+
+// iq4_xs: eight iq4_nl-like sub-blocks, each with a 6-bit scale minus 32 (times its group's sum),
+// ws = d.
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::iq4_xs::Type, const std::uint8_t* row, std::int64_t g,
+                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
+                                                   __m256& wb) {
+  const std::uint8_t* b = row + g / 8 * formats::iq4_xs::Type::kBytes;
+  std::uint16_t high;
+  std::memcpy(&high, b + 2, 2);
+  alignas(32) std::int32_t ls[8];
+  for (int j = 0; j < 8; ++j) ls[j] = (((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32;
+  __m256i h[MR][4];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    const __m256i c0 = MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 8 + 32 * p));
+    const __m256i c1 =
+        MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 8 + 32 * p + 16));
+    for (int i = 0; i < MR; ++i) {
+      const std::int8_t* a = a0[i] + 32 * g + 64 * p;
+      h[i][p] = _mm256_hadd_epi32(MOEKIT_I8_NAME(sdot)(c0, MOEKIT_I8_NAME(load256)(a)),
+                                  MOEKIT_I8_NAME(sdot)(c1, MOEKIT_I8_NAME(load256)(a + 32)));
+    }
+  }
+  const __m256i scale = _mm256_load_si256(reinterpret_cast<const __m256i*>(ls));
+  for (int i = 0; i < MR; ++i) S[i] = _mm256_mullo_epi32(MOEKIT_I8_NAME(group_sums8) < 1 > (h[i]), scale);
+  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b));
   wb = _mm256_setzero_ps();
 }
 

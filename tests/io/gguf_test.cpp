@@ -11,6 +11,7 @@
 
 #include "io/gguf_writer.hpp"
 #include "io/safetensors_writer.hpp"
+#include "moekit/model.hpp"
 
 namespace moekit {
 namespace {
@@ -109,6 +110,24 @@ TEST(Gguf, QuantizedTensorBytesComeFromTheBlockSize) {
   g.tensors[0].ne = {256, 3};
   const auto f = parse(g);
   EXPECT_EQ(f->find("q")->nbytes, 3u * 144u);
+}
+
+// A block_count far beyond any model (a fuzzer's find: listing the MoE layers of 2^28 layers
+// allocated 2 GB) is a named error, as config.json's num_hidden_layers is.
+TEST(Gguf, BlockCountIsBounded) {
+  for (const std::uint32_t layers : {std::uint32_t{0}, static_cast<std::uint32_t>(kMaxLayers) + 1, 1u << 28}) {
+    GgufImage g;
+    g.str("general.architecture", "qwen3moe").u32("qwen3moe.block_count", layers);
+    const auto model = GgufModel::from_file(parse(g));
+    try {
+      (void)gguf_config(*model);
+      ADD_FAILURE() << layers << " layers accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("'qwen3moe.block_count' is " + std::to_string(layers) + " (expected 1 to"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Gguf, BadFilesGiveNamedErrors) {

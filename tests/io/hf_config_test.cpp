@@ -110,6 +110,16 @@ TEST(HfConfig, MixtralQwenOlmoe) {
   EXPECT_EQ(q3t.router.num_experts, 8);
   EXPECT_THROW(parse_hf_config(R"({"model_type":"qwen3_moe","hidden_size":32,"num_hidden_layers":2,
     "num_experts_per_tok":2,"moe_intermediate_size":16})"), std::invalid_argument);
+  // A layer count beyond kMaxLayers is named, not allocated.
+  try {
+    (void)parse_hf_config(R"({"model_type":"qwen3_moe","hidden_size":32,"num_hidden_layers":268435456,
+      "num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16})");
+    ADD_FAILURE() << "2^28 layers accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("num_hidden_layers (268435456) is above moekit's limit 65536"),
+              std::string::npos)
+        << e.what();
+  }
 
   const MoeConfig o = parse_hf_config(R"({"model_type":"olmoe","hidden_size":32,"num_hidden_layers":2,
     "num_experts":8,"num_experts_per_tok":2,"intermediate_size":16,"norm_topk_prob":false})");

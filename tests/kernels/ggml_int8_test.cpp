@@ -20,6 +20,7 @@
 #include "kernels/formats/ggml_types.hpp"
 #include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/ggml_blocks.hpp"
 #include "moekit/gguf.hpp"
 
 namespace moekit {
@@ -27,18 +28,8 @@ namespace {
 
 using kernels::detail::Int8Path;
 
-const GgufFile& blocks() {
-  static const auto f = GgufFile::open(std::string(MOEKIT_TEST_DATA_DIR) + "/gguf/blocks.gguf");
-  return *f;
-}
-
-bool same_bits(float a, float b) {
-  if (std::isnan(a) && std::isnan(b)) return true;
-  std::uint32_t x, y;
-  std::memcpy(&x, &a, 4);
-  std::memcpy(&y, &b, 4);
-  return x == y;
-}
+const GgufFile& blocks() { return testing::ggml_blocks(); }
+using testing::same_bits;
 
 template <class T, Element kElement>
 struct Type {
