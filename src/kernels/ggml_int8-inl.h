@@ -127,7 +127,10 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k_epilogue)(const std::uint8_t* b, __m
   formats::ggml::scales_mins_k4(b + 4, sc, m);
   const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
   const __m256 mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
-  for (int i = 0; i < MR; ++i) S[i] = _mm256_mullo_epi32(MOEKIT_I8_NAME(group_sums8) < 1 > (h[i]), scv);
+  for (int i = 0; i < MR; ++i) {
+    const __m256i sums = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
+    S[i] = _mm256_mullo_epi32(sums, scv);
+  }
   ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b));
   wb = _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), mv);
 }
@@ -279,7 +282,10 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::iq4_xs::Type, const 
     }
   }
   const __m256i scale = _mm256_load_si256(reinterpret_cast<const __m256i*>(ls));
-  for (int i = 0; i < MR; ++i) S[i] = _mm256_mullo_epi32(MOEKIT_I8_NAME(group_sums8) < 1 > (h[i]), scale);
+  for (int i = 0; i < MR; ++i) {
+    const __m256i sums = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
+    S[i] = _mm256_mullo_epi32(sums, scale);
+  }
   ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b));
   wb = _mm256_setzero_ps();
 }
@@ -325,8 +331,8 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_rows)(const QuantA& qa, const WeightMatr
     const std::uint8_t* row = base + n * stride;
     // The bytes 2 KB on, one row's worth, into L1 while this row computes: at one or two rows of
     // A a row of B takes too little time for the hardware prefetcher alone to keep DRAM busy
-    // (docs/performance.md: T = 1 0.94–1.28 → 0.85–0.94 ms on q4_K). A hint: past the matrix it
-    // is ignored.
+    // (docs/performance.md: q4_K at T = 1, 1.04–1.28 ms without, 0.85–0.99 with 1.5 or 3 KB).
+    // A hint: past the matrix it is ignored.
     for (std::int64_t o = 0; o < stride; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(row) + kGgmlPrefetchBytes + o, _MM_HINT_T0);
     float out[2];
