@@ -4,7 +4,7 @@
     build-peers/venv/bin/python tests/goldens/gguf/make_converted_goldens.py \\
         --llama-cpp build-peers/ggml/llama_cpp_python-0.3.36/vendor/llama.cpp [--only qwen3moe]
 
-For each architecture: a tiny random transformers model (seeded; 2 or 3 layers, hidden 32) is
+For each architecture: a tiny random transformers model (seeded; two layers, hidden 32) is
 saved with save_pretrained, converted by llama.cpp's `convert_hf_to_gguf.py` machinery (its
 model classes, run in-process) to `conv/<arch>.f32.gguf` and `conv/<arch>.q8_0.gguf`, and the
 model's own MoE block of layer L (transformers' module, in float64) gives the reference output
