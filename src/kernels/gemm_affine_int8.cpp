@@ -418,9 +418,8 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
 
 // What the kernels need to know of a type beyond its integer form: whether its codes are signed
 // (else u8 ≤ 31), the offset its unsigned codes carry in the x86 kernels (q = code − offset: S_g
-// loses offset · Σa), whether it has a bias term, and whether x86 kernels exist for it
-// (ggml_int8-inl.h; every type with an integer form has them, the portable kernel serves other
-// CPUs and the tests).
+// loses offset · Σa), and whether it has a bias term. Every type with an integer form has x86
+// kernels (ggml_int8-inl.h); the portable kernel serves other CPUs and the tests.
 template <class T>
 struct GgmlInt8 {
   static constexpr bool kSigned = std::is_same_v<T, formats::q8_0::Type> || std::is_same_v<T, formats::iq4_nl::Type>;
@@ -430,7 +429,6 @@ struct GgmlInt8 {
                                                                                 : 0;
   static constexpr bool kBias = std::is_same_v<T, formats::q4_1::Type> || std::is_same_v<T, formats::q5_1::Type> ||
                                 std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>;
-  static constexpr bool kSimd = T::kInt8;  // every type with an integer form
 };
 
 // How far ahead of the row it computes the x86 kernels fetch B's bytes (ggml_rows).
@@ -784,8 +782,8 @@ bool amx_int8_allowed() noexcept {
   return ok;
 }
 
-// The fast mode on a ggml type T: A quantized per 32 inputs, then the x86 kernels where T has
-// them and the path allows, else the portable one (the same bits).
+// The fast mode on a ggml type T: A quantized per 32 inputs, then the x86 kernels where the
+// path allows, else the portable one (the same bits).
 template <class T>
 void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                std::int64_t K, detail::Int8Path path, QuantA& qa) {
@@ -793,10 +791,8 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   if (path == Int8Path::best || path == Int8Path::amx) path = best_path();  // no AMX kernel for these
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa);
 #if MOEKIT_X86
-  if constexpr (GgmlInt8<T>::kSimd) {
-    if (path == Int8Path::avx512vnni) return ggml_rows_vnni<T>(qa, B, C, M, N);
-    if (path == Int8Path::avx2) return ggml_rows_avx2<T>(qa, B, C, M, N);
-  }
+  if (path == Int8Path::avx512vnni) return ggml_rows_vnni<T>(qa, B, C, M, N);
+  if (path == Int8Path::avx2) return ggml_rows_avx2<T>(qa, B, C, M, N);
 #endif
   ggml_kernel_scalar<T>(qa, B, C, M, N);
 }

@@ -54,6 +54,19 @@ inline void scales_mins_k4(const std::uint8_t* q, std::uint8_t* sc, std::uint8_t
   std::memcpy(m, n, 8);
 }
 
+/// q4_K's and q5_K's per-group terms of the integer form (Int8): each 32 weights' 6-bit scale as
+/// qs16 (both halves), ws = d, wb = −dmin · m.
+inline void k45_terms(const std::uint8_t* b, std::int16_t* qs16, float* ws, float* wb) {
+  const float d = half(b), dmin = half(b + 2);
+  std::uint8_t sc[8], m[8];
+  scales_mins_k4(b + 4, sc, m);
+  for (int j = 0; j < 8; ++j) {
+    qs16[2 * j] = qs16[2 * j + 1] = sc[j];
+    ws[j] = d;
+    wb[j] = -(dmin * static_cast<float>(m[j]));
+  }
+}
+
 /// iq4_nl's and iq4_xs's 16 non-linear values (ggml's kvalues_iq4nl).
 inline constexpr std::int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                1,    13,   25,  38,  53,  69,  89,  113};

@@ -17,7 +17,8 @@ struct Type {
       y[j] = d * static_cast<float>(ggml::kIq4Values[qs[j] & 0xF]);
       y[j + 16] = d * static_cast<float>(ggml::kIq4Values[qs[j] >> 4]);
     }
-  }  // The integer form (ggml_common.hpp).
+  }
+  // The integer form (ggml_common.hpp).
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
     const std::uint8_t* qs = b + 2;
     for (int j = 0; j < 16; ++j) {

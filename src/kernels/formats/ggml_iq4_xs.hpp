@@ -27,7 +27,8 @@ struct Type {
       y += 32;
       qs += 16;
     }
-  }  // The integer form (ggml_common.hpp).
+  }
+  // The integer form (ggml_common.hpp).
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
     std::uint16_t scales_h;
     std::memcpy(&scales_h, b + 2, 2);

@@ -42,7 +42,8 @@ struct Type {
       }
       q += 32;
     }
-  }  // The integer form (ggml_common.hpp).
+  }
+  // The integer form (ggml_common.hpp).
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
     const std::uint8_t* hm = b;
     const std::uint8_t* qs = b + 32;

@@ -17,7 +17,8 @@ struct Type {
       y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
       y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
     }
-  }  // The integer form (ggml_common.hpp).
+  }
+  // The integer form (ggml_common.hpp).
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
     const std::uint8_t* qs = b + 4;
     for (int j = 0; j < 16; ++j) {

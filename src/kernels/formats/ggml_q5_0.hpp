@@ -20,7 +20,8 @@ struct Type {
       y[j] = static_cast<float>(((qs[j] & 0x0F) | h0) - 16) * d;
       y[j + 16] = static_cast<float>(((qs[j] >> 4) | h1) - 16) * d;
     }
-  }  // The integer form (ggml_common.hpp).
+  }
+  // The integer form (ggml_common.hpp).
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
     std::uint32_t qh;
     std::memcpy(&qh, b + 2, 4);

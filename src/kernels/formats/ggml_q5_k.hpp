@@ -29,21 +29,16 @@ struct Type {
       u1 = static_cast<std::uint8_t>(u1 << 2);
       u2 = static_cast<std::uint8_t>(u2 << 2);
     }
-  }  // The integer form (ggml_common.hpp).
+  }
+  // The integer form (ggml_common.hpp).
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
-    const float d = ggml::half(b), dmin = ggml::half(b + 2);
-    std::uint8_t sc[8], m[8];
-    ggml::scales_mins_k4(b + 4, sc, m);
     const std::uint8_t* qh = b + 16;
     const std::uint8_t* ql = b + 48;
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 8; ++j)
       for (int l = 0; l < 32; ++l)
         q[32 * j + l] =
             static_cast<std::int8_t>(((ql[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF) | (((qh[l] >> j) & 1) << 4));
-      qs16[2 * j] = qs16[2 * j + 1] = sc[j];
-      ws[j] = d;
-      wb[j] = -(dmin * static_cast<float>(m[j]));
-    }
+    ggml::k45_terms(b, qs16, ws, wb);
   }
 };
 

@@ -34,7 +34,8 @@ struct Type {
       qh += 32;
       sc += 8;
     }
-  }  // The integer form (ggml_common.hpp).
+  }
+  // The integer form (ggml_common.hpp).
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
     const std::uint8_t* ql = b;
     const std::uint8_t* qh = b + 128;

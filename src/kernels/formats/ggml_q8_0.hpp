@@ -13,7 +13,8 @@ struct Type {
     const float d = ggml::half(b);
     const auto* qs = reinterpret_cast<const std::int8_t*>(b + 2);
     for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
-  }  // The integer form (ggml_common.hpp).
+  }
+  // The integer form (ggml_common.hpp).
   static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
     std::memcpy(q, b + 2, 32);
     qs16[0] = qs16[1] = 1;
