@@ -332,10 +332,12 @@ const char* int8_path_name(Int8Path path) noexcept;  ///< best: the one it resol
 bool int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::int64_t K);
 void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                                 std::int64_t N, std::int64_t K, Int8Path path = Int8Path::best);
-// The fast mode's driver for many rows on AMX-INT8 (amx_int8_takes(B)): A quantized once, split
-// over the pool in whole 16-row panels or 32-column tile pairs.
-void gemm_nt_affine_int8_amx(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                             std::int64_t N, std::int64_t K, Threads threads);
+// The fast mode's driver for more than kInt8MaxRows rows (where int8_activations_apply): ggml's
+// types on the AVX512-VNNI panel kernel (A quantized once, B decoded a 16-row panel at a time,
+// split over the pool in whole panels), MLX affine codes on AMX-INT8 (amx_int8_takes(B): split
+// in whole 16-row panels or 32-column tile pairs).
+void gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                       std::int64_t K, Threads threads);
 // n_total: the packed matrix's full column count (its panel stride); B.data points at column 0
 // of the call's first column.
 void gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

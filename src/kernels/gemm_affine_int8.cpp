@@ -489,6 +489,21 @@ bool with_ggml_int8_type(Element element, const Fn& fn) {
   }
 }
 
+// Calls fn(T{}) for B's ggml type T; returns whether B is one.
+template <class Fn>
+bool with_ggml_type(Element element, const Fn& fn) {
+  switch (element) {
+#define MOEKIT_GGML_CASE(f) \
+  case Element::f:          \
+    fn(formats::f::Type{}); \
+    return true;
+    MOEKIT_GGML_FORMATS(MOEKIT_GGML_CASE)
+#undef MOEKIT_GGML_CASE
+    default:
+      return false;
+  }
+}
+
 #if MOEKIT_X86
 #define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,f16c")))
 #define MOEKIT_I8_NAME(f) f##_avx2
@@ -503,6 +518,14 @@ bool with_ggml_int8_type(Element element, const Fn& fn) {
 #define MOEKIT_I8_VNNI 1
 #include "kernels/affine_int8-inl.h"
 #include "kernels/ggml_int8-inl.h"
+// GCC 12's false positive on _mm512_cvtepi32_ps (see the AMX kernel below).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include "kernels/ggml_panel-inl.h"
+#pragma GCC diagnostic pop
 #undef MOEKIT_I8_ATTR
 #undef MOEKIT_I8_NAME
 #undef MOEKIT_I8_VNNI
@@ -797,6 +820,55 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   ggml_kernel_scalar<T>(qa, B, C, M, N);
 }
 
+// Whether the panel kernel may take many rows of a ggml type: the CPU has AVX512-VNNI and
+// MOEKIT_INT8_PATH names no narrower path.
+bool ggml_panels_allowed() noexcept { return best_path() == detail::Int8Path::avx512vnni; }
+
+#if MOEKIT_X86
+// The fast mode on a ggml type for many rows (ggml_panel-inl.h): A quantized once per 32 inputs
+// (QuantA), its per-group terms for T's group, then B's rows a panel of 16 at a time, split over
+// the pool in whole panels where `threads` asks for it.
+template <class T>
+void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                 std::int64_t K, Threads threads) {
+  using Tr = panel_vnni::Traits<T>;
+  QuantA& qa = thread_quant_a();
+  quantize_a(A, M, K, 32, 8, true, true, qa);
+  const std::int64_t Mp = (M + 3) / 4 * 4, groups = K / Tr::kG;
+  thread_local std::vector<const std::int8_t*> q;
+  thread_local std::vector<std::int8_t> zero;
+  thread_local std::vector<float> d, xs;
+  thread_local std::vector<std::int32_t> cq;
+  zero.assign(static_cast<std::size_t>(K), 0);
+  q.assign(static_cast<std::size_t>(Mp), zero.data());
+  d.assign(static_cast<std::size_t>(Mp * groups), 0.0f);
+  xs.assign(d.size(), 0.0f);
+  cq.assign(d.size(), 0);
+  for (std::int64_t m = 0; m < M; ++m) {
+    q[static_cast<std::size_t>(m)] = qa.q8.data() + m * K;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::size_t at = static_cast<std::size_t>(m * groups + g);
+      const std::size_t gi = static_cast<std::size_t>(m * qa.gstride + g * Tr::kG / 32);
+      std::int32_t sum = qa.qsum[gi];
+      if constexpr (Tr::kG == 16) {
+        sum = 0;
+        for (std::int64_t k = 16 * g; k < 16 * g + 16; ++k) sum += qa.q8[static_cast<std::size_t>(m * K + k)];
+      }
+      d[at] = qa.d[gi];
+      xs[at] = Tr::kG == 32 ? qa.xsum[gi] : qa.d[gi] * static_cast<float>(sum);
+      cq[at] = Tr::kOff * sum;
+    }
+  }
+  const panel_vnni::Rows rows{q.data(), d.data(), xs.data(), cq.data(), groups};
+  const auto run = [&](std::int64_t b0, std::int64_t b1) {
+    panel_vnni::run<T>(rows, M, Mp, B, C, b0 * 16, std::min(N, b1 * 16), K);
+  };
+  const std::int64_t panels = (N + 15) / 16;
+  if (threads == Threads::caller) return run(0, panels);
+  moekit::detail::parallel_for(panels, 1, run);
+}
+#endif
+
 }  // namespace
 
 bool detail::amx_int8_takes(const WeightMatrix& B) noexcept {
@@ -810,8 +882,10 @@ bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::
   const int gs = f.block_cols;
   if (f.element == Element::affine)
     return (f.bits == 4 || f.bits == 8) && gs % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
-  // ggml's block types with an integer form (all but q2_K), whole blocks in rows.
-  if (with_ggml_int8_type(f.element, [](auto) {})) return M <= kInt8MaxRows;
+  // ggml's block types: up to kInt8MaxRows rows those with an integer form (all but q2_K), more
+  // rows every type where the panel kernel runs.
+  if (with_ggml_type(f.element, [](auto) {}))
+    return M <= kInt8MaxRows ? with_ggml_int8_type(f.element, [](auto) {}) : ggml_panels_allowed();
   // e2m1 and symmetric int4 (a zero point would need the bias term): whole groups of 16 or of a
   // multiple of 32 inputs, whole 32-blocks.
   const bool signed4 = f.element == Element::e2m1 || (f.element == Element::int4 && !f.has_bias);
@@ -835,10 +909,11 @@ const char* detail::int8_path_name(Int8Path path) noexcept {
                                         : "portable";
 }
 
-void detail::gemm_nt_affine_int8_amx(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                     std::int64_t N, std::int64_t K, Threads threads) {
+void detail::gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
+                               std::int64_t N, std::int64_t K, Threads threads) {
   if (M <= 0 || N <= 0) return;
 #if MOEKIT_X86
+  if (with_ggml_type(B.format.element, [&](auto type) { ggml_panels(type, A, B, C, M, N, K, threads); })) return;
   thread_local AmxQuantA aq;
   quantize_amx(A, M, K, B.format.block_cols, B.format.bits, aq);
   amx8_split(aq, B, C, N, threads);
@@ -853,7 +928,7 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
   QuantA& qa = thread_quant_a();
   if (with_ggml_int8_type(B.format.element, [&](auto type) { ggml_int8(type, A, B, C, M, N, K, path, qa); })) return;
 #if MOEKIT_X86
-  if (path == Int8Path::amx) return gemm_nt_affine_int8_amx(A, B, C, M, N, K, Threads::caller);
+  if (path == Int8Path::amx) return gemm_nt_int8_many(A, B, C, M, N, K, Threads::caller);
   if (path == Int8Path::best) path = best_path();
   const Codes codes = codes_of(B.format);
   quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, path != Int8Path::portable, qa);

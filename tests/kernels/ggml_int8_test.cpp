@@ -6,8 +6,12 @@
 //  - every instruction-set path gives the same bits, on ggml's blocks and on random bytes (every
 //    code pattern, NaN and Inf scales included), with K a multiple of 256 and, for the 32-blocks,
 //    with a ragged last eight-block chunk;
-//  - gemm_nt takes the fast mode for up to kInt8MaxRows rows and the exact one beyond, and a NaN
-//    input makes its row NaN.
+//  - gemm_nt takes the fast mode for up to kInt8MaxRows rows and, for more, the panel kernel
+//    (ggml_panel-inl.h) where the CPU has AVX512-VNNI, else the exact mode; a NaN input makes its
+//    row NaN;
+//  - the panel kernel (every type, q2_K included) lies within the same bound of the exact mode,
+//    and agrees with the decode kernel to f32 rounding on random bytes (NaN and Inf where it has
+//    them), with ragged panels (N not a multiple of 16, K not of 64) and on the pool.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,6 +53,49 @@ using Types =
 template <class Fn>
 void for_each_type(const Fn& fn) {
   std::apply([&](auto... t) { (fn(t), ...); }, Types{});
+}
+
+// The panel kernel takes every type, q2_K included.
+template <class Fn>
+void for_each_panel_type(const Fn& fn) {
+  for_each_type(fn);
+  fn(Type<kernels::formats::q2_k::Type, Element::q2_k>{});
+}
+
+// Whether gemm_nt runs more than kInt8MaxRows rows of ggml's types in the fast mode (the panel
+// kernel: AVX512-VNNI).
+bool panels() { return std::string(kernels::detail::int8_path_name(Int8Path::best)) == "avx512vnni"; }
+
+// gemm_nt on M rows in the fast mode (B.int8_activations), on the pool.
+std::vector<float> fast_gemm(kernels::WeightMatrix B, const std::vector<float>& x, std::int64_t M, std::int64_t N,
+                             std::int64_t K) {
+  B.int8_activations = true;
+  std::vector<float> y(static_cast<std::size_t>(M * N), -7.0f);
+  kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K);
+  return y;
+}
+
+// |y − exact| ≤ Σ_g (d_g / 2) Σ_k |w_k| with d_g = max |x| / 127 over the 32-group, plus f32
+// rounding of the sums; W the dequantized weights [N, K].
+void expect_within_bound(const char* name, const float* W, const std::vector<float>& x, const std::vector<float>& y,
+                         const std::vector<float>& exact, std::int64_t M, std::int64_t N, std::int64_t K) {
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      double bound = 0.0, mag = 0.0;
+      for (std::int64_t g = 0; g < K / 32; ++g) {
+        double amax = 0.0, wsum = 0.0;
+        for (std::int64_t k = 32 * g; k < 32 * g + 32; ++k) {
+          amax = std::max(amax, std::fabs(static_cast<double>(x[m * K + k])));
+          wsum += std::fabs(static_cast<double>(W[n * K + k]));
+          mag += std::fabs(static_cast<double>(W[n * K + k]) * x[m * K + k]);
+        }
+        bound += amax / 127.0 / 2.0 * wsum;
+      }
+      const std::size_t i = static_cast<std::size_t>(m * N + n);
+      EXPECT_LE(std::fabs(y[i] - exact[i]), bound + 1e-5 * mag)
+          << name << " M " << M << " (" << m << ", " << n << "): fast " << y[i] << ", exact " << exact[i];
+      EXPECT_GT(std::fabs(y[i] - exact[i]), 0.0f) << "the fast mode should not be the exact one";
+    }
 }
 
 kernels::WeightMatrix matrix(Element e, const void* data, std::int64_t ld) {
@@ -113,7 +160,7 @@ TEST(GgmlInt8, IntegerFormGivesGgmlsWeights) {
   });
 }
 
-TEST(GgmlInt8, TakesEveryTypeButQ2K) {
+TEST(GgmlInt8, TakesEveryTypeButQ2KForFewRowsAndEveryTypeForManyOnVnni) {
   for (const Element e :
        {Element::q4_0, Element::q4_1, Element::q5_0, Element::q5_1, Element::q8_0, Element::q3_k, Element::q4_k,
         Element::q5_k, Element::q6_k, Element::iq4_nl, Element::iq4_xs, Element::ggml_mxfp4}) {
@@ -121,19 +168,21 @@ TEST(GgmlInt8, TakesEveryTypeButQ2K) {
     B.int8_activations = true;
     EXPECT_TRUE(kernels::detail::int8_activations_apply(B, 1, 256)) << static_cast<int>(e);
     EXPECT_TRUE(kernels::detail::int8_activations_apply(B, kernels::kInt8MaxRows, 256));
-    EXPECT_FALSE(kernels::detail::int8_activations_apply(B, kernels::kInt8MaxRows + 1, 256));
+    EXPECT_EQ(kernels::detail::int8_activations_apply(B, kernels::kInt8MaxRows + 1, 256), panels());
     B.int8_activations = false;
     EXPECT_FALSE(kernels::detail::int8_activations_apply(B, 1, 256));
+    EXPECT_FALSE(kernels::detail::int8_activations_apply(B, 64, 256));
   }
   kernels::WeightMatrix q2 = matrix(Element::q2_k, nullptr, 0);
   q2.int8_activations = true;
   EXPECT_FALSE(kernels::detail::int8_activations_apply(q2, 1, 256));
+  EXPECT_EQ(kernels::detail::int8_activations_apply(q2, kernels::kInt8MaxRows + 1, 256), panels());
 }
 
-// |y_fast − y_exact| ≤ Σ_g (d_g / 2) Σ_k |w_k| with d_g = max |x| / 127 over the 32-group, plus
-// f32 rounding of the sums.
+// The decode kernel (up to kInt8MaxRows rows) and the panel kernel (more, where the CPU has it),
+// each within the bound of the exact mode.
 TEST(GgmlInt8, WithinTheBoundOfTheExactMode) {
-  for_each_type([](auto type) {
+  for_each_panel_type([](auto type) {
     using T = typename decltype(type)::Block;
     const std::string name = std::string(T::kName) + ".q";
     const GgufTensorInfo* q = blocks().find(name);
@@ -142,28 +191,69 @@ TEST(GgmlInt8, WithinTheBoundOfTheExactMode) {
     const std::int64_t K = q->ne[0], N = q->ne[1];
     const auto* W = reinterpret_cast<const float*>(ref->data);
     const kernels::WeightMatrix B = matrix(type.element, q->data, K / T::kBlock * T::kBytes);
-    for (const std::int64_t M : {std::int64_t{1}, std::int64_t{3}, std::int64_t{8}}) {
+    for (const std::int64_t M :
+         {std::int64_t{1}, std::int64_t{3}, std::int64_t{8}, std::int64_t{9}, std::int64_t{13}, std::int64_t{31}}) {
+      const bool many = M > kernels::kInt8MaxRows;
+      if (many ? !panels() : !T::kInt8) continue;
       const auto x = inputs(M, K, 11 + static_cast<std::uint32_t>(M));
       std::vector<float> exact(static_cast<std::size_t>(M * N));
       kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{exact.data(), N}, M, N, K);
-      const auto y = fast(B, x, M, N, K, Int8Path::best);
-      for (std::int64_t m = 0; m < M; ++m)
-        for (std::int64_t n = 0; n < N; ++n) {
-          double bound = 0.0, mag = 0.0;
-          for (std::int64_t g = 0; g < K / 32; ++g) {
-            double amax = 0.0, wsum = 0.0;
-            for (std::int64_t k = 32 * g; k < 32 * g + 32; ++k) {
-              amax = std::max(amax, std::fabs(static_cast<double>(x[m * K + k])));
-              wsum += std::fabs(static_cast<double>(W[n * K + k]));
-              mag += std::fabs(static_cast<double>(W[n * K + k]) * x[m * K + k]);
-            }
-            bound += amax / 127.0 / 2.0 * wsum;
+      const auto y = many ? fast_gemm(B, x, M, N, K) : fast(B, x, M, N, K, Int8Path::best);
+      expect_within_bound(T::kName, W, x, y, exact, M, N, K);
+    }
+  });
+}
+
+// The panel kernel against the decode kernel's portable steps (the same real arithmetic in
+// another order): to f32 rounding of the terms, non-finite where it is, on ggml's blocks,
+// random bytes (N = 13: one ragged panel) and 11 32-blocks (K not a multiple of 64).
+TEST(GgmlInt8, PanelKernelAgreesWithTheDecodeKernel) {
+  if (!panels()) GTEST_SKIP() << "no AVX512-VNNI: more than kInt8MaxRows rows run exactly";
+  std::mt19937 rng(9);
+  for_each_type([&](auto type) {
+    using T = typename decltype(type)::Block;
+    const GgufTensorInfo* q = blocks().find(std::string(T::kName) + ".q");
+    ASSERT_NE(q, nullptr);
+    const auto* qb = static_cast<const std::uint8_t*>(q->data);
+    const std::int64_t qK = q->ne[0], qld = qK / T::kBlock * T::kBytes;
+    struct Case {
+      std::string what;
+      std::vector<std::uint8_t> bytes;
+      std::int64_t N, K, ld;
+    };
+    std::vector<Case> cases{{"ggml's blocks", std::vector<std::uint8_t>(qb, qb + q->nbytes), q->ne[1], qK, qld}};
+    {
+      const std::int64_t N = 13, K = 1024, ld = K / T::kBlock * T::kBytes;
+      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
+      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+      cases.push_back({"random bytes", std::move(bytes), N, K, ld});
+    }
+    if (T::kBlock == 32) cases.push_back({"K of 11 blocks", cases[0].bytes, q->ne[1], 11 * 32, qld});
+    for (const Case& c : cases) {
+      const kernels::WeightMatrix B = matrix(type.element, c.bytes.data(), c.ld);
+      std::vector<float> W(static_cast<std::size_t>(c.N * c.K));
+      kernels::dequantize_rows(B, 0, c.N, c.K, W.data());
+      for (const std::int64_t M : {std::int64_t{9}, std::int64_t{22}}) {
+        const auto x = inputs(M, c.K, 17 + static_cast<std::uint32_t>(M));
+        const auto want = fast(B, x, M, c.N, c.K, Int8Path::portable);
+        const auto got = fast_gemm(B, x, M, c.N, c.K);
+        int bad = 0;
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t n = 0; n < c.N; ++n) {
+            const std::size_t i = static_cast<std::size_t>(m * c.N + n);
+            double mag = 0.0;
+            for (std::int64_t k = 0; k < c.K; ++k)
+              mag += std::fabs(static_cast<double>(W[n * c.K + k]) * x[m * c.K + k]);
+            // Past f32's range (MXFP4's scales reach 2^127) the order of the sums decides between
+            // ±Inf, NaN and a value near the limit: both must be there.
+            const auto huge = [](float v) { return !std::isfinite(v) || std::fabs(v) > 1e30f; };
+            const bool ok = std::isfinite(want[i]) && std::isfinite(got[i]) ? std::fabs(got[i] - want[i]) <= 1e-5 * mag
+                                                                            : huge(got[i]) && huge(want[i]);
+            if (!ok && bad++ < 3)
+              ADD_FAILURE() << T::kName << " " << c.what << " M " << M << " (" << m << ", " << n << "): panel "
+                            << got[i] << ", decode kernel " << want[i];
           }
-          const std::size_t i = static_cast<std::size_t>(m * N + n);
-          EXPECT_LE(std::fabs(y[i] - exact[i]), bound + 1e-5 * mag)
-              << T::kName << " M " << M << " (" << m << ", " << n << "): fast " << y[i] << ", exact " << exact[i];
-          EXPECT_GT(std::fabs(y[i] - exact[i]), 0.0f) << "the fast mode should not be the exact one";
-        }
+      }
     }
   });
 }
@@ -231,7 +321,12 @@ TEST(GgmlInt8, GemmNtTakesTheFastModeForFewRowsAndNaNStaysInItsRow) {
       for (std::int64_t n = 0; n < N; ++n) {
         const std::size_t i = static_cast<std::size_t>(m * N + n);
         EXPECT_EQ(std::isnan(y[i]), m == 1) << m << ", " << n;
-        EXPECT_TRUE(same_bits(y[i], M <= kernels::kInt8MaxRows ? kernel[i] : exact[i])) << M << ": " << m << ", " << n;
+        if (M <= kernels::kInt8MaxRows)
+          EXPECT_TRUE(same_bits(y[i], kernel[i])) << M << ": " << m << ", " << n;
+        else if (!panels())
+          EXPECT_TRUE(same_bits(y[i], exact[i])) << M << ": " << m << ", " << n;
+        else if (m != 1)
+          EXPECT_NE(y[i], exact[i]) << "the panel kernel, not the exact mode: " << m << ", " << n;
       }
   }
 }
