@@ -831,7 +831,7 @@ bool ggml_panels_allowed() noexcept { return best_path() == detail::Int8Path::av
 template <class T>
 void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                  std::int64_t K, Threads threads) {
-  using Tr = panel_vnni::Traits<T>;
+  using Tr = panel::Traits<T>;
   QuantA& qa = thread_quant_a();
   quantize_a(A, M, K, 32, 8, true, true, qa);
   const std::int64_t Mp = (M + 3) / 4 * 4, groups = K / Tr::kG;
@@ -859,9 +859,9 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
       cq[at] = Tr::kOff * sum;
     }
   }
-  const panel_vnni::Rows rows{q.data(), d.data(), xs.data(), cq.data(), groups};
+  const panel::Rows rows{q.data(), d.data(), xs.data(), cq.data(), groups};
   const auto run = [&](std::int64_t b0, std::int64_t b1) {
-    panel_vnni::run<T>(rows, M, Mp, B, C, b0 * 16, std::min(N, b1 * 16), K);
+    panel::run<T>(rows, M, Mp, B, C, b0 * 16, std::min(N, b1 * 16), K);
   };
   const std::int64_t panels = (N + 15) / 16;
   if (threads == Threads::caller) return run(0, panels);

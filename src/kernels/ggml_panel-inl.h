@@ -17,282 +17,311 @@
 // order), which is why the choice of kernel is made on the whole call.
 // No include guard: included once, on purpose, where MOEKIT_I8_NAME names the VNNI variant.
 
-namespace MOEKIT_I8_NAME(panel) {
+namespace panel {
 
-  // What the panel needs of a type: its group of inputs per scale (16 for the K-quants with a
-  // scale per 16 weights), the offset in its u8 codes, whether it has a bias term.
-  template <class T>
-  struct Traits {
-    static constexpr bool kPer16 = std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type> ||
-                                   std::is_same_v<T, formats::q2_k::Type>;
-    static constexpr int kG = kPer16 ? 16 : 32;
-    static constexpr int kOff = std::is_same_v<T, formats::q6_k::Type>   ? 32
-                                : std::is_same_v<T, formats::q3_k::Type> ? 4
-                                : std::is_same_v<T, formats::iq4_xs::Type>
-                                    ? 128
-                                    : (T::kBlock == 32 ? (GgmlInt8<T>::kSigned ? 128 : GgmlInt8<T>::kOffset) : 0);
-    static constexpr bool kBias = GgmlInt8<T>::kBias || std::is_same_v<T, formats::q2_k::Type>;
-  };
+// What the panel needs of a type: its group of inputs per scale (16 for the K-quants with a
+// scale per 16 weights), the offset in its u8 codes, whether it has a bias term.
+template <class T>
+struct Traits {
+  static constexpr bool kPer16 = std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type> ||
+                                 std::is_same_v<T, formats::q2_k::Type>;
+  static constexpr int kG = kPer16 ? 16 : 32;
+  static constexpr int kOff = std::is_same_v<T, formats::q6_k::Type>   ? 32
+                              : std::is_same_v<T, formats::q3_k::Type> ? 4
+                              : std::is_same_v<T, formats::iq4_xs::Type>
+                                  ? 128
+                                  : (T::kBlock == 32 ? (GgmlInt8<T>::kSigned ? 128 : GgmlInt8<T>::kOffset) : 0);
+  static constexpr bool kBias = GgmlInt8<T>::kBias || std::is_same_v<T, formats::q2_k::Type>;
+};
 
-  MOEKIT_I8_ATTR inline void put(std::uint8_t * p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+MOEKIT_I8_ATTR inline void put(std::uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 
-  // One block of T as kBlock u8 codes and its kBlock / kG terms ws, wb.
-  template <class T>
-  MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
-    static_assert(T::kBlock == 32, "the 32-block types; the K-quants have their own");
-    __m256i c = MOEKIT_I8_NAME(codes32)(T{}, b);
-    if constexpr (GgmlInt8<T>::kSigned) c = _mm256_xor_si256(c, _mm256_set1_epi8(static_cast<char>(0x80)));
-    put(u, c);
-    if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
-      ws[0] = T::Scale(b[0]);
-    } else {
-      ws[0] = MOEKIT_I8_NAME(half)(b);
-    }
-    if constexpr (Traits<T>::kBias) wb[0] = MOEKIT_I8_NAME(half)(b + 2);
+// One block of T as kBlock u8 codes and its kBlock / kG terms ws, wb (`st` floats apart).
+template <class T>
+MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb, int st) {
+  static_assert(T::kBlock == 32, "the 32-block types; the K-quants have their own");
+  __m256i c = MOEKIT_I8_NAME(codes32)(T{}, b);
+  if constexpr (GgmlInt8<T>::kSigned) c = _mm256_xor_si256(c, _mm256_set1_epi8(static_cast<char>(0x80)));
+  put(u, c);
+  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+    ws[0] = T::Scale(b[0]);
+  } else {
+    ws[0] = MOEKIT_I8_NAME(half)(b);
   }
+  if constexpr (Traits<T>::kBias) wb[0] = MOEKIT_I8_NAME(half)(b + 2);
+}
 
-  // q4_K / q5_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of 32 bytes (q5_K: plus
-  // bits 2p and 2p + 1 of the 32 qh bytes, as 16); ws = d · scale, wb = −dmin · min.
-  template <bool kFifth>
-  MOEKIT_I8_ATTR inline void unpack_k45(const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-    const std::uint8_t* qs = b + (kFifth ? 48 : 16);
-    const __m256i qh = kFifth ? MOEKIT_I8_NAME(load256)(b + 16) : _mm256_setzero_si256();
-    for (int p = 0; p < 4; ++p) {
-      const __m256i v = MOEKIT_I8_NAME(load256)(qs + 32 * p);
-      __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-      if constexpr (kFifth) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
-      }
-      put(u + 64 * p, lo);
-      put(u + 64 * p + 32, hi);
+// q4_K / q5_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of 32 bytes (q5_K: plus
+// bits 2p and 2p + 1 of the 32 qh bytes, as 16); ws = d · scale, wb = −dmin · min.
+template <bool kFifth>
+MOEKIT_I8_ATTR inline void unpack_k45(const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb, int st) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const std::uint8_t* qs = b + (kFifth ? 48 : 16);
+  const __m256i qh = kFifth ? MOEKIT_I8_NAME(load256)(b + 16) : _mm256_setzero_si256();
+  for (int p = 0; p < 4; ++p) {
+    const __m256i v = MOEKIT_I8_NAME(load256)(qs + 32 * p);
+    __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if constexpr (kFifth) {
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
     }
-    std::uint8_t sc[8], m[8];
-    formats::ggml::scales_mins_k4(b + 4, sc, m);
-    const float d = MOEKIT_I8_NAME(half)(b), dmin = MOEKIT_I8_NAME(half)(b + 2);
-    for (int j = 0; j < 8; ++j) {
-      ws[j] = d * static_cast<float>(sc[j]);
-      wb[j] = -(dmin * static_cast<float>(m[j]));
-    }
+    put(u + 64 * p, lo);
+    put(u + 64 * p + 32, hi);
   }
+  std::uint8_t sc[8], m[8];
+  formats::ggml::scales_mins_k4(b + 4, sc, m);
+  const float d = MOEKIT_I8_NAME(half)(b), dmin = MOEKIT_I8_NAME(half)(b + 2);
+  for (int j = 0; j < 8; ++j) {
+    ws[j * st] = d * static_cast<float>(sc[j]);
+    wb[j * st] = -(dmin * static_cast<float>(m[j]));
+  }
+}
 
-  MOEKIT_I8_ATTR inline void unpack(formats::q4_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
-    unpack_k45<false>(b, u, ws, wb);
-  }
-  MOEKIT_I8_ATTR inline void unpack(formats::q5_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
-    unpack_k45<true>(b, u, ws, wb);
-  }
+MOEKIT_I8_ATTR inline void unpack(formats::q4_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb,
+                                  int st) {
+  unpack_k45<false>(b, u, ws, wb, st);
+}
+MOEKIT_I8_ATTR inline void unpack(formats::q5_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb,
+                                  int st) {
+  unpack_k45<true>(b, u, ws, wb, st);
+}
 
-  // q6_K: 6-bit codes (offset 32), an int8 scale per 16: ws = d · scale.
-  MOEKIT_I8_ATTR inline void unpack(formats::q6_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
-    for (int n = 0; n < 2; ++n) {
-      const __m256i l0 = MOEKIT_I8_NAME(load256)(b + 64 * n), l1 = MOEKIT_I8_NAME(load256)(b + 64 * n + 32);
-      const __m256i qh = MOEKIT_I8_NAME(load256)(b + 128 + 32 * n);
-      std::uint8_t* o = u + 128 * n;
-      put(o, _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4)));
-      put(o + 32, _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4)));
-      put(o + 64, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4)));
-      put(o + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4)));
-    }
-    const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
-    const float d = MOEKIT_I8_NAME(half)(b + 208);
-    for (int h = 0; h < 16; ++h) ws[h] = d * static_cast<float>(sc[h]);
+// q6_K: 6-bit codes (offset 32), an int8 scale per 16: ws = d · scale.
+MOEKIT_I8_ATTR inline void unpack(formats::q6_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*,
+                                  int st) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
+  for (int n = 0; n < 2; ++n) {
+    const __m256i l0 = MOEKIT_I8_NAME(load256)(b + 64 * n), l1 = MOEKIT_I8_NAME(load256)(b + 64 * n + 32);
+    const __m256i qh = MOEKIT_I8_NAME(load256)(b + 128 + 32 * n);
+    std::uint8_t* o = u + 128 * n;
+    put(o, _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4)));
+    put(o + 32, _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4)));
+    put(o + 64, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4)));
+    put(o + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4)));
   }
+  const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
+  const float d = MOEKIT_I8_NAME(half)(b + 208);
+  for (int h = 0; h < 16; ++h) ws[h * st] = d * static_cast<float>(sc[h]);
+}
 
-  // q3_K: codes 2 low bits + 4 · the hmask bit (offset 4), scales per 16 minus 32: ws = d · scale.
-  MOEKIT_I8_ATTR inline void unpack(formats::q3_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
-    const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    const __m256i hm = MOEKIT_I8_NAME(load256)(b);
-    for (int n = 0; n < 2; ++n) {
-      const __m256i qs = MOEKIT_I8_NAME(load256)(b + 32 + 32 * n);
-      for (int t = 0; t < 4; ++t) {
-        const int j = 4 * n + t;  // hmask bit j
-        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * t), low2);
-        const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j), one), 2);
-        put(u + 32 * j, _mm256_or_si256(low, high));
-      }
-    }
-    std::int8_t sc[16];
-    formats::q3_k::Type::Scales(b, sc);
-    const float d = MOEKIT_I8_NAME(half)(b + 108);
-    for (int h = 0; h < 16; ++h) ws[h] = d * static_cast<float>(sc[h] - 32);
-  }
-
-  // q2_K: 2-bit codes, a 4-bit scale and min per 16: ws = d · scale, wb = −dmin · min.
-  MOEKIT_I8_ATTR inline void unpack(formats::q2_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
-    const __m256i low2 = _mm256_set1_epi8(3);
-    for (int n = 0; n < 2; ++n) {
-      const __m256i q = MOEKIT_I8_NAME(load256)(b + 16 + 32 * n);
-      for (int s = 0; s < 4; ++s) put(u + 128 * n + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), low2));
-    }
-    const float d = MOEKIT_I8_NAME(half)(b + 80), dmin = MOEKIT_I8_NAME(half)(b + 82);
-    for (int h = 0; h < 16; ++h) {
-      ws[h] = d * static_cast<float>(b[h] & 0xF);
-      wb[h] = -(dmin * static_cast<float>(b[h] >> 4));
+// q3_K: codes 2 low bits + 4 · the hmask bit (offset 4), scales per 16 minus 32: ws = d · scale.
+MOEKIT_I8_ATTR inline void unpack(formats::q3_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*,
+                                  int st) {
+  const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  const __m256i hm = MOEKIT_I8_NAME(load256)(b);
+  for (int n = 0; n < 2; ++n) {
+    const __m256i qs = MOEKIT_I8_NAME(load256)(b + 32 + 32 * n);
+    for (int t = 0; t < 4; ++t) {
+      const int j = 4 * n + t;  // hmask bit j
+      const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * t), low2);
+      const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j), one), 2);
+      put(u + 32 * j, _mm256_or_si256(low, high));
     }
   }
+  std::int8_t sc[16];
+  formats::q3_k::Type::Scales(b, sc);
+  const float d = MOEKIT_I8_NAME(half)(b + 108);
+  for (int h = 0; h < 16; ++h) ws[h * st] = d * static_cast<float>(sc[h] - 32);
+}
 
-  // iq4_xs: iq4_nl's values (offset 128) per 32, a 6-bit scale minus 32 each: ws = d · scale.
-  MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    for (int j = 0; j < 8; ++j)
-      put(u + 32 * j,
-          _mm256_xor_si256(MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 8 + 16 * j)),
-                           flip));
-    std::uint16_t high;
-    std::memcpy(&high, b + 2, 2);
-    const float d = MOEKIT_I8_NAME(half)(b);
-    for (int j = 0; j < 8; ++j)
-      ws[j] = d * static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32);
+// q2_K: 2-bit codes, a 4-bit scale and min per 16: ws = d · scale, wb = −dmin · min.
+MOEKIT_I8_ATTR inline void unpack(formats::q2_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb,
+                                  int st) {
+  const __m256i low2 = _mm256_set1_epi8(3);
+  for (int n = 0; n < 2; ++n) {
+    const __m256i q = MOEKIT_I8_NAME(load256)(b + 16 + 32 * n);
+    for (int s = 0; s < 4; ++s) put(u + 128 * n + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), low2));
   }
-
-  // Rows of B decoded for one panel: 16 rows of u8 codes (row r at r · K) and their terms (row r
-  // at r · groups), rows past the matrix zero.
-  struct Stage {
-    std::vector<std::uint8_t> codes;
-    std::vector<float> ws, wb;
-  };
-
-  // The panel: codes as [K / 4][16 rows][4 inputs], terms as [groups][16 rows].
-  struct Panel {
-    std::vector<std::uint8_t> codes;
-    std::vector<float> ws, wb;
-  };
-
-  // Rows [n0, n0 + rows) of B (rows ≤ 16) into `p`.
-  template <class T>
-  MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, Stage& s,
-                           Panel& p) {
-    constexpr int kG = Traits<T>::kG;
-    const std::int64_t groups = K / kG, blocks = K / T::kBlock;
-    const std::int64_t Kp = (K + 63) / 64 * 64;  // the transpose's unit; the tail's codes zero
-    s.codes.assign(static_cast<std::size_t>(16 * Kp), 0);
-    s.ws.assign(static_cast<std::size_t>(16 * groups), 0.0f);
-    s.wb.assign(s.ws.size(), 0.0f);
-    p.codes.resize(static_cast<std::size_t>(16 * Kp));
-    p.ws.resize(s.ws.size());
-    p.wb.resize(s.ws.size());
-    const std::int64_t stride = row_stride_bytes(B);
-    for (std::int64_t r = 0; r < 16; ++r) {
-      std::uint8_t* u = s.codes.data() + r * Kp;
-      if (r >= rows) continue;
-      const std::uint8_t* row = static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride;
-      for (std::int64_t blk = 0; blk < blocks; ++blk) {
-        const std::int64_t g = blk * (T::kBlock / kG);
-        unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, s.ws.data() + r * groups + g,
-               s.wb.data() + r * groups + g);
-      }
-    }
-    // Transpose 16 rows × 16 dwords per 64 inputs: row r's dword j to position j · 16 + r.
-    for (std::int64_t k = 0; k < Kp; k += 64) {
-      __m512i v[16], w[16];
-      for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(s.codes.data() + r * Kp + k);
-      for (int r = 0; r < 16; r += 2) {
-        w[r] = _mm512_unpacklo_epi32(v[r], v[r + 1]);
-        w[r + 1] = _mm512_unpackhi_epi32(v[r], v[r + 1]);
-      }
-      for (int r = 0; r < 16; r += 4) {
-        v[r] = _mm512_unpacklo_epi64(w[r], w[r + 2]);
-        v[r + 1] = _mm512_unpackhi_epi64(w[r], w[r + 2]);
-        v[r + 2] = _mm512_unpacklo_epi64(w[r + 1], w[r + 3]);
-        v[r + 3] = _mm512_unpackhi_epi64(w[r + 1], w[r + 3]);
-      }
-      // v[4q + c], 128-bit lane L: rows 4q .. 4q + 3 of dword 4L + c. Two rounds of lane
-      // shuffles gather lane L of the four row groups: dword 4L + c of rows 0 .. 15.
-      for (int q = 0; q < 4; q += 2)
-        for (int c = 0; c < 4; ++c) {
-          w[4 * q + c] = _mm512_shuffle_i32x4(v[4 * q + c], v[4 * q + 4 + c], 0x88);      // L0, L2 of two groups
-          w[4 * q + 4 + c] = _mm512_shuffle_i32x4(v[4 * q + c], v[4 * q + 4 + c], 0xDD);  // L1, L3
-        }
-      std::uint8_t* out = p.codes.data() + k * 16;
-      for (int c = 0; c < 4; ++c) {
-        _mm512_storeu_si512(out + (0 + c) * 64, _mm512_shuffle_i32x4(w[c], w[8 + c], 0x88));
-        _mm512_storeu_si512(out + (4 + c) * 64, _mm512_shuffle_i32x4(w[4 + c], w[12 + c], 0x88));
-        _mm512_storeu_si512(out + (8 + c) * 64, _mm512_shuffle_i32x4(w[c], w[8 + c], 0xDD));
-        _mm512_storeu_si512(out + (12 + c) * 64, _mm512_shuffle_i32x4(w[4 + c], w[12 + c], 0xDD));
-      }
-    }
-    for (std::int64_t g = 0; g < groups; ++g)
-      for (int r = 0; r < 16; ++r) {
-        p.ws[static_cast<std::size_t>(g * 16 + r)] = s.ws[static_cast<std::size_t>(r * groups + g)];
-        p.wb[static_cast<std::size_t>(g * 16 + r)] = s.wb[static_cast<std::size_t>(r * groups + g)];
-      }
+  const float d = MOEKIT_I8_NAME(half)(b + 80), dmin = MOEKIT_I8_NAME(half)(b + 82);
+  for (int h = 0; h < 16; ++h) {
+    ws[h * st] = d * static_cast<float>(b[h] & 0xF);
+    wb[h * st] = -(dmin * static_cast<float>(b[h] >> 4));
   }
+}
 
-  // A's rows for the panel kernel: int8 codes per row (QuantA's, natural order) and per group of
-  // kG inputs d, d·Σa and off·Σa, row stride `groups`.
-  struct Rows {
-    const std::int8_t* const* q = nullptr;  // per row (padding rows: a zero row)
-    const float* d = nullptr;
-    const float* xs = nullptr;
-    const std::int32_t* cq = nullptr;
-    std::int64_t groups = 0;
-  };
+// iq4_xs: iq4_nl's values (offset 128) per 32, a 6-bit scale minus 32 each: ws = d · scale.
+MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*,
+                                  int st) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int j = 0; j < 8; ++j)
+    put(u + 32 * j,
+        _mm256_xor_si256(MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 8 + 16 * j)),
+                         flip));
+  std::uint16_t high;
+  std::memcpy(&high, b + 2, 2);
+  const float d = MOEKIT_I8_NAME(half)(b);
+  for (int j = 0; j < 8; ++j)
+    ws[j * st] =
+        d * static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32);
+}
 
-  // MR rows of A from row m against one panel: out[i] the 16 columns of row m + i.
-  template <int MR, int kG, bool kOff, bool kBias>
-  MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out) {
-    __m512 acc[MR];
-    for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
-    const std::int8_t* q[MR];
-    for (int i = 0; i < MR; ++i) q[i] = a.q[m + i];
-    const std::uint8_t* codes = p.codes.data();
-    for (std::int64_t g = 0; g < K / kG; ++g) {
-      __m512i t[MR];
-      for (int i = 0; i < MR; ++i) t[i] = _mm512_setzero_si512();
+// Rows of B decoded for one panel, before the transpose: 16 rows of u8 codes (row r at r · Kp,
+// inputs past K zero) and of terms (row r at r · gp, gp the groups rounded up to 16), rows past
+// the matrix zero.
+struct Stage {
+  std::vector<std::uint8_t> codes;
+  std::vector<float> ws, wb;
+};
+
+// The panel: codes as [K / 4][16 rows][4 inputs], terms as [groups][16 rows].
+struct Panel {
+  std::vector<std::uint8_t> codes;
+  std::vector<float> ws, wb;
+};
+
+// 16 rows of 16 dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
+// dword j · 16 + r.
+MOEKIT_I8_ATTR inline void transpose16(const void* src, std::int64_t stride, void* dst) {
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  __m512i v[16], w[16];
+  for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(in + r * stride);
+  for (int r = 0; r < 16; r += 2) {
+    w[r] = _mm512_unpacklo_epi32(v[r], v[r + 1]);
+    w[r + 1] = _mm512_unpackhi_epi32(v[r], v[r + 1]);
+  }
+  for (int r = 0; r < 16; r += 4) {
+    v[r] = _mm512_unpacklo_epi64(w[r], w[r + 2]);
+    v[r + 1] = _mm512_unpackhi_epi64(w[r], w[r + 2]);
+    v[r + 2] = _mm512_unpacklo_epi64(w[r + 1], w[r + 3]);
+    v[r + 3] = _mm512_unpackhi_epi64(w[r + 1], w[r + 3]);
+  }
+  // v[4q + c], 128-bit lane L: rows 4q .. 4q + 3 of dword 4L + c. Two rounds of lane shuffles
+  // gather lane L of the four row groups: dword 4L + c of rows 0 .. 15.
+  for (int q = 0; q < 4; q += 2)
+    for (int c = 0; c < 4; ++c) {
+      w[4 * q + c] = _mm512_shuffle_i32x4(v[4 * q + c], v[4 * q + 4 + c], 0x88);      // L0, L2 of two groups
+      w[4 * q + 4 + c] = _mm512_shuffle_i32x4(v[4 * q + c], v[4 * q + 4 + c], 0xDD);  // L1, L3
+    }
+  for (int c = 0; c < 4; ++c) {
+    _mm512_storeu_si512(out + (0 + c) * 64, _mm512_shuffle_i32x4(w[c], w[8 + c], 0x88));
+    _mm512_storeu_si512(out + (4 + c) * 64, _mm512_shuffle_i32x4(w[4 + c], w[12 + c], 0x88));
+    _mm512_storeu_si512(out + (8 + c) * 64, _mm512_shuffle_i32x4(w[c], w[8 + c], 0xDD));
+    _mm512_storeu_si512(out + (12 + c) * 64, _mm512_shuffle_i32x4(w[4 + c], w[12 + c], 0xDD));
+  }
+}
+
+// Rows [n0, n0 + rows) of B (rows ≤ 16) into `p`: each row's blocks unpacked into the stage, then
+// codes and terms transposed 16 × 16 dwords at a time.
+template <class T>
+MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, Stage& s,
+                         Panel& p) {
+  constexpr int kG = Traits<T>::kG;
+  const std::int64_t groups = K / kG, blocks = K / T::kBlock;
+  const std::int64_t Kp = (K + 63) / 64 * 64, gp = (groups + 15) / 16 * 16;
+  s.codes.resize(static_cast<std::size_t>(16 * Kp));
+  s.ws.resize(static_cast<std::size_t>(16 * gp));
+  s.wb.resize(s.ws.size());
+  p.codes.resize(static_cast<std::size_t>(16 * Kp));
+  p.ws.resize(s.ws.size());
+  p.wb.resize(s.ws.size());
+  const std::int64_t stride = row_stride_bytes(B);
+  for (std::int64_t r = 0; r < 16; ++r) {
+    std::uint8_t* u = s.codes.data() + r * Kp;
+    float* ws = s.ws.data() + r * gp;
+    float* wb = s.wb.data() + r * gp;
+    const std::int64_t from = r < rows ? K : 0, gfrom = r < rows ? groups : 0;
+    std::memset(u + from, 0, static_cast<std::size_t>(Kp - from));
+    std::fill(ws + gfrom, ws + gp, 0.0f);
+    std::fill(wb + gfrom, wb + gp, 0.0f);
+    if (r >= rows) continue;
+    const std::uint8_t* row = static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride;
+    for (std::int64_t blk = 0; blk < blocks; ++blk) {
+      const std::int64_t g = blk * (T::kBlock / kG);
+      unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g, 1);
+    }
+  }
+  for (std::int64_t k = 0; k < Kp; k += 64) transpose16(s.codes.data() + k, Kp, p.codes.data() + k * 16);
+  for (std::int64_t g = 0; g < gp; g += 16) {
+    transpose16(s.ws.data() + g, gp * 4, p.ws.data() + g * 16);
+    if (Traits<T>::kBias) transpose16(s.wb.data() + g, gp * 4, p.wb.data() + g * 16);
+  }
+}
+
+// A's rows for the panel kernel: int8 codes per row (QuantA's, natural order) and per group of
+// kG inputs d, d·Σa and off·Σa, row stride `groups`.
+struct Rows {
+  const std::int8_t* const* q = nullptr;  // per row (padding rows: a zero row)
+  const float* d = nullptr;
+  const float* xs = nullptr;
+  const std::int32_t* cq = nullptr;
+  std::int64_t groups = 0;
+};
+
+// MR rows of A from row m against one panel: out[i] the 16 columns of row m + i; meanwhile
+// the lines of [pf, pf_end) into L2, two per group.
+template <int MR, int kG, bool kOff, bool kBias>
+MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out, const char* pf,
+                         const char* pf_end) {
+  __m512 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  const std::int8_t* q[MR];
+  for (int i = 0; i < MR; ++i) q[i] = a.q[m + i];
+  const std::uint8_t* codes = p.codes.data();
+  for (std::int64_t g = 0; g < K / kG; ++g) {
+    if (pf + 128 * g < pf_end) {
+      _mm_prefetch(pf + 128 * g, _MM_HINT_T1);
+      _mm_prefetch(pf + 128 * g + 64, _MM_HINT_T1);
+    }
+    __m512i t[MR];
+    for (int i = 0; i < MR; ++i) t[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int j = 0; j < kG / 4; ++j) {
-        const __m512i u = _mm512_loadu_si512(codes + (g * kG / 4 + j) * 64);
-        const std::int64_t k = g * kG + 4 * j;
-        for (int i = 0; i < MR; ++i) {
-          std::int32_t x;
-          std::memcpy(&x, q[i] + k, 4);
-          t[i] = _mm512_dpbusd_epi32(t[i], u, _mm512_set1_epi32(x));
-        }
-      }
-      const __m512 ws = _mm512_loadu_ps(p.ws.data() + g * 16);
-      const __m512 wb = kBias ? _mm512_loadu_ps(p.wb.data() + g * 16) : _mm512_setzero_ps();
+    for (int j = 0; j < kG / 4; ++j) {
+      const __m512i u = _mm512_loadu_si512(codes + (g * kG / 4 + j) * 64);
+      const std::int64_t k = g * kG + 4 * j;
       for (int i = 0; i < MR; ++i) {
-        const std::int64_t at = (m + i) * a.groups + g;
-        __m512i s = t[i];
-        if constexpr (kOff) s = _mm512_sub_epi32(s, _mm512_set1_epi32(a.cq[at]));
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(a.d[at])), acc[i]);
-        if constexpr (kBias) acc[i] = _mm512_fmadd_ps(wb, _mm512_set1_ps(a.xs[at]), acc[i]);
+        std::int32_t x;
+        std::memcpy(&x, q[i] + k, 4);
+        t[i] = _mm512_dpbusd_epi32(t[i], u, _mm512_set1_epi32(x));
       }
     }
-    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
-  }
-
-  // Every row of A (a.q has Mp ≥ M rows, a multiple of 4) against B's rows [n0, n1), a panel of
-  // 16 at a time, rows of A 12 (then 8 or 4) at a time.
-  template <class T>
-  MOEKIT_I8_ATTR void run(const Rows& a, std::int64_t M, std::int64_t Mp, const WeightMatrix& B, const Output& C,
-                          std::int64_t n0, std::int64_t n1, std::int64_t K) {
-    using Tr = Traits<T>;
-    thread_local Stage stage;
-    thread_local Panel panel;
-    alignas(64) float out[12 * 16];
-    for (std::int64_t n = n0; n < n1; n += 16) {
-      const std::int64_t rows = std::min<std::int64_t>(16, n1 - n);
-      pack<T>(B, n, rows, K, stage, panel);
-      for (std::int64_t m = 0; m < Mp;) {
-        const std::int64_t mr = Mp - m >= 12 ? 12 : Mp - m >= 8 ? 8 : 4;
-        if (mr == 12)
-          tile<12, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out);
-        else if (mr == 8)
-          tile<8, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out);
-        else
-          tile<4, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out);
-        for (std::int64_t i = 0; i < mr && m + i < M; ++i)
-          for (std::int64_t r = 0; r < rows; ++r) store(C, m + i, n + r, out[16 * i + r]);
-        m += mr;
-      }
+    const __m512 ws = _mm512_loadu_ps(p.ws.data() + g * 16);
+    const __m512 wb = kBias ? _mm512_loadu_ps(p.wb.data() + g * 16) : _mm512_setzero_ps();
+    for (int i = 0; i < MR; ++i) {
+      const std::int64_t at = (m + i) * a.groups + g;
+      __m512i s = t[i];
+      if constexpr (kOff) s = _mm512_sub_epi32(s, _mm512_set1_epi32(a.cq[at]));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(a.d[at])), acc[i]);
+      if constexpr (kBias) acc[i] = _mm512_fmadd_ps(wb, _mm512_set1_ps(a.xs[at]), acc[i]);
     }
   }
+  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
+}
 
-}  // namespace )
+// Every row of A (a.q has Mp ≥ M rows, a multiple of 4) against B's rows [n0, n1), a panel of
+// 16 at a time, rows of A 12 (then 8 or 4) at a time.
+template <class T>
+MOEKIT_I8_ATTR void run(const Rows& a, std::int64_t M, std::int64_t Mp, const WeightMatrix& B, const Output& C,
+                        std::int64_t n0, std::int64_t n1, std::int64_t K) {
+  using Tr = Traits<T>;
+  thread_local Stage stage;
+  thread_local Panel panel;
+  alignas(64) float out[12 * 16];
+  for (std::int64_t n = n0; n < n1; n += 16) {
+    const std::int64_t rows = std::min<std::int64_t>(16, n1 - n);
+    pack<T>(B, n, rows, K, stage, panel);
+    // The next panel's bytes (16 rows, contiguous), fetched into L2 while this one computes, two
+    // lines per group of each tile: the pack otherwise waits on DRAM for every row, and all at
+    // once they overflow the miss buffers.
+    const std::int64_t stride = row_stride_bytes(B);
+    const char* next = static_cast<const char*>(B.data) + (n + 16) * stride;
+    const char* next_end = next + std::max<std::int64_t>(0, std::min<std::int64_t>(16, n1 - n - 16)) * stride;
+    for (std::int64_t m = 0; m < Mp;) {
+      const std::int64_t mr = Mp - m >= 12 ? 12 : Mp - m >= 8 ? 8 : 4;
+      if (mr == 12)
+        tile<12, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out, next, next_end);
+      else if (mr == 8)
+        tile<8, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out, next, next_end);
+      else
+        tile<4, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out, next, next_end);
+      for (std::int64_t i = 0; i < mr && m + i < M; ++i)
+        for (std::int64_t r = 0; r < rows; ++r) store(C, m + i, n + r, out[16 * i + r]);
+      m += mr;
+    }
+  }
+}
+
+}  // namespace panel
