@@ -835,31 +835,31 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
   QuantA& qa = thread_quant_a();
   quantize_a(A, M, K, 32, 8, true, true, qa);
   const std::int64_t Mp = (M + 3) / 4 * 4, groups = K / Tr::kG;
-  thread_local std::vector<const std::int8_t*> q;
-  thread_local std::vector<std::int8_t> zero;
+  thread_local std::vector<std::int8_t> q;
   thread_local std::vector<float> d, xs;
   thread_local std::vector<std::int32_t> cq;
-  zero.assign(static_cast<std::size_t>(K), 0);
-  q.assign(static_cast<std::size_t>(Mp), zero.data());
+  q.assign(static_cast<std::size_t>(Mp * K), 0);
   d.assign(static_cast<std::size_t>(Mp * groups), 0.0f);
   xs.assign(d.size(), 0.0f);
   cq.assign(d.size(), 0);
   for (std::int64_t m = 0; m < M; ++m) {
-    q[static_cast<std::size_t>(m)] = qa.q8.data() + m * K;
+    const std::int8_t* row = qa.q8.data() + m * K;
+    std::int8_t* block = q.data() + (m / 4) * 4 * K + (m % 4) * 4;  // panel::Rows's layout
+    for (std::int64_t j = 0; j < K / 4; ++j) std::memcpy(block + 16 * j, row + 4 * j, 4);
     for (std::int64_t g = 0; g < groups; ++g) {
-      const std::size_t at = static_cast<std::size_t>(m * groups + g);
+      const std::size_t at = static_cast<std::size_t>(g * Mp + m);
       const std::size_t gi = static_cast<std::size_t>(m * qa.gstride + g * Tr::kG / 32);
       std::int32_t sum = qa.qsum[gi];
       if constexpr (Tr::kG == 16) {
         sum = 0;
-        for (std::int64_t k = 16 * g; k < 16 * g + 16; ++k) sum += qa.q8[static_cast<std::size_t>(m * K + k)];
+        for (std::int64_t k = 16 * g; k < 16 * g + 16; ++k) sum += row[k];
       }
       d[at] = qa.d[gi];
       xs[at] = Tr::kG == 32 ? qa.xsum[gi] : qa.d[gi] * static_cast<float>(sum);
       cq[at] = Tr::kOff * sum;
     }
   }
-  const panel::Rows rows{q.data(), d.data(), xs.data(), cq.data(), groups};
+  const panel::Rows rows{q.data(), d.data(), xs.data(), cq.data(), Mp};
   const auto run = [&](std::int64_t b0, std::int64_t b1) {
     panel::run<T>(rows, M, Mp, B, C, b0 * 16, std::min(N, b1 * 16), K);
   };

@@ -241,25 +241,26 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
   }
 }
 
-// A's rows for the panel kernel: int8 codes per row (QuantA's, natural order) and per group of
-// kG inputs d, d·Σa and off·Σa, row stride `groups`.
+// A's rows for the panel kernel: int8 codes in blocks of 4 rows, each [K / 4][4 rows][4 inputs]
+// (so one tile's rows are a few pointers and small offsets), and per group of kG inputs d, d·Σa
+// and off·Σa as [groups][Mp]; Mp the rows rounded up to 4, the padding zero.
 struct Rows {
-  const std::int8_t* const* q = nullptr;  // per row (padding rows: a zero row)
+  const std::int8_t* q = nullptr;
   const float* d = nullptr;
   const float* xs = nullptr;
   const std::int32_t* cq = nullptr;
-  std::int64_t groups = 0;
+  std::int64_t Mp = 0;
 };
 
-// MR rows of A from row m against one panel: out[i] the 16 columns of row m + i; meanwhile
-// the lines of [pf, pf_end) into L2, two per group.
+// MR rows of A from row m (a multiple of 4) against one panel: out[i] the 16 columns of row
+// m + i; meanwhile the lines of [pf, pf_end) into L2, two per group.
 template <int MR, int kG, bool kOff, bool kBias>
 MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out, const char* pf,
                          const char* pf_end) {
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
-  const std::int8_t* q[MR];
-  for (int i = 0; i < MR; ++i) q[i] = a.q[m + i];
+  const std::int8_t* q[MR / 4];
+  for (int b = 0; b < MR / 4; ++b) q[b] = a.q + (m + 4 * b) * K;
   const std::uint8_t* codes = p.codes.data();
   for (std::int64_t g = 0; g < K / kG; ++g) {
     if (pf + 128 * g < pf_end) {
@@ -270,22 +271,24 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
     for (int i = 0; i < MR; ++i) t[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int j = 0; j < kG / 4; ++j) {
-      const __m512i u = _mm512_loadu_si512(codes + (g * kG / 4 + j) * 64);
-      const std::int64_t k = g * kG + 4 * j;
+      const std::int64_t at = (g * kG / 4 + j) * 64;
+      const __m512i u = _mm512_loadu_si512(codes + at);
       for (int i = 0; i < MR; ++i) {
         std::int32_t x;
-        std::memcpy(&x, q[i] + k, 4);
+        std::memcpy(&x, q[i / 4] + at / 4 + 4 * (i % 4), 4);
         t[i] = _mm512_dpbusd_epi32(t[i], u, _mm512_set1_epi32(x));
       }
     }
     const __m512 ws = _mm512_loadu_ps(p.ws.data() + g * 16);
     const __m512 wb = kBias ? _mm512_loadu_ps(p.wb.data() + g * 16) : _mm512_setzero_ps();
+    const float* d = a.d + g * a.Mp + m;
+    const float* xs = a.xs + g * a.Mp + m;
+    const std::int32_t* cq = a.cq + g * a.Mp + m;
     for (int i = 0; i < MR; ++i) {
-      const std::int64_t at = (m + i) * a.groups + g;
       __m512i s = t[i];
-      if constexpr (kOff) s = _mm512_sub_epi32(s, _mm512_set1_epi32(a.cq[at]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(a.d[at])), acc[i]);
-      if constexpr (kBias) acc[i] = _mm512_fmadd_ps(wb, _mm512_set1_ps(a.xs[at]), acc[i]);
+      if constexpr (kOff) s = _mm512_sub_epi32(s, _mm512_set1_epi32(cq[i]));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(d[i])), acc[i]);
+      if constexpr (kBias) acc[i] = _mm512_fmadd_ps(wb, _mm512_set1_ps(xs[i]), acc[i]);
     }
   }
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
