@@ -36,9 +36,14 @@ struct Traits {
 
 MOEKIT_I8_ATTR inline void put(std::uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 
-// One block of T as kBlock u8 codes and its kBlock / kG terms ws, wb (`st` floats apart).
+// Eight u8 as floats.
+MOEKIT_I8_ATTR inline __m256 widen8(const std::uint8_t* v) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))));
+}
+
+// One block of T as kBlock u8 codes and its kBlock / kG terms ws, wb.
 template <class T>
-MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb, int st) {
+MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
   static_assert(T::kBlock == 32, "the 32-block types; the K-quants have their own");
   __m256i c = MOEKIT_I8_NAME(codes32)(T{}, b);
   if constexpr (GgmlInt8<T>::kSigned) c = _mm256_xor_si256(c, _mm256_set1_epi8(static_cast<char>(0x80)));
@@ -54,7 +59,7 @@ MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, flo
 // q4_K / q5_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of 32 bytes (q5_K: plus
 // bits 2p and 2p + 1 of the 32 qh bytes, as 16); ws = d · scale, wb = −dmin · min.
 template <bool kFifth>
-MOEKIT_I8_ATTR inline void unpack_k45(const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb, int st) {
+MOEKIT_I8_ATTR inline void unpack_k45(const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   const std::uint8_t* qs = b + (kFifth ? 48 : 16);
   const __m256i qh = kFifth ? MOEKIT_I8_NAME(load256)(b + 16) : _mm256_setzero_si256();
@@ -68,27 +73,21 @@ MOEKIT_I8_ATTR inline void unpack_k45(const std::uint8_t* b, std::uint8_t* u, fl
     put(u + 64 * p, lo);
     put(u + 64 * p + 32, hi);
   }
-  std::uint8_t sc[8], m[8];
+  alignas(8) std::uint8_t sc[8], m[8];
   formats::ggml::scales_mins_k4(b + 4, sc, m);
-  const float d = MOEKIT_I8_NAME(half)(b), dmin = MOEKIT_I8_NAME(half)(b + 2);
-  for (int j = 0; j < 8; ++j) {
-    ws[j * st] = d * static_cast<float>(sc[j]);
-    wb[j * st] = -(dmin * static_cast<float>(m[j]));
-  }
+  _mm256_storeu_ps(ws, _mm256_mul_ps(_mm256_set1_ps(MOEKIT_I8_NAME(half)(b)), widen8(sc)));
+  _mm256_storeu_ps(wb, _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), widen8(m)));  // −(dmin · m)
 }
 
-MOEKIT_I8_ATTR inline void unpack(formats::q4_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb,
-                                  int st) {
-  unpack_k45<false>(b, u, ws, wb, st);
+MOEKIT_I8_ATTR inline void unpack(formats::q4_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
+  unpack_k45<false>(b, u, ws, wb);
 }
-MOEKIT_I8_ATTR inline void unpack(formats::q5_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb,
-                                  int st) {
-  unpack_k45<true>(b, u, ws, wb, st);
+MOEKIT_I8_ATTR inline void unpack(formats::q5_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
+  unpack_k45<true>(b, u, ws, wb);
 }
 
 // q6_K: 6-bit codes (offset 32), an int8 scale per 16: ws = d · scale.
-MOEKIT_I8_ATTR inline void unpack(formats::q6_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*,
-                                  int st) {
+MOEKIT_I8_ATTR inline void unpack(formats::q6_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
   for (int n = 0; n < 2; ++n) {
     const __m256i l0 = MOEKIT_I8_NAME(load256)(b + 64 * n), l1 = MOEKIT_I8_NAME(load256)(b + 64 * n + 32);
@@ -104,12 +103,11 @@ MOEKIT_I8_ATTR inline void unpack(formats::q6_k::Type, const std::uint8_t* b, st
   }
   const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
   const float d = MOEKIT_I8_NAME(half)(b + 208);
-  for (int h = 0; h < 16; ++h) ws[h * st] = d * static_cast<float>(sc[h]);
+  for (int h = 0; h < 16; ++h) ws[h] = d * static_cast<float>(sc[h]);
 }
 
 // q3_K: codes 2 low bits + 4 · the hmask bit (offset 4), scales per 16 minus 32: ws = d · scale.
-MOEKIT_I8_ATTR inline void unpack(formats::q3_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*,
-                                  int st) {
+MOEKIT_I8_ATTR inline void unpack(formats::q3_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
   const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
   const __m256i hm = MOEKIT_I8_NAME(load256)(b);
   for (int n = 0; n < 2; ++n) {
@@ -124,12 +122,11 @@ MOEKIT_I8_ATTR inline void unpack(formats::q3_k::Type, const std::uint8_t* b, st
   std::int8_t sc[16];
   formats::q3_k::Type::Scales(b, sc);
   const float d = MOEKIT_I8_NAME(half)(b + 108);
-  for (int h = 0; h < 16; ++h) ws[h * st] = d * static_cast<float>(sc[h] - 32);
+  for (int h = 0; h < 16; ++h) ws[h] = d * static_cast<float>(sc[h] - 32);
 }
 
 // q2_K: 2-bit codes, a 4-bit scale and min per 16: ws = d · scale, wb = −dmin · min.
-MOEKIT_I8_ATTR inline void unpack(formats::q2_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb,
-                                  int st) {
+MOEKIT_I8_ATTR inline void unpack(formats::q2_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
   const __m256i low2 = _mm256_set1_epi8(3);
   for (int n = 0; n < 2; ++n) {
     const __m256i q = MOEKIT_I8_NAME(load256)(b + 16 + 32 * n);
@@ -137,14 +134,13 @@ MOEKIT_I8_ATTR inline void unpack(formats::q2_k::Type, const std::uint8_t* b, st
   }
   const float d = MOEKIT_I8_NAME(half)(b + 80), dmin = MOEKIT_I8_NAME(half)(b + 82);
   for (int h = 0; h < 16; ++h) {
-    ws[h * st] = d * static_cast<float>(b[h] & 0xF);
-    wb[h * st] = -(dmin * static_cast<float>(b[h] >> 4));
+    ws[h] = d * static_cast<float>(b[h] & 0xF);
+    wb[h] = -(dmin * static_cast<float>(b[h] >> 4));
   }
 }
 
 // iq4_xs: iq4_nl's values (offset 128) per 32, a 6-bit scale minus 32 each: ws = d · scale.
-MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*,
-                                  int st) {
+MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int j = 0; j < 8; ++j)
     put(u + 32 * j,
@@ -154,8 +150,7 @@ MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, 
   std::memcpy(&high, b + 2, 2);
   const float d = MOEKIT_I8_NAME(half)(b);
   for (int j = 0; j < 8; ++j)
-    ws[j * st] =
-        d * static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32);
+    ws[j] = d * static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32);
 }
 
 // Rows of B decoded for one panel, before the transpose: 16 rows of u8 codes (row r at r · Kp,
@@ -231,7 +226,7 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
     const std::uint8_t* row = static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride;
     for (std::int64_t blk = 0; blk < blocks; ++blk) {
       const std::int64_t g = blk * (T::kBlock / kG);
-      unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g, 1);
+      unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g);
     }
   }
   for (std::int64_t k = 0; k < Kp; k += 64) transpose16(s.codes.data() + k, Kp, p.codes.data() + k * 16);
