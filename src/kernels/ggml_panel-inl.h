@@ -36,6 +36,9 @@ struct Traits {
 
 MOEKIT_I8_ATTR inline void put(std::uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 
+// Lines of B's next two panels each tile fetches per group of inputs (docs/performance.md).
+constexpr int kPrefetchLines = 4;
+
 // Eight u8 as floats.
 MOEKIT_I8_ATTR inline __m256 widen8(const std::uint8_t* v) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))));
@@ -56,6 +59,44 @@ MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, flo
   if constexpr (Traits<T>::kBias) wb[0] = MOEKIT_I8_NAME(half)(b + 2);
 }
 
+// q4_K's and q5_K's eight terms: ws = d · scale, wb = −dmin · min.
+MOEKIT_I8_ATTR inline void k45_terms(const std::uint8_t* b, float* ws, float* wb) {
+  alignas(8) std::uint8_t sc[8], m[8];
+  formats::ggml::scales_mins_k4(b + 4, sc, m);
+  _mm256_storeu_ps(ws, _mm256_mul_ps(_mm256_set1_ps(MOEKIT_I8_NAME(half)(b)), widen8(sc)));
+  _mm256_storeu_ps(wb, _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), widen8(m)));  // −(dmin · m)
+}
+
+// k45_terms for 16 rows at once, straight into the panel's [group][16 rows] layout: the blocks'
+// first 16 bytes (d, dmin, the 12 bytes of scales and mins) gathered a dword per row, the 6-bit
+// fields taken apart lane by lane (ggml::scales_mins_k4's steps). Rows outside `live` give 0.
+MOEKIT_I8_ATTR inline void k45_terms16(const std::uint8_t* b, __m512i at, __mmask16 live, float* ws, float* wb) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i h = _mm512_mask_i32gather_epi32(zero, live, at, b, 1);
+  const __m512i u0 = _mm512_mask_i32gather_epi32(zero, live, at, b + 4, 1);
+  const __m512i u1 = _mm512_mask_i32gather_epi32(zero, live, at, b + 8, 1);
+  const __m512i u2 = _mm512_mask_i32gather_epi32(zero, live, at, b + 12, 1);
+  const __m512i low6 = _mm512_set1_epi32(0x3F3F3F3F), low4 = _mm512_set1_epi32(0x0F0F0F0F);
+  const __m512i top2 = _mm512_set1_epi32(0x03030303);
+  const __m512i sc[2] = {_mm512_and_si512(u0, low6),
+                         _mm512_or_si512(_mm512_and_si512(u2, low4),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), top2), 4))};
+  const __m512i mn[2] = {_mm512_and_si512(u1, low6),
+                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), low4),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), top2), 4))};
+  const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+  const __m512 nd =
+      _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))));
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  for (int j = 0; j < 8; ++j) {
+    const int shift = 8 * (j % 4);
+    const __m512 s = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(sc[j / 4], shift), byte));
+    const __m512 m = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(mn[j / 4], shift), byte));
+    _mm512_storeu_ps(ws + 16 * j, _mm512_mul_ps(d, s));
+    _mm512_storeu_ps(wb + 16 * j, _mm512_mul_ps(nd, m));  // −(dmin · m)
+  }
+}
+
 // q4_K / q5_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of 32 bytes (q5_K: plus
 // bits 2p and 2p + 1 of the 32 qh bytes, as 16); ws = d · scale, wb = −dmin · min.
 template <bool kFifth>
@@ -73,10 +114,7 @@ MOEKIT_I8_ATTR inline void unpack_k45(const std::uint8_t* b, std::uint8_t* u, fl
     put(u + 64 * p, lo);
     put(u + 64 * p + 32, hi);
   }
-  alignas(8) std::uint8_t sc[8], m[8];
-  formats::ggml::scales_mins_k4(b + 4, sc, m);
-  _mm256_storeu_ps(ws, _mm256_mul_ps(_mm256_set1_ps(MOEKIT_I8_NAME(half)(b)), widen8(sc)));
-  _mm256_storeu_ps(wb, _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), widen8(m)));  // −(dmin · m)
+  k45_terms(b, ws, wb);
 }
 
 MOEKIT_I8_ATTR inline void unpack(formats::q4_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
@@ -167,13 +205,9 @@ struct Panel {
   std::vector<float> ws, wb;
 };
 
-// 16 rows of 16 dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
-// dword j · 16 + r.
-MOEKIT_I8_ATTR inline void transpose16(const void* src, std::int64_t stride, void* dst) {
-  const auto* in = static_cast<const char*>(src);
-  auto* out = static_cast<char*>(dst);
-  __m512i v[16], w[16];
-  for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(in + r * stride);
+// 16 rows of 16 dwords transposed in registers: afterwards v[j] holds dword j of rows 0 .. 15.
+MOEKIT_I8_ATTR inline void transpose16(__m512i (&v)[16]) {
+  __m512i w[16];
   for (int r = 0; r < 16; r += 2) {
     w[r] = _mm512_unpacklo_epi32(v[r], v[r + 1]);
     w[r + 1] = _mm512_unpackhi_epi32(v[r], v[r + 1]);
@@ -192,10 +226,39 @@ MOEKIT_I8_ATTR inline void transpose16(const void* src, std::int64_t stride, voi
       w[4 * q + 4 + c] = _mm512_shuffle_i32x4(v[4 * q + c], v[4 * q + 4 + c], 0xDD);  // L1, L3
     }
   for (int c = 0; c < 4; ++c) {
-    _mm512_storeu_si512(out + (0 + c) * 64, _mm512_shuffle_i32x4(w[c], w[8 + c], 0x88));
-    _mm512_storeu_si512(out + (4 + c) * 64, _mm512_shuffle_i32x4(w[4 + c], w[12 + c], 0x88));
-    _mm512_storeu_si512(out + (8 + c) * 64, _mm512_shuffle_i32x4(w[c], w[8 + c], 0xDD));
-    _mm512_storeu_si512(out + (12 + c) * 64, _mm512_shuffle_i32x4(w[4 + c], w[12 + c], 0xDD));
+    v[0 + c] = _mm512_shuffle_i32x4(w[c], w[8 + c], 0x88);
+    v[4 + c] = _mm512_shuffle_i32x4(w[4 + c], w[12 + c], 0x88);
+    v[8 + c] = _mm512_shuffle_i32x4(w[c], w[8 + c], 0xDD);
+    v[12 + c] = _mm512_shuffle_i32x4(w[4 + c], w[12 + c], 0xDD);
+  }
+}
+
+// 16 rows of 16 dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
+// dword j · 16 + r.
+MOEKIT_I8_ATTR inline void transpose16(const void* src, std::int64_t stride, void* dst) {
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  __m512i v[16];
+  for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(in + r * stride);
+  transpose16(v);
+  for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + j * 64, v[j]);
+}
+
+// q4_K's codes straight from the 16 rows into the panel: each 64 bytes of a block's nibbles
+// (sub-blocks 4pp .. 4pp + 3) transposed as they are, then split — dword j's low nibbles are
+// quad j % 8 of sub-block 4pp + 2 (j / 8), its high nibbles the same quad of the next sub-block.
+// Half the bytes through the transpose, and no staging of the codes.
+MOEKIT_I8_ATTR inline void q4k_codes(const std::uint8_t* const (&row)[16], std::int64_t blk, std::uint8_t* codes) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int pp = 0; pp < 2; ++pp) {
+    __m512i v[16];
+    for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(row[r] + blk * 144 + 16 + 64 * pp);
+    transpose16(v);
+    for (int j = 0; j < 16; ++j) {
+      const std::int64_t k = blk * 256 + 64 * (2 * pp + j / 8) + 4 * (j % 8);  // the low nibbles' input
+      _mm512_storeu_si512(codes + k * 16, _mm512_and_si512(v[j], low4));
+      _mm512_storeu_si512(codes + (k + 32) * 16, _mm512_and_si512(_mm512_srli_epi32(v[j], 4), low4));
+    }
   }
 }
 
@@ -214,22 +277,40 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
   p.ws.resize(s.ws.size());
   p.wb.resize(s.ws.size());
   const std::int64_t stride = row_stride_bytes(B);
-  for (std::int64_t r = 0; r < 16; ++r) {
-    std::uint8_t* u = s.codes.data() + r * Kp;
-    float* ws = s.ws.data() + r * gp;
-    float* wb = s.wb.data() + r * gp;
-    const std::int64_t from = r < rows ? K : 0, gfrom = r < rows ? groups : 0;
-    std::memset(u + from, 0, static_cast<std::size_t>(Kp - from));
-    std::fill(ws + gfrom, ws + gp, 0.0f);
-    std::fill(wb + gfrom, wb + gp, 0.0f);
-    if (r >= rows) continue;
-    const std::uint8_t* row = static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride;
+  if constexpr (std::is_same_v<T, formats::q4_k::Type>) {
+    // Rows past the matrix read a zero row: codes 0, scales 0.
+    thread_local std::vector<std::uint8_t> zero;
+    zero.assign(static_cast<std::size_t>(stride), 0);
+    const std::uint8_t* row[16];
+    for (std::int64_t r = 0; r < 16; ++r)
+      row[r] = r < rows ? static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride : zero.data();
+    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(stride)));
+    const auto live = static_cast<__mmask16>((1u << rows) - 1u);
+    const auto* base = static_cast<const std::uint8_t*>(B.data) + n0 * stride;
     for (std::int64_t blk = 0; blk < blocks; ++blk) {
-      const std::int64_t g = blk * (T::kBlock / kG);
-      unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g);
+      q4k_codes(row, blk, p.codes.data());
+      k45_terms16(base + blk * 144, at, live, p.ws.data() + 8 * blk * 16, p.wb.data() + 8 * blk * 16);
     }
+    return;
+  } else {
+    for (std::int64_t r = 0; r < 16; ++r) {
+      std::uint8_t* u = s.codes.data() + r * Kp;
+      float* ws = s.ws.data() + r * gp;
+      float* wb = s.wb.data() + r * gp;
+      const std::int64_t from = r < rows ? K : 0, gfrom = r < rows ? groups : 0;
+      std::memset(u + from, 0, static_cast<std::size_t>(Kp - from));
+      std::fill(ws + gfrom, ws + gp, 0.0f);
+      std::fill(wb + gfrom, wb + gp, 0.0f);
+      if (r >= rows) continue;
+      const std::uint8_t* row = static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride;
+      for (std::int64_t blk = 0; blk < blocks; ++blk) {
+        const std::int64_t g = blk * (T::kBlock / kG);
+        unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g);
+      }
+    }
+    for (std::int64_t k = 0; k < Kp; k += 64) transpose16(s.codes.data() + k, Kp, p.codes.data() + k * 16);
   }
-  for (std::int64_t k = 0; k < Kp; k += 64) transpose16(s.codes.data() + k, Kp, p.codes.data() + k * 16);
   for (std::int64_t g = 0; g < gp; g += 16) {
     transpose16(s.ws.data() + g, gp * 4, p.ws.data() + g * 16);
     if (Traits<T>::kBias) transpose16(s.wb.data() + g, gp * 4, p.wb.data() + g * 16);
@@ -258,10 +339,8 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
   for (int b = 0; b < MR / 4; ++b) q[b] = a.q + (m + 4 * b) * K;
   const std::uint8_t* codes = p.codes.data();
   for (std::int64_t g = 0; g < K / kG; ++g) {
-    if (pf + 128 * g < pf_end) {
-      _mm_prefetch(pf + 128 * g, _MM_HINT_T1);
-      _mm_prefetch(pf + 128 * g + 64, _MM_HINT_T1);
-    }
+    for (int l = 0; l < kPrefetchLines; ++l)
+      if (pf + 64 * (kPrefetchLines * g + l) < pf_end) _mm_prefetch(pf + 64 * (kPrefetchLines * g + l), _MM_HINT_T0);
     __m512i t[MR];
     for (int i = 0; i < MR; ++i) t[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -301,12 +380,12 @@ MOEKIT_I8_ATTR void run(const Rows& a, std::int64_t M, std::int64_t Mp, const We
   for (std::int64_t n = n0; n < n1; n += 16) {
     const std::int64_t rows = std::min<std::int64_t>(16, n1 - n);
     pack<T>(B, n, rows, K, stage, panel);
-    // The next panel's bytes (16 rows, contiguous), fetched into L2 while this one computes, two
-    // lines per group of each tile: the pack otherwise waits on DRAM for every row, and all at
-    // once they overflow the miss buffers.
+    // The next two panels' bytes (B's rows are contiguous), fetched while this one computes,
+    // kPrefetchLines lines per group of each tile: the pack otherwise waits on DRAM for every
+    // row, and all at once they overflow the miss buffers.
     const std::int64_t stride = row_stride_bytes(B);
     const char* next = static_cast<const char*>(B.data) + (n + 16) * stride;
-    const char* next_end = next + std::max<std::int64_t>(0, std::min<std::int64_t>(16, n1 - n - 16)) * stride;
+    const char* next_end = static_cast<const char*>(B.data) + std::min(n1, n + 48) * stride;
     for (std::int64_t m = 0; m < Mp;) {
       const std::int64_t mr = Mp - m >= 12 ? 12 : Mp - m >= 8 ? 8 : 4;
       if (mr == 12)
