@@ -32,6 +32,9 @@ struct Traits {
                                   ? 128
                                   : (T::kBlock == 32 ? (GgmlInt8<T>::kSigned ? 128 : GgmlInt8<T>::kOffset) : 0);
   static constexpr bool kBias = GgmlInt8<T>::kBias || std::is_same_v<T, formats::q2_k::Type>;
+  // Whether pack takes its blocks straight from the 16 rows (direct() below) rather than a row
+  // at a time through the stage.
+  static constexpr bool kDirect = std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>;
 };
 
 MOEKIT_I8_ATTR inline void put(std::uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
@@ -262,6 +265,60 @@ MOEKIT_I8_ATTR inline void q4k_codes(const std::uint8_t* const (&row)[16], std::
   }
 }
 
+// Block blk of 16 rows straight into the panel (Traits::kDirect): row[r] the rows (a zero row
+// past the matrix), base + at[r] the same rows for gathers, `live` the rows that exist.
+MOEKIT_I8_ATTR inline void direct(formats::q4_k::Type, const std::uint8_t* const (&row)[16], const std::uint8_t* base,
+                                  __m512i at, __mmask16 live, std::int64_t blk, Panel& p) {
+  q4k_codes(row, blk, p.codes.data());
+  k45_terms16(base + blk * 144, at, live, p.ws.data() + 8 * blk * 16, p.wb.data() + 8 * blk * 16);
+}
+
+// Bits shift, shift + 1 of each byte of q, at bits 4 and 5 (q6_K's high bits).
+MOEKIT_I8_ATTR inline __m512i q6k_high(__m512i q, int shift) {
+  return _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(q, shift), _mm512_set1_epi8(3)), 4);
+}
+
+// q6_K: per half n of the block, ql's 64 bytes (l0 | l1) and qh's 32 transposed as they are
+// (qh of both halves in one transpose); quad j of the four 32-element runs is then
+//   (l0 & 15) | (qh & 3) << 4,  (l1 & 15) | (qh >> 2 & 3) << 4,
+//   (l0 >> 4) | (qh >> 4 & 3) << 4,  (l1 >> 4) | (qh >> 6 & 3) << 4
+// (ggml_q6_k.hpp's order); the 16 int8 scales and d gathered a dword per row, ws = d · scale.
+MOEKIT_I8_ATTR inline void direct(formats::q6_k::Type, const std::uint8_t* const (&row)[16], const std::uint8_t* base,
+                                  __m512i at, __mmask16 live, std::int64_t blk, Panel& p) {
+  const std::int64_t off = blk * 210;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i h[16];
+  for (int r = 0; r < 16; ++r) h[r] = _mm512_loadu_si512(row[r] + off + 128);
+  transpose16(h);
+  for (int n = 0; n < 2; ++n) {
+    __m512i l[16];
+    for (int r = 0; r < 16; ++r) l[r] = _mm512_loadu_si512(row[r] + off + 64 * n);
+    transpose16(l);
+    for (int j = 0; j < 8; ++j) {
+      const __m512i l0 = l[j], l1 = l[8 + j], q = h[8 * n + j];
+
+      std::uint8_t* c = p.codes.data() + (blk * 256 + 128 * n + 4 * j) * 16;  // quad j of run 0
+      _mm512_storeu_si512(c, _mm512_or_si512(_mm512_and_si512(l0, low4), q6k_high(q, 0)));
+      _mm512_storeu_si512(c + 32 * 16, _mm512_or_si512(_mm512_and_si512(l1, low4), q6k_high(q, 2)));
+      _mm512_storeu_si512(c + 64 * 16,
+                          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(l0, 4), low4), q6k_high(q, 4)));
+      _mm512_storeu_si512(c + 96 * 16,
+                          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(l1, 4), low4), q6k_high(q, 6)));
+    }
+  }
+  const __m512i zero = _mm512_setzero_si512();
+  const std::uint8_t* b = base + off;
+  const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(zero, live, at, b + 208, 1)));
+  float* ws = p.ws.data() + 16 * blk * 16;
+  for (int w = 0; w < 4; ++w) {
+    const __m512i sc = _mm512_mask_i32gather_epi32(zero, live, at, b + 192 + 4 * w, 1);
+    for (int i = 0; i < 4; ++i) {  // scale 4w + i: byte i, sign-extended
+      const __m512i v = _mm512_srai_epi32(_mm512_slli_epi32(sc, 24 - 8 * i), 24);
+      _mm512_storeu_ps(ws + 16 * (4 * w + i), _mm512_mul_ps(d, _mm512_cvtepi32_ps(v)));
+    }
+  }
+}
+
 // Rows [n0, n0 + rows) of B (rows ≤ 16) into `p`: each row's blocks unpacked into the stage, then
 // codes and terms transposed 16 × 16 dwords at a time.
 template <class T>
@@ -277,7 +334,7 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
   p.ws.resize(s.ws.size());
   p.wb.resize(s.ws.size());
   const std::int64_t stride = row_stride_bytes(B);
-  if constexpr (std::is_same_v<T, formats::q4_k::Type>) {
+  if constexpr (Traits<T>::kDirect) {
     // Rows past the matrix read a zero row: codes 0, scales 0.
     thread_local std::vector<std::uint8_t> zero;
     zero.assign(static_cast<std::size_t>(stride), 0);
@@ -288,10 +345,7 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
                                           _mm512_set1_epi32(static_cast<int>(stride)));
     const auto live = static_cast<__mmask16>((1u << rows) - 1u);
     const auto* base = static_cast<const std::uint8_t*>(B.data) + n0 * stride;
-    for (std::int64_t blk = 0; blk < blocks; ++blk) {
-      q4k_codes(row, blk, p.codes.data());
-      k45_terms16(base + blk * 144, at, live, p.ws.data() + 8 * blk * 16, p.wb.data() + 8 * blk * 16);
-    }
+    for (std::int64_t blk = 0; blk < blocks; ++blk) direct(T{}, row, base, at, live, blk, p);
     return;
   } else {
     for (std::int64_t r = 0; r < 16; ++r) {
