@@ -179,9 +179,10 @@ void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::in
              std::int64_t K, Threads threads) {
   check_weights("gemm_nt", B, true);
   // The fast mode is decided on the whole call (never on a thread's share of its rows); with
-  // many rows on AMX-INT8 its driver quantizes the rows once and splits in whole tiles.
+  // many rows its driver (ggml's panels, AMX-INT8) quantizes the rows once and splits in whole
+  // panels or tiles.
   const bool int8 = B.quantized() && detail::int8_activations_apply(B, M, K);
-  if (int8 && M > kInt8MaxRows) return detail::gemm_nt_int8_many(A, B, C, M, N, K, threads);
+  if (int8 && M > detail::int8_row_kernel_max_rows(B)) return detail::gemm_nt_int8_many(A, B, C, M, N, K, threads);
   const bool panels = B.layout == WeightLayout::panels && !B.quantized();
   split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
     if (int8)

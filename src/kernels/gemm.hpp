@@ -95,9 +95,10 @@ enum class WeightLayout { rows, panels, amx_tiles };
 constexpr std::int64_t kPanelRows = 16;
 inline std::int64_t amx_padded_k(std::int64_t K) { return (K + 31) / 32 * 32; }
 
-/// Rows of A up to which the fast mode's kernel runs (beyond, the exact prefill path is faster:
-/// it dequantizes a weight block once for all rows, where the int8 kernel unpacks the codes again
-/// for every one or two rows).
+/// Rows of A up to which the fast mode's row kernel runs (beyond, the exact prefill path is
+/// faster: it dequantizes a weight block once for all rows, where the row kernel unpacks the codes
+/// again for every one or two rows) — except where a many-row kernel takes over: AMX-INT8 for MLX
+/// affine codes, the AVX512-VNNI panel kernel for ggml's types (detail::int8_row_kernel_max_rows).
 constexpr std::int64_t kInt8MaxRows = 8;
 
 /// A weight matrix [N, K] as stored (one expert's slice of an ExpertMatrix): a plain float matrix
@@ -120,9 +121,10 @@ struct WeightMatrix {
   /// a matrix whose scales cover 128 rows, split at 64).
   std::int64_t row_phase = 0;
   /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit MLX affine codes, e2m1 (MXFP4,
-  /// NVFP4), int4 and ggml's block types but q2_K, and at most kInt8MaxRows rows of A, the activations are quantized to
-  /// int8 per group and multiplied as integers (error bound: docs/numerics.md); otherwise, and by default, the exact
-  /// kernels.
+  /// NVFP4), int4 and ggml's block types but q2_K, and at most kInt8MaxRows rows of A — more on
+  /// AMX-INT8 (affine codes) and AVX512-VNNI (every ggml type, q2_K included) — the activations are
+  /// quantized to int8 per group and multiplied as integers (error bound: docs/numerics.md);
+  /// otherwise, and by default, the exact kernels.
   bool int8_activations = false;
 
   bool quantized() const noexcept { return format.quantized(); }
@@ -330,6 +332,10 @@ bool amx_int8_takes(const WeightMatrix& B) noexcept;
 bool int8_path_supported(Int8Path path) noexcept;
 const char* int8_path_name(Int8Path path) noexcept;  ///< best: the one it resolves to
 bool int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::int64_t K);
+// The most rows of A the fast mode's row kernel (gemm_nt_affine_int8_kernel) takes in gemm_nt;
+// more go to gemm_nt_int8_many. kInt8MaxRows, but 4 for ggml's types where the panel kernel
+// runs: from 5 rows on it is the faster (docs/performance.md).
+std::int64_t int8_row_kernel_max_rows(const WeightMatrix& B) noexcept;
 void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                                 std::int64_t N, std::int64_t K, Int8Path path = Int8Path::best);
 // The fast mode's driver for more than kInt8MaxRows rows (where int8_activations_apply): ggml's

@@ -820,6 +820,11 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   ggml_kernel_scalar<T>(qa, B, C, M, N);
 }
 
+// The fewest rows of A the panel kernel takes (fewer: the row kernel). Measured on q4_K, q6_K,
+// q8_0 and MXFP4 at T = 32, 64, 128 (about 2, 4, 8 rows per expert): with 5 and more rows the
+// panel is 15-27 % faster, below it level or slower (docs/performance.md).
+constexpr std::int64_t kGgmlPanelMinRows = 5;
+
 // Whether the panel kernel may take many rows of a ggml type: the CPU has AVX512-VNNI and
 // MOEKIT_INT8_PATH names no narrower path.
 bool ggml_panels_allowed() noexcept { return best_path() == detail::Int8Path::avx512vnni; }
@@ -882,14 +887,18 @@ bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::
   const int gs = f.block_cols;
   if (f.element == Element::affine)
     return (f.bits == 4 || f.bits == 8) && gs % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
-  // ggml's block types: up to kInt8MaxRows rows those with an integer form (all but q2_K), more
+  // ggml's block types: few rows (the row kernel) those with an integer form (all but q2_K), more
   // rows every type where the panel kernel runs.
   if (with_ggml_type(f.element, [](auto) {}))
-    return M <= kInt8MaxRows ? with_ggml_int8_type(f.element, [](auto) {}) : ggml_panels_allowed();
+    return M <= int8_row_kernel_max_rows(B) ? with_ggml_int8_type(f.element, [](auto) {}) : ggml_panels_allowed();
   // e2m1 and symmetric int4 (a zero point would need the bias term): whole groups of 16 or of a
   // multiple of 32 inputs, whole 32-blocks.
   const bool signed4 = f.element == Element::e2m1 || (f.element == Element::int4 && !f.has_bias);
   return signed4 && f.block_rows == 1 && (gs == 16 || gs % 32 == 0) && K % 32 == 0 && K % gs == 0 && M <= kInt8MaxRows;
+}
+
+std::int64_t detail::int8_row_kernel_max_rows(const WeightMatrix& B) noexcept {
+  return with_ggml_type(B.format.element, [](auto) {}) && ggml_panels_allowed() ? kGgmlPanelMinRows - 1 : kInt8MaxRows;
 }
 
 bool detail::int8_path_supported(Int8Path path) noexcept {

@@ -6,9 +6,9 @@
 //  - every instruction-set path gives the same bits, on ggml's blocks and on random bytes (every
 //    code pattern, NaN and Inf scales included), with K a multiple of 256 and, for the 32-blocks,
 //    with a ragged last eight-block chunk;
-//  - gemm_nt takes the fast mode for up to kInt8MaxRows rows and, for more, the panel kernel
-//    (ggml_panel-inl.h) where the CPU has AVX512-VNNI, else the exact mode; a NaN input makes its
-//    row NaN;
+//  - gemm_nt takes the fast mode's row kernel for few rows and, for more, the panel kernel
+//    (ggml_panel-inl.h) where the CPU has AVX512-VNNI (from 5 rows), else the exact mode (from
+//    kInt8MaxRows + 1); a NaN input makes its row NaN;
 //  - the panel kernel (every type, q2_K included) lies within the same bound of the exact mode,
 //    and agrees with the decode kernel to f32 rounding on random bytes (NaN and Inf where it has
 //    them), with ragged panels (N not a multiple of 16, K not of 64) and on the pool.
@@ -177,6 +177,8 @@ TEST(GgmlInt8, TakesEveryTypeButQ2KForFewRowsAndEveryTypeForManyOnVnni) {
   q2.int8_activations = true;
   EXPECT_FALSE(kernels::detail::int8_activations_apply(q2, 1, 256));
   EXPECT_EQ(kernels::detail::int8_activations_apply(q2, kernels::kInt8MaxRows + 1, 256), panels());
+  EXPECT_EQ(kernels::detail::int8_activations_apply(q2, 5, 256), panels());
+  EXPECT_EQ(kernels::detail::int8_row_kernel_max_rows(q2), panels() ? 4 : kernels::kInt8MaxRows);
 }
 
 // The decode kernel (up to kInt8MaxRows rows) and the panel kernel (more, where the CPU has it),
@@ -308,7 +310,7 @@ TEST(GgmlInt8, GemmNtTakesTheFastModeForFewRowsAndNaNStaysInItsRow) {
   const std::int64_t K = q->ne[0], N = q->ne[1];
   kernels::WeightMatrix B = matrix(Element::q4_k, q->data, K / 256 * 144);
   B.int8_activations = true;
-  for (const std::int64_t M : {std::int64_t{2}, kernels::kInt8MaxRows + 1}) {
+  for (const std::int64_t M : {std::int64_t{2}, std::int64_t{5}, kernels::kInt8MaxRows + 1}) {
     auto x = inputs(M, K, 21);
     x[static_cast<std::size_t>(K + 5)] = std::nanf("");  // row 1
     std::vector<float> y(static_cast<std::size_t>(M * N)), exact(y.size());
@@ -321,7 +323,7 @@ TEST(GgmlInt8, GemmNtTakesTheFastModeForFewRowsAndNaNStaysInItsRow) {
       for (std::int64_t n = 0; n < N; ++n) {
         const std::size_t i = static_cast<std::size_t>(m * N + n);
         EXPECT_EQ(std::isnan(y[i]), m == 1) << m << ", " << n;
-        if (M <= kernels::kInt8MaxRows)
+        if (M <= kernels::detail::int8_row_kernel_max_rows(B))
           EXPECT_TRUE(same_bits(y[i], kernel[i])) << M << ": " << m << ", " << n;
         else if (!panels())
           EXPECT_TRUE(same_bits(y[i], exact[i])) << M << ": " << m << ", " << n;
