@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "moekit/model.hpp"
@@ -75,6 +76,38 @@ TEST_P(GgufFamilies, FastModeChoosesTheSameExpertsAndStaysNearTheReference) {
   }
   EXPECT_LT(err, 2e-2f * scale) << GetParam() << ": max |y - y_ref| " << err << " of max |y_ref| " << scale;
   EXPECT_GT(moved, 0.0f) << GetParam() << ": the fast mode gave the exact mode's output";
+}
+
+// The same with the tokens repeated 8 times (64 tokens): each chosen expert gets 8 or more
+// rows, which the panel kernel takes where the CPU has AVX512-VNNI (ggml_panel-inl.h), else the
+// exact mode; every copy of a token gets the reference's experts and output within the same error.
+TEST_P(GgufFamilies, FastModeOnManyRowsStaysNearTheReference) {
+  const auto model = GgufModel::open(golden(GetParam()));
+  const MoeConfig cfg = gguf_config(*model);
+  MoeLayer layer = load_moe_layer(model, cfg, 1);
+  const TensorView x = tensor_of(*model, "moekit.x", DType::f32);
+  const TensorView ids = tensor_of(*model, "moekit.ids", DType::i32);
+  const TensorView y_ref = tensor_of(*model, "moekit.y", DType::f32);
+  constexpr std::int64_t kCopies = 8;
+  const std::int64_t T = x.shape()[0], D = x.shape()[1], K = ids.shape()[1];
+  Tensor xs = Tensor::uninitialized({kCopies * T, D}, DType::f32);
+  for (std::int64_t c = 0; c < kCopies; ++c)
+    std::copy(x.data_as<const float>(), x.data_as<const float>() + T * D, xs.data_as<float>() + c * T * D);
+  layer.set_int8_activations(true);
+  ForwardInfo info;
+  const Tensor y = layer.forward(xs, &info);
+  float scale = 0.0f, err = 0.0f;
+  for (std::int64_t c = 0; c < kCopies; ++c) {
+    for (std::int64_t i = 0; i < T * K; ++i)
+      EXPECT_EQ(info.routing.ids.data_as<const std::int32_t>()[c * T * K + i], ids.data_as<const std::int32_t>()[i])
+          << GetParam() << " copy " << c << " slot " << i;
+    for (std::int64_t i = 0; i < T * D; ++i) {
+      const float r = y_ref.data_as<const float>()[i];
+      scale = std::max(scale, std::fabs(r));
+      err = std::max(err, std::fabs(y.data_as<const float>()[c * T * D + i] - r));
+    }
+  }
+  EXPECT_LT(err, 2e-2f * scale) << GetParam() << ": max |y - y_ref| " << err << " of max |y_ref| " << scale;
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, GgufFamilies,
