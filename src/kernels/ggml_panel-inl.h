@@ -282,7 +282,8 @@ MOEKIT_I8_ATTR inline __m512i q6k_high(__m512i q, int shift) {
 // (qh of both halves in one transpose); quad j of the four 32-element runs is then
 //   (l0 & 15) | (qh & 3) << 4,  (l1 & 15) | (qh >> 2 & 3) << 4,
 //   (l0 >> 4) | (qh >> 4 & 3) << 4,  (l1 >> 4) | (qh >> 6 & 3) << 4
-// (ggml_q6_k.hpp's order); the 16 int8 scales and d gathered a dword per row, ws = d · scale.
+// (ggml_q6_k.hpp's order); the 16 int8 scales and d gathered a dword per row (d as the top half
+// of the block's last whole dword: no byte past the block is read), ws = d · scale.
 MOEKIT_I8_ATTR inline void direct(formats::q6_k::Type, const std::uint8_t* const (&row)[16], const std::uint8_t* base,
                                   __m512i at, __mmask16 live, std::int64_t blk, Panel& p) {
   const std::int64_t off = blk * 210;
@@ -308,7 +309,8 @@ MOEKIT_I8_ATTR inline void direct(formats::q6_k::Type, const std::uint8_t* const
   }
   const __m512i zero = _mm512_setzero_si512();
   const std::uint8_t* b = base + off;
-  const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(zero, live, at, b + 208, 1)));
+  const __m512 d = _mm512_cvtph_ps(
+      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_mask_i32gather_epi32(zero, live, at, b + 206, 1), 16)));
   float* ws = p.ws.data() + 16 * blk * 16;
   for (int w = 0; w < 4; ++w) {
     const __m512i sc = _mm512_mask_i32gather_epi32(zero, live, at, b + 192 + 4 * w, 1);

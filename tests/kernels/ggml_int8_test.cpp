@@ -14,6 +14,11 @@
 //    them), with ragged panels (N not a multiple of 16, K not of 64) and on the pool.
 #include <gtest/gtest.h>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -303,6 +308,35 @@ TEST(GgmlInt8, EveryPathGivesTheSameBits) {
     }
   });
 }
+
+#if defined(__linux__)
+// Every kernel reads only the matrix's bytes: a matrix ending where an inaccessible page starts
+// (as a tensor at the end of a mapped file would) runs without a fault, in the row kernel and in
+// the panel kernel (whose 16-row panels and gathers pass the last row), each type.
+TEST(GgmlInt8, ReadsNoBytePastTheMatrix) {
+  const long page = sysconf(_SC_PAGESIZE);
+  for_each_panel_type([&](auto type) {
+    using T = typename decltype(type)::Block;
+    const std::int64_t N = 19, K = 512, ld = K / T::kBlock * T::kBytes, bytes = N * ld;
+    const std::size_t span = static_cast<std::size_t>((bytes + page - 1) / page * page + page);
+    void* map = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(map, MAP_FAILED);
+    auto* guard = static_cast<std::uint8_t*>(map) + span - page;
+    ASSERT_EQ(mprotect(guard, static_cast<std::size_t>(page), PROT_NONE), 0);
+    std::uint8_t* data = guard - bytes;
+    std::mt19937 rng(23);
+    for (std::int64_t i = 0; i < bytes; ++i) data[i] = static_cast<std::uint8_t>(rng() & 0x3F);  // finite scales
+    const kernels::WeightMatrix B = matrix(type.element, data, ld);
+    for (const std::int64_t M : {std::int64_t{1}, std::int64_t{9}}) {
+      if (M == 1 && !T::kInt8) continue;
+      const auto x = inputs(M, K, 31);
+      const auto y = fast_gemm(B, x, M, N, K);
+      for (const float v : y) EXPECT_TRUE(std::isfinite(v)) << T::kName << " M " << M;
+    }
+    munmap(map, span);
+  });
+}
+#endif
 
 TEST(GgmlInt8, GemmNtTakesTheFastModeForFewRowsAndNaNStaysInItsRow) {
   const GgufTensorInfo* q = blocks().find("q4_K.q");
