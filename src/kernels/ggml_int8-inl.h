@@ -135,24 +135,31 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k_epilogue)(const std::uint8_t* b, __m
   wb = _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), mv);
 }
 
-// q4_K / q5_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of 32 bytes (q5_K: plus
-// the fifth bits, bits 2p and 2p + 1 of its 32 qh bytes, as 16).
+// q4_K / q5_K block b's sub-blocks 2p and 2p + 1 as codes: the low and high nibbles of 32 bytes
+// (q5_K: plus the fifth bits, bits 2p and 2p + 1 of its 32 qh bytes, as 16).
+template <bool kFifth>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k45_codes)(const std::uint8_t* b, int p, __m256i& lo, __m256i& hi) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  const __m256i v = MOEKIT_I8_NAME(load256)(b + (kFifth ? 48 : 16) + 32 * p);
+  lo = _mm256_and_si256(v, low4);
+  hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  if constexpr (kFifth) {
+    const __m256i qh = MOEKIT_I8_NAME(load256)(b + 16);
+    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+  }
+}
+
+// q4_K / q5_K: sub-blocks 2p and 2p + 1 against MR rows (k45_codes).
 template <bool kFifth, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std::int64_t g,
                                                      const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
                                                      __m256& wb) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  const std::uint8_t* qs = b + (kFifth ? 48 : 16);
-  const __m256i qh = kFifth ? MOEKIT_I8_NAME(load256)(b + 16) : _mm256_setzero_si256();
   __m256i h[MR][4];
 #pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
-    const __m256i v = MOEKIT_I8_NAME(load256)(qs + 32 * p);
-    __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-    if constexpr (kFifth) {
-      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
-      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
-    }
+    __m256i lo, hi;
+    MOEKIT_I8_NAME(k45_codes)<kFifth>(b, p, lo, hi);
     for (int i = 0; i < MR; ++i) {
       const std::int8_t* a = a0[i] + 32 * g + 64 * p;
       h[i][p] = _mm256_hadd_epi32(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)),

@@ -100,20 +100,12 @@ MOEKIT_I8_ATTR inline void k45_terms16(const std::uint8_t* b, __m512i at, __mmas
   }
 }
 
-// q4_K / q5_K: sub-blocks 2p and 2p + 1 are the low and high nibbles of 32 bytes (q5_K: plus
-// bits 2p and 2p + 1 of the 32 qh bytes, as 16); ws = d · scale, wb = −dmin · min.
+// q4_K / q5_K: the codes as the row kernel takes them (k45_codes), ws = d · scale, wb = −dmin · min.
 template <bool kFifth>
 MOEKIT_I8_ATTR inline void unpack_k45(const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  const std::uint8_t* qs = b + (kFifth ? 48 : 16);
-  const __m256i qh = kFifth ? MOEKIT_I8_NAME(load256)(b + 16) : _mm256_setzero_si256();
   for (int p = 0; p < 4; ++p) {
-    const __m256i v = MOEKIT_I8_NAME(load256)(qs + 32 * p);
-    __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-    if constexpr (kFifth) {
-      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
-      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
-    }
+    __m256i lo, hi;
+    MOEKIT_I8_NAME(k45_codes)<kFifth>(b, p, lo, hi);
     put(u + 64 * p, lo);
     put(u + 64 * p + 32, hi);
   }

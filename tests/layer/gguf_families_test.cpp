@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "moekit/model.hpp"
@@ -25,15 +26,27 @@ TensorView tensor_of(const GgufModel& m, const std::string& name, DType dtype) {
 
 class GgufFamilies : public ::testing::TestWithParam<const char*> {};
 
+// An architecture's golden: its block of layer 1, the input, the reference's experts and output.
+struct Golden {
+  std::shared_ptr<const GgufModel> model;
+  MoeConfig cfg;
+  MoeLayer layer;
+  TensorView x, ids, y_ref;
+  explicit Golden(const std::string& arch)
+      : model(GgufModel::open(golden(arch))),
+        cfg(gguf_config(*model)),
+        layer(load_moe_layer(model, cfg, 1)),
+        x(tensor_of(*model, "moekit.x", DType::f32)),
+        ids(tensor_of(*model, "moekit.ids", DType::i32)),
+        y_ref(tensor_of(*model, "moekit.y", DType::f32)) {}
+};
+
 TEST_P(GgufFamilies, ForwardMatchesTheFloat64Reference) {
-  const auto model = GgufModel::open(golden(GetParam()));
-  const MoeConfig cfg = gguf_config(*model);
-  EXPECT_EQ(cfg.model_type, GetParam());
-  EXPECT_TRUE(cfg.is_moe_layer(1));
-  const MoeLayer layer = load_moe_layer(model, cfg, 1);
-  const TensorView x = tensor_of(*model, "moekit.x", DType::f32);
-  const TensorView ids = tensor_of(*model, "moekit.ids", DType::i32);
-  const TensorView y_ref = tensor_of(*model, "moekit.y", DType::f32);
+  const Golden g(GetParam());
+  EXPECT_EQ(g.cfg.model_type, GetParam());
+  EXPECT_TRUE(g.cfg.is_moe_layer(1));
+  const MoeLayer& layer = g.layer;
+  const TensorView &x = g.x, &ids = g.ids, &y_ref = g.y_ref;
   ForwardInfo info;
   const Tensor y = layer.forward(x, &info);
   ASSERT_EQ(info.routing.ids.shape(), ids.shape());
@@ -54,12 +67,9 @@ TEST_P(GgufFamilies, ForwardMatchesTheFloat64Reference) {
 // within the fast mode's error (activations rounded to int8 per 32 inputs: about 0.4 % of each
 // product, docs/numerics.md) of the float64 reference, and not the exact mode's output.
 TEST_P(GgufFamilies, FastModeChoosesTheSameExpertsAndStaysNearTheReference) {
-  const auto model = GgufModel::open(golden(GetParam()));
-  const MoeConfig cfg = gguf_config(*model);
-  MoeLayer layer = load_moe_layer(model, cfg, 1);
-  const TensorView x = tensor_of(*model, "moekit.x", DType::f32);
-  const TensorView ids = tensor_of(*model, "moekit.ids", DType::i32);
-  const TensorView y_ref = tensor_of(*model, "moekit.y", DType::f32);
+  Golden g(GetParam());
+  MoeLayer& layer = g.layer;
+  const TensorView &x = g.x, &ids = g.ids, &y_ref = g.y_ref;
   const Tensor exact = layer.forward(x);
   layer.set_int8_activations(true);
   ForwardInfo info;
@@ -82,12 +92,9 @@ TEST_P(GgufFamilies, FastModeChoosesTheSameExpertsAndStaysNearTheReference) {
 // rows, which the panel kernel takes where the CPU has AVX512-VNNI (ggml_panel-inl.h), else the
 // exact mode; every copy of a token gets the reference's experts and output within the same error.
 TEST_P(GgufFamilies, FastModeOnManyRowsStaysNearTheReference) {
-  const auto model = GgufModel::open(golden(GetParam()));
-  const MoeConfig cfg = gguf_config(*model);
-  MoeLayer layer = load_moe_layer(model, cfg, 1);
-  const TensorView x = tensor_of(*model, "moekit.x", DType::f32);
-  const TensorView ids = tensor_of(*model, "moekit.ids", DType::i32);
-  const TensorView y_ref = tensor_of(*model, "moekit.y", DType::f32);
+  Golden g(GetParam());
+  MoeLayer& layer = g.layer;
+  const TensorView &x = g.x, &ids = g.ids, &y_ref = g.y_ref;
   constexpr std::int64_t kCopies = 8;
   const std::int64_t T = x.shape()[0], D = x.shape()[1], K = ids.shape()[1];
   Tensor xs = Tensor::uninitialized({kCopies * T, D}, DType::f32);
