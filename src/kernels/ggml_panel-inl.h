@@ -2,19 +2,21 @@
 // kernel (gemm_affine_int8.cpp includes it once, in its VNNI section, after ggml_int8-inl.h,
 // whose per-type code helpers it uses).
 //
-// Per 16 rows of B: each block is turned once into u8 codes and per-group float terms (an
-// unpacker per type below), the 16 rows' codes transposed into a panel — 4 inputs × 16 rows per
-// 64 bytes, the layout `vpdpbusd` multiplies one zmm of — and then every row of A (its int8
-// codes broadcast 4 at a time) runs over the panel, MR rows at once. So a block is decoded once
-// per call, not once per row of A as in the decode kernel. Per row m and group g of G inputs
-// (GgmlPanel<T>::kG, 32 or 16):
-//   t   = Σ_k u_k · a_k                        (exact int32, u the u8 code)
-//   acc = fma(float(t − off·Σa), ws · d[m,g], acc)  (off: the code's offset, 0 or kOff)
-//   acc = fma(wb, d[m,g]·Σa, acc)               (types with a min or bias)
+// Per 16 rows of B: each block is turned once into u8 codes and per-group float terms, the 16
+// rows' codes transposed into a panel — 4 inputs × 16 rows per 64 bytes, the layout `vpdpbusd`
+// multiplies one zmm of — and then every row of A (its int8 codes broadcast 4 at a time) runs
+// over the panel, 12 rows at once. So a block is decoded once per call, not once per row or two
+// of A as in the row kernel. q4_K and q6_K go straight from the 16 rows into the panel (their
+// packed bytes transposed, then split; their scales gathered for 16 rows at once); the other
+// types are unpacked a row at a time into a stage, then transposed. Per row m and group g of kG
+// inputs (Traits<T>::kG, 32 or 16):
+//   t   = Σ_k u_k · a_k                              (exact int32, u the u8 code)
+//   acc = fma(float(t − off·Σa), ws · d[m,g], acc)   (off: the codes' shift into u8)
+//   acc = fma(wb, d[m,g]·Σa, acc)                     (types with a min or bias)
 // the weights being w = ws · (u − off) + wb per group: the integer form of ggml_common.hpp with
 // the sub-block scale folded into ws (an f16 times a small integer: exact in f32). The error
-// bound is the decode kernel's (docs/numerics.md); the bits are not (the sums run in another
-// order), which is why the choice of kernel is made on the whole call.
+// bound is the row kernel's (docs/numerics.md); the bits are not (the sums run in another order),
+// which is why the choice of kernel is made on the whole call.
 // No include guard: included once, on purpose, where MOEKIT_I8_NAME names the VNNI variant.
 
 namespace panel {
@@ -289,7 +291,6 @@ MOEKIT_I8_ATTR inline void direct(formats::q6_k::Type, const std::uint8_t* const
     transpose16(l);
     for (int j = 0; j < 8; ++j) {
       const __m512i l0 = l[j], l1 = l[8 + j], q = h[8 * n + j];
-
       std::uint8_t* c = p.codes.data() + (blk * 256 + 128 * n + 4 * j) * 16;  // quad j of run 0
       _mm512_storeu_si512(c, _mm512_or_si512(_mm512_and_si512(l0, low4), q6k_high(q, 0)));
       _mm512_storeu_si512(c + 32 * 16, _mm512_or_si512(_mm512_and_si512(l1, low4), q6k_high(q, 2)));
@@ -313,52 +314,54 @@ MOEKIT_I8_ATTR inline void direct(formats::q6_k::Type, const std::uint8_t* const
   }
 }
 
-// Rows [n0, n0 + rows) of B (rows ≤ 16) into `p`: each row's blocks unpacked into the stage, then
-// codes and terms transposed 16 × 16 dwords at a time.
+// Rows [n0, n0 + rows) of B (rows ≤ 16) into `p`: straight from the rows (Traits::kDirect, while
+// 15 row strides fit the gathers' int32 offsets), else each row's blocks unpacked into the stage,
+// then codes and terms transposed 16 × 16 dwords at a time.
 template <class T>
 MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, Stage& s,
                          Panel& p) {
   constexpr int kG = Traits<T>::kG;
   const std::int64_t groups = K / kG, blocks = K / T::kBlock;
   const std::int64_t Kp = (K + 63) / 64 * 64, gp = (groups + 15) / 16 * 16;
-  s.codes.resize(static_cast<std::size_t>(16 * Kp));
-  s.ws.resize(static_cast<std::size_t>(16 * gp));
-  s.wb.resize(s.ws.size());
   p.codes.resize(static_cast<std::size_t>(16 * Kp));
-  p.ws.resize(s.ws.size());
-  p.wb.resize(s.ws.size());
+  p.ws.resize(static_cast<std::size_t>(16 * gp));
+  p.wb.resize(p.ws.size());
   const std::int64_t stride = row_stride_bytes(B);
   if constexpr (Traits<T>::kDirect) {
-    // Rows past the matrix read a zero row: codes 0, scales 0.
-    thread_local std::vector<std::uint8_t> zero;
-    zero.assign(static_cast<std::size_t>(stride), 0);
-    const std::uint8_t* row[16];
-    for (std::int64_t r = 0; r < 16; ++r)
-      row[r] = r < rows ? static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride : zero.data();
-    const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int>(stride)));
-    const auto live = static_cast<__mmask16>((1u << rows) - 1u);
-    const auto* base = static_cast<const std::uint8_t*>(B.data) + n0 * stride;
-    for (std::int64_t blk = 0; blk < blocks; ++blk) direct(T{}, row, base, at, live, blk, p);
-    return;
-  } else {
-    for (std::int64_t r = 0; r < 16; ++r) {
-      std::uint8_t* u = s.codes.data() + r * Kp;
-      float* ws = s.ws.data() + r * gp;
-      float* wb = s.wb.data() + r * gp;
-      const std::int64_t from = r < rows ? K : 0, gfrom = r < rows ? groups : 0;
-      std::memset(u + from, 0, static_cast<std::size_t>(Kp - from));
-      std::fill(ws + gfrom, ws + gp, 0.0f);
-      std::fill(wb + gfrom, wb + gp, 0.0f);
-      if (r >= rows) continue;
-      const std::uint8_t* row = static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride;
-      for (std::int64_t blk = 0; blk < blocks; ++blk) {
-        const std::int64_t g = blk * (T::kBlock / kG);
-        unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g);
-      }
+    if (15 * stride <= std::numeric_limits<std::int32_t>::max()) {
+      // Rows past the matrix read a zero row (codes 0) and gather nothing (scales 0).
+      thread_local std::vector<std::uint8_t> zero;
+      zero.assign(static_cast<std::size_t>(stride), 0);
+      const std::uint8_t* row[16];
+      for (std::int64_t r = 0; r < 16; ++r)
+        row[r] = r < rows ? static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride : zero.data();
+      const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int>(stride)));
+      const auto live = static_cast<__mmask16>((1u << rows) - 1u);
+      const auto* base = static_cast<const std::uint8_t*>(B.data) + n0 * stride;
+      for (std::int64_t blk = 0; blk < blocks; ++blk) direct(T{}, row, base, at, live, blk, p);
+      return;
     }
-    for (std::int64_t k = 0; k < Kp; k += 64) transpose16(s.codes.data() + k, Kp, p.codes.data() + k * 16);
   }
+  s.codes.resize(static_cast<std::size_t>(16 * Kp));
+  s.ws.resize(p.ws.size());
+  s.wb.resize(p.ws.size());
+  for (std::int64_t r = 0; r < 16; ++r) {
+    std::uint8_t* u = s.codes.data() + r * Kp;
+    float* ws = s.ws.data() + r * gp;
+    float* wb = s.wb.data() + r * gp;
+    const std::int64_t from = r < rows ? K : 0, gfrom = r < rows ? groups : 0;
+    std::memset(u + from, 0, static_cast<std::size_t>(Kp - from));
+    std::fill(ws + gfrom, ws + gp, 0.0f);
+    std::fill(wb + gfrom, wb + gp, 0.0f);
+    if (r >= rows) continue;
+    const std::uint8_t* row = static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride;
+    for (std::int64_t blk = 0; blk < blocks; ++blk) {
+      const std::int64_t g = blk * (T::kBlock / kG);
+      unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g);
+    }
+  }
+  for (std::int64_t k = 0; k < Kp; k += 64) transpose16(s.codes.data() + k, Kp, p.codes.data() + k * 16);
   for (std::int64_t g = 0; g < gp; g += 16) {
     transpose16(s.ws.data() + g, gp * 4, p.ws.data() + g * 16);
     if (Traits<T>::kBias) transpose16(s.wb.data() + g, gp * 4, p.wb.data() + g * 16);
@@ -377,7 +380,7 @@ struct Rows {
 };
 
 // MR rows of A from row m (a multiple of 4) against one panel: out[i] the 16 columns of row
-// m + i; meanwhile the lines of [pf, pf_end) into L2, two per group.
+// m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group.
 template <int MR, int kG, bool kOff, bool kBias>
 MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out, const char* pf,
                          const char* pf_end) {

@@ -357,12 +357,13 @@ TEST(GgmlInt8, GemmNtTakesTheFastModeForFewRowsAndNaNStaysInItsRow) {
       for (std::int64_t n = 0; n < N; ++n) {
         const std::size_t i = static_cast<std::size_t>(m * N + n);
         EXPECT_EQ(std::isnan(y[i]), m == 1) << m << ", " << n;
-        if (M <= kernels::detail::int8_row_kernel_max_rows(B))
+        if (M <= kernels::detail::int8_row_kernel_max_rows(B)) {
           EXPECT_TRUE(same_bits(y[i], kernel[i])) << M << ": " << m << ", " << n;
-        else if (!panels())
+        } else if (!panels()) {
           EXPECT_TRUE(same_bits(y[i], exact[i])) << M << ": " << m << ", " << n;
-        else if (m != 1)
+        } else if (m != 1) {
           EXPECT_NE(y[i], exact[i]) << "the panel kernel, not the exact mode: " << m << ", " << n;
+        }
       }
   }
 }
