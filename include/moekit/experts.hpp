@@ -51,8 +51,8 @@ struct ExpertMatrix {
   std::vector<const void*> scales, biases;
   std::int64_t scale_stride = 0;
   /// Compute with int8-quantized activations where the fast kernel applies (4/8-bit MLX affine,
-  /// MXFP4, NVFP4, int4, ggml's block types but q2_K; few rows per expert); MoeLayer::set_int8_activations sets it.
-  /// Default: exact.
+  /// MXFP4, NVFP4, int4, ggml's block types; few rows per expert, more for some); MoeLayer::set_int8_activations sets
+  /// it. Default: exact.
   bool int8_activations = false;
 
   bool quantized() const noexcept { return format.quantized(); }

@@ -121,8 +121,8 @@ struct WeightMatrix {
   /// a matrix whose scales cover 128 rows, split at 64).
   std::int64_t row_phase = 0;
   /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit MLX affine codes, e2m1 (MXFP4,
-  /// NVFP4), int4 and ggml's block types but q2_K, and at most kInt8MaxRows rows of A — more on
-  /// AMX-INT8 (affine codes) and AVX512-VNNI (every ggml type, q2_K included) — the activations are
+  /// NVFP4), int4 and ggml's block types, and at most kInt8MaxRows rows of A — more on AMX-INT8
+  /// (affine codes) and AVX512-VNNI (ggml's types) — the activations are
   /// quantized to int8 per group and multiplied as integers (error bound: docs/numerics.md);
   /// otherwise, and by default, the exact kernels.
   bool int8_activations = false;

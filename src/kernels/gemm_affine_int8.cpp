@@ -98,6 +98,8 @@ struct QuantA {
   std::vector<std::int16_t> q16;
   std::vector<float> d, xsum;
   std::vector<std::int32_t> qsum;
+  // q2_K's row kernel (ggml_int8-inl.h): each row's sums of 16 codes, K / 16 per row.
+  std::vector<std::int16_t> qsum16;
 };
 
 // One row of A's groups of gs inputs (x[k] times f where `scaled`): per group d, d·Σq and Σq
@@ -429,6 +431,10 @@ struct GgmlInt8 {
                                                                                 : 0;
   static constexpr bool kBias = std::is_same_v<T, formats::q4_1::Type> || std::is_same_v<T, formats::q5_1::Type> ||
                                 std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>;
+  // q2_K: a min per 16 weights (ggml_common.hpp's Mins): per group the integer
+  // M_g = Σ_h qm16_h Σ_k a_k (exact), then bacc = fma(wm, M_g · d, bacc).
+  static constexpr bool kMin16 = std::is_same_v<T, formats::q2_k::Type>;
+  static constexpr bool kAdd = kBias || kMin16;  // a second accumulator, added at the end
 };
 
 // How far ahead of the row it computes the x86 kernels fetch B's bytes (ggml_rows).
@@ -440,8 +446,8 @@ template <class T>
 void ggml_kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N) {
   constexpr int kGroups = T::kBlock / 32;
   std::int8_t q[T::kBlock];
-  std::int16_t qs16[T::kBlock / 16];
-  float ws[kGroups], wb[kGroups];
+  std::int16_t qs16[T::kBlock / 16], qm16[T::kBlock / 16] = {};
+  float ws[kGroups], wb[kGroups], wm[kGroups] = {};
   for (std::int64_t n = 0; n < N; ++n) {
     const std::uint8_t* row = row_bytes(B, n);
     for (std::int64_t m = 0; m < M; ++m) {
@@ -449,22 +455,27 @@ void ggml_kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C
       float acc[8] = {}, bacc[8] = {};
       for (std::int64_t blk = 0; blk < qa.groups / kGroups; ++blk) {
         T::Int8(row + blk * T::kBytes, q, qs16, ws, wb);
+        if constexpr (GgmlInt8<T>::kMin16) T::Mins(row + blk * T::kBytes, qm16, wm);
         for (int j = 0; j < kGroups; ++j) {
           const std::int64_t g = blk * kGroups + j;
-          std::int32_t S = 0;
+          std::int32_t S = 0, Mg = 0;
           for (int h = 0; h < 2; ++h) {
-            std::int32_t s = 0;
-            for (int k = 32 * j + 16 * h; k < 32 * j + 16 * h + 16; ++k)
+            std::int32_t s = 0, as = 0;
+            for (int k = 32 * j + 16 * h; k < 32 * j + 16 * h + 16; ++k) {
               s += static_cast<std::int32_t>(q[k]) * a[32 * (g - j) + k];
+              as += a[32 * (g - j) + k];
+            }
             S += static_cast<std::int32_t>(qs16[2 * j + h]) * s;
+            Mg += static_cast<std::int32_t>(qm16[2 * j + h]) * as;
           }
           const std::size_t gi = static_cast<std::size_t>(m * qa.gstride + g);
           acc[g % 8] = std::fma(static_cast<float>(S), ws[j] * qa.d[gi], acc[g % 8]);
           if (GgmlInt8<T>::kBias) bacc[g % 8] = std::fma(wb[j], qa.xsum[gi], bacc[g % 8]);
+          if (GgmlInt8<T>::kMin16) bacc[g % 8] = std::fma(wm[j], static_cast<float>(Mg) * qa.d[gi], bacc[g % 8]);
         }
       }
       float v[8];
-      for (int l = 0; l < 8; ++l) v[l] = GgmlInt8<T>::kBias ? acc[l] + bacc[l] : acc[l];
+      for (int l = 0; l < 8; ++l) v[l] = GgmlInt8<T>::kAdd ? acc[l] + bacc[l] : acc[l];
       store(C, m, n, ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
     }
   }
@@ -813,6 +824,14 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   using detail::Int8Path;
   if (path == Int8Path::best || path == Int8Path::amx) path = best_path();  // no AMX kernel for these
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa);
+  if constexpr (GgmlInt8<T>::kMin16) {
+    qa.qsum16.resize(static_cast<std::size_t>(M * K / 16));
+    for (std::int64_t i = 0; i < M * K / 16; ++i) {
+      int sum = 0;
+      for (int k = 0; k < 16; ++k) sum += qa.q8[static_cast<std::size_t>(16 * i + k)];
+      qa.qsum16[static_cast<std::size_t>(i)] = static_cast<std::int16_t>(sum);  // |sum| ≤ 16 · 127
+    }
+  }
 #if MOEKIT_X86
   if (path == Int8Path::avx512vnni) return ggml_rows_vnni<T>(qa, B, C, M, N);
   if (path == Int8Path::avx2) return ggml_rows_avx2<T>(qa, B, C, M, N);
@@ -887,8 +906,7 @@ bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::
   const int gs = f.block_cols;
   if (f.element == Element::affine)
     return (f.bits == 4 || f.bits == 8) && gs % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
-  // ggml's block types: few rows (the row kernel) those with an integer form (all but q2_K), more
-  // rows every type where the panel kernel runs.
+  // ggml's block types: few rows on the row kernel, more where the panel kernel runs.
   if (with_ggml_type(f.element, [](auto) {}))
     return M <= int8_row_kernel_max_rows(B) ? with_ggml_int8_type(f.element, [](auto) {}) : ggml_panels_allowed();
   // e2m1 and symmetric int4 (a zero point would need the bias term): whole groups of 16 or of a

@@ -297,6 +297,40 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::iq4_xs::Type, const 
   wb = _mm256_setzero_ps();
 }
 
+// q2_K: 2-bit codes (u8 0..3) times the activations by `vpmaddubsw`, each 16's pair sums times
+// their 4-bit scale by `vpmaddwd` (S); the 4-bit mins times the rows' sums of 16 activations
+// (QuantA::qsum16, computed once per call, not per row of B) by one `vpmaddwd` per block (Mn,
+// lane j group j); ws = d, wm = −dmin.
+template <int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_q2k)(const QuantA& qa, std::int64_t m, const std::uint8_t* row,
+                                                     std::int64_t g, const std::int8_t* const (&a0)[MR],
+                                                     __m256i (&S)[MR], __m256i (&Mn)[MR], __m256& ws, __m256& wm) {
+  const std::uint8_t* b = row + g / 8 * formats::q2_k::Type::kBytes;
+  const __m256i low2 = _mm256_set1_epi8(3);
+  __m256i x[8][MR];
+  for (int n = 0; n < 2; ++n) {
+    const __m256i q = MOEKIT_I8_NAME(load256)(b + 16 + 32 * n);
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; ++s) {
+      const int j = 4 * n + s;  // the group within the block; scales 2j, 2j + 1
+      const __m256i c = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), low2);
+      const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(b[2 * j + 1] & 0xF)),
+                                             _mm_set1_epi16(static_cast<short>(b[2 * j] & 0xF)));
+      for (int i = 0; i < MR; ++i)
+        x[j][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(c, MOEKIT_I8_NAME(load256)(a0[i] + 32 * (g + j))), scale);
+    }
+  }
+  MOEKIT_I8_NAME(sums8)<MR>(x, S);
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
+  for (int i = 0; i < MR; ++i) {
+    const auto* sums = qa.qsum16.data() + (m + i) * (qa.K / 16) + 2 * g;  // group g's first 16
+    Mn[i] = _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+  }
+  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 80));
+  wm = _mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 82));
+}
+
 // MR (1 or 2) rows of A from row m against one row of B (`row`, T's blocks).
 template <class T, int MR>
 MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t m, const std::uint8_t* row,
@@ -308,9 +342,12 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t 
   for (int i = 0; i < MR; ++i) acc[i] = bacc[i] = _mm256_setzero_ps();
   for (std::int64_t g = 0; g < qa.groups; g += 8) {
     __m256i S[MR];
+    [[maybe_unused]] __m256i Mn[MR];
     __m256 ws, wb;
     if constexpr (T::kBlock == 32) {
       MOEKIT_I8_NAME(chunk32)<T, MR>(row, g, qa.groups, a, S, ws, wb);
+    } else if constexpr (Tr::kMin16) {
+      MOEKIT_I8_NAME(chunk_q2k)<MR>(qa, m, row, g, a, S, Mn, ws, wb);  // wb: wm
     } else {
       MOEKIT_I8_NAME(chunk_k)<MR>(T{}, row, g, a, S, ws, wb);
     }
@@ -322,9 +359,12 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t 
       }
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(ws, _mm256_loadu_ps(qa.d.data() + gi)), acc[i]);
       if constexpr (Tr::kBias) bacc[i] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(qa.xsum.data() + gi), bacc[i]);
+      if constexpr (Tr::kMin16)
+        bacc[i] =
+            _mm256_fmadd_ps(wb, _mm256_mul_ps(_mm256_cvtepi32_ps(Mn[i]), _mm256_loadu_ps(qa.d.data() + gi)), bacc[i]);
     }
   }
-  for (int i = 0; i < MR; ++i) out[i] = MOEKIT_I8_NAME(reduce8)(Tr::kBias ? _mm256_add_ps(acc[i], bacc[i]) : acc[i]);
+  for (int i = 0; i < MR; ++i) out[i] = MOEKIT_I8_NAME(reduce8)(Tr::kAdd ? _mm256_add_ps(acc[i], bacc[i]) : acc[i]);
 }
 
 // Every row of A (at most kInt8MaxRows) against B's rows [0, N), B's rows in address order, A's

@@ -9,9 +9,10 @@
 //  - gemm_nt takes the fast mode's row kernel for few rows and, for more, the panel kernel
 //    (ggml_panel-inl.h) where the CPU has AVX512-VNNI (from 5 rows), else the exact mode (from
 //    kInt8MaxRows + 1); a NaN input makes its row NaN;
-//  - the panel kernel (every type, q2_K included) lies within the same bound of the exact mode,
-//    and agrees with the decode kernel to f32 rounding on random bytes (NaN and Inf where it has
-//    them), with ragged panels (N not a multiple of 16, K not of 64) and on the pool.
+//  - every type has the fast mode, q2_K (its min per 16 weights, Mins) included;
+//  - the panel kernel lies within the same bound of the exact mode, and agrees with the row
+//    kernel to f32 rounding on random bytes (non-finite where it is), with ragged panels (N not a
+//    multiple of 16, K not of 64) and on the pool.
 #include <gtest/gtest.h>
 
 #if defined(__linux__)
@@ -53,18 +54,12 @@ using Types =
                Type<kernels::formats::q4_k::Type, Element::q4_k>, Type<kernels::formats::q5_k::Type, Element::q5_k>,
                Type<kernels::formats::q6_k::Type, Element::q6_k>, Type<kernels::formats::iq4_nl::Type, Element::iq4_nl>,
                Type<kernels::formats::iq4_xs::Type, Element::iq4_xs>,
-               Type<kernels::formats::ggml_mxfp4::Type, Element::ggml_mxfp4>>;
+               Type<kernels::formats::ggml_mxfp4::Type, Element::ggml_mxfp4>,
+               Type<kernels::formats::q2_k::Type, Element::q2_k>>;
 
 template <class Fn>
 void for_each_type(const Fn& fn) {
   std::apply([&](auto... t) { (fn(t), ...); }, Types{});
-}
-
-// The panel kernel takes every type, q2_K included.
-template <class Fn>
-void for_each_panel_type(const Fn& fn) {
-  for_each_type(fn);
-  fn(Type<kernels::formats::q2_k::Type, Element::q2_k>{});
 }
 
 // Whether gemm_nt runs more than kInt8MaxRows rows of ggml's types in the fast mode (the panel
@@ -145,14 +140,19 @@ TEST(GgmlInt8, IntegerFormGivesGgmlsWeights) {
         std::int16_t qs16[T::kBlock / 16];
         float ws[T::kBlock / 32], wb[T::kBlock / 32];
         T::Int8(bytes + b * T::kBytes, codes, qs16, ws, wb);
+        std::int16_t qm16[T::kBlock / 16] = {};
+        float wm[T::kBlock / 32] = {};
+        if constexpr (requires { T::kMin16; }) T::Mins(bytes + b * T::kBytes, qm16, wm);  // q2_K
         for (int k = 0; k < T::kBlock; ++k) {
           const double scaled = static_cast<double>(ws[k / 32]) * qs16[k / 16] * codes[k];
-          const double w = scaled + wb[k / 32];
+          const double w = scaled + wb[k / 32] + static_cast<double>(wm[k / 32]) * qm16[k / 16];
           const float g = want[b * T::kBlock + k];
           if (!std::isfinite(g) || !std::isfinite(w)) continue;  // NaN / Inf scales: the values, not a form
           ++checked;
           // ggml rounds at most three times in f32 (a scale product, the code's product, the min).
-          const double tol = 4.0 * 0x1p-24 * (std::fabs(scaled) + std::fabs(wb[k / 32])) + 1e-40;
+          const double tol =
+              4.0 * 0x1p-24 * (std::fabs(scaled) + std::fabs(wb[k / 32]) + std::fabs(wm[k / 32] * qm16[k / 16])) +
+              1e-40;
           if (std::fabs(w - g) > tol && bad++ < 5)
             ADD_FAILURE() << name << " block " << b << " weight " << k << ": ggml " << g << ", integer form " << w;
         }
@@ -165,10 +165,10 @@ TEST(GgmlInt8, IntegerFormGivesGgmlsWeights) {
   });
 }
 
-TEST(GgmlInt8, TakesEveryTypeButQ2KForFewRowsAndEveryTypeForManyOnVnni) {
+TEST(GgmlInt8, TakesEveryTypeForFewRowsAndForManyOnVnni) {
   for (const Element e :
-       {Element::q4_0, Element::q4_1, Element::q5_0, Element::q5_1, Element::q8_0, Element::q3_k, Element::q4_k,
-        Element::q5_k, Element::q6_k, Element::iq4_nl, Element::iq4_xs, Element::ggml_mxfp4}) {
+       {Element::q4_0, Element::q4_1, Element::q5_0, Element::q5_1, Element::q8_0, Element::q2_k, Element::q3_k,
+        Element::q4_k, Element::q5_k, Element::q6_k, Element::iq4_nl, Element::iq4_xs, Element::ggml_mxfp4}) {
     kernels::WeightMatrix B = matrix(e, nullptr, 0);
     B.int8_activations = true;
     EXPECT_TRUE(kernels::detail::int8_activations_apply(B, 1, 256)) << static_cast<int>(e);
@@ -180,16 +180,13 @@ TEST(GgmlInt8, TakesEveryTypeButQ2KForFewRowsAndEveryTypeForManyOnVnni) {
   }
   kernels::WeightMatrix q2 = matrix(Element::q2_k, nullptr, 0);
   q2.int8_activations = true;
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(q2, 1, 256));
-  EXPECT_EQ(kernels::detail::int8_activations_apply(q2, kernels::kInt8MaxRows + 1, 256), panels());
-  EXPECT_EQ(kernels::detail::int8_activations_apply(q2, 5, 256), panels());
   EXPECT_EQ(kernels::detail::int8_row_kernel_max_rows(q2), panels() ? 4 : kernels::kInt8MaxRows);
 }
 
 // The decode kernel (up to kInt8MaxRows rows) and the panel kernel (more, where the CPU has it),
 // each within the bound of the exact mode.
 TEST(GgmlInt8, WithinTheBoundOfTheExactMode) {
-  for_each_panel_type([](auto type) {
+  for_each_type([](auto type) {
     using T = typename decltype(type)::Block;
     const std::string name = std::string(T::kName) + ".q";
     const GgufTensorInfo* q = blocks().find(name);
@@ -315,7 +312,7 @@ TEST(GgmlInt8, EveryPathGivesTheSameBits) {
 // the panel kernel (whose 16-row panels and gathers pass the last row), each type.
 TEST(GgmlInt8, ReadsNoBytePastTheMatrix) {
   const long page = sysconf(_SC_PAGESIZE);
-  for_each_panel_type([&](auto type) {
+  for_each_type([&](auto type) {
     using T = typename decltype(type)::Block;
     const std::int64_t N = 19, K = 512, ld = K / T::kBlock * T::kBytes, bytes = N * ld;
     const std::size_t span = static_cast<std::size_t>((bytes + page - 1) / page * page + page);

@@ -11,7 +11,8 @@
 // wb[k/32] in real arithmetic — q an int8 code, qs16 an integer per 16 weights (the K-quants'
 // sub-block scales, else 1), ws and wb a float per 32 (wb 0 where the type has no min or bias).
 // The fast mode multiplies q by int8 activations exactly and applies ws, wb per 32 weights.
-// q2_K's min per 16 weights does not fit that form: it has no fast mode.
+// q2_K's min per 16 weights does not fit wb: it has kMin16 and Mins(block, qm16, wm), an integer
+// min per 16 weights and a float per 32, w_k = ws · qs16 · q_k + wm · qm16[k/16] (its wb is 0).
 #pragma once
 
 #include <cstdint>

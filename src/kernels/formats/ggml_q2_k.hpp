@@ -11,7 +11,8 @@ namespace moekit::kernels::formats::q2_k {
 struct Type {
   static constexpr const char* kName = "q2_K";
   static constexpr int kBits = 2, kBlock = 256, kBytes = 84;
-  static constexpr bool kInt8 = false;  // a min per 16 weights (ggml_common.hpp)
+  static constexpr bool kInt8 = true;
+  static constexpr bool kMin16 = true;  // its min is per 16 weights (ggml_common.hpp)
   static void Block(const std::uint8_t* b, float* y) {
     const std::uint8_t* scales = b;
     const std::uint8_t* q = b + 16;
@@ -27,6 +28,26 @@ struct Type {
       }
       q += 32;
     }
+  }
+  // The integer form (ggml_common.hpp), with the mins per 16 (Mins): codes 0..3, qs16 the 4-bit
+  // scales, ws = d; wb 0.
+  static void Int8(const std::uint8_t* b, std::int8_t* q, std::int16_t* qs16, float* ws, float* wb) {
+    for (int n = 0; n < 2; ++n)
+      for (int s = 0; s < 4; ++s)
+        for (int l = 0; l < 32; ++l)
+          q[128 * n + 32 * s + l] = static_cast<std::int8_t>((b[16 + 32 * n + l] >> (2 * s)) & 3);
+    const float d = ggml::half(b + 80);
+    for (int h = 0; h < 16; ++h) qs16[h] = static_cast<std::int16_t>(b[h] & 0xF);
+    for (int j = 0; j < 8; ++j) {
+      ws[j] = d;
+      wb[j] = 0.0f;
+    }
+  }
+  // The min term of the integer form: qm16 the 4-bit mins, wm = −dmin per 32.
+  static void Mins(const std::uint8_t* b, std::int16_t* qm16, float* wm) {
+    const float dmin = ggml::half(b + 82);
+    for (int h = 0; h < 16; ++h) qm16[h] = static_cast<std::int16_t>(b[h] >> 4);
+    for (int j = 0; j < 8; ++j) wm[j] = -dmin;
   }
 };
 
