@@ -816,6 +816,16 @@ bool amx_int8_allowed() noexcept {
   return ok;
 }
 
+// QuantA::qsum16 from its int8 codes (natural order): each row's sums of 16 codes.
+void sums16(QuantA& qa) {
+  qa.qsum16.resize(static_cast<std::size_t>(qa.M * qa.K / 16));
+  for (std::int64_t i = 0; i < qa.M * qa.K / 16; ++i) {
+    int sum = 0;
+    for (int k = 0; k < 16; ++k) sum += qa.q8[static_cast<std::size_t>(16 * i + k)];
+    qa.qsum16[static_cast<std::size_t>(i)] = static_cast<std::int16_t>(sum);  // |sum| ≤ 16 · 127
+  }
+}
+
 // The fast mode on a ggml type T: A quantized per 32 inputs, then the x86 kernels where the
 // path allows, else the portable one (the same bits).
 template <class T>
@@ -824,14 +834,7 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   using detail::Int8Path;
   if (path == Int8Path::best || path == Int8Path::amx) path = best_path();  // no AMX kernel for these
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa);
-  if constexpr (GgmlInt8<T>::kMin16) {
-    qa.qsum16.resize(static_cast<std::size_t>(M * K / 16));
-    for (std::int64_t i = 0; i < M * K / 16; ++i) {
-      int sum = 0;
-      for (int k = 0; k < 16; ++k) sum += qa.q8[static_cast<std::size_t>(16 * i + k)];
-      qa.qsum16[static_cast<std::size_t>(i)] = static_cast<std::int16_t>(sum);  // |sum| ≤ 16 · 127
-    }
-  }
+  if constexpr (GgmlInt8<T>::kMin16) sums16(qa);
 #if MOEKIT_X86
   if (path == Int8Path::avx512vnni) return ggml_rows_vnni<T>(qa, B, C, M, N);
   if (path == Int8Path::avx2) return ggml_rows_avx2<T>(qa, B, C, M, N);
@@ -858,6 +861,7 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
   using Tr = panel::Traits<T>;
   QuantA& qa = thread_quant_a();
   quantize_a(A, M, K, 32, 8, true, true, qa);
+  if constexpr (Tr::kG == 16) sums16(qa);
   const std::int64_t Mp = (M + 3) / 4 * 4, groups = K / Tr::kG;
   thread_local std::vector<std::int8_t> q;
   thread_local std::vector<float> d, xs;
@@ -873,11 +877,7 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
     for (std::int64_t g = 0; g < groups; ++g) {
       const std::size_t at = static_cast<std::size_t>(g * Mp + m);
       const std::size_t gi = static_cast<std::size_t>(m * qa.gstride + g * Tr::kG / 32);
-      std::int32_t sum = qa.qsum[gi];
-      if constexpr (Tr::kG == 16) {
-        sum = 0;
-        for (std::int64_t k = 16 * g; k < 16 * g + 16; ++k) sum += row[k];
-      }
+      const std::int32_t sum = Tr::kG == 16 ? qa.qsum16[static_cast<std::size_t>(m * (K / 16) + g)] : qa.qsum[gi];
       d[at] = qa.d[gi];
       xs[at] = Tr::kG == 32 ? qa.xsum[gi] : qa.d[gi] * static_cast<float>(sum);
       cq[at] = Tr::kOff * sum;
