@@ -123,6 +123,28 @@ std::vector<float> fast(const kernels::WeightMatrix& B, const std::vector<float>
   return y;
 }
 
+// The rows the kernels are compared on: ggml's blocks (q), 13 rows of random bytes with K 1024
+// (every code pattern, NaN and Inf scales; one ragged panel), and for the 32-blocks ggml's
+// blocks with K = 11 blocks (a ragged last eight-block chunk, K not a multiple of 64).
+struct Case {
+  std::string what;
+  std::vector<std::uint8_t> bytes;
+  std::int64_t N, K, ld;
+};
+
+template <class T>
+std::vector<Case> cases_of(const GgufTensorInfo& q, std::mt19937& rng) {
+  const auto* qb = static_cast<const std::uint8_t*>(q.data);
+  const std::int64_t qK = q.ne[0], qld = qK / T::kBlock * T::kBytes;
+  std::vector<Case> cases{{"ggml's blocks", std::vector<std::uint8_t>(qb, qb + q.nbytes), q.ne[1], qK, qld}};
+  const std::int64_t N = 13, K = 1024, ld = K / T::kBlock * T::kBytes;
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
+  for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+  cases.push_back({"random bytes", std::move(bytes), N, K, ld});
+  if (T::kBlock == 32) cases.push_back({"K of 11 blocks", cases[0].bytes, q.ne[1], 11 * 32, qld});
+  return cases;
+}
+
 TEST(GgmlInt8, IntegerFormGivesGgmlsWeights) {
   for_each_type([](auto type) {
     using T = typename decltype(type)::Block;
@@ -218,22 +240,7 @@ TEST(GgmlInt8, PanelKernelAgreesWithTheDecodeKernel) {
     using T = typename decltype(type)::Block;
     const GgufTensorInfo* q = blocks().find(std::string(T::kName) + ".q");
     ASSERT_NE(q, nullptr);
-    const auto* qb = static_cast<const std::uint8_t*>(q->data);
-    const std::int64_t qK = q->ne[0], qld = qK / T::kBlock * T::kBytes;
-    struct Case {
-      std::string what;
-      std::vector<std::uint8_t> bytes;
-      std::int64_t N, K, ld;
-    };
-    std::vector<Case> cases{{"ggml's blocks", std::vector<std::uint8_t>(qb, qb + q->nbytes), q->ne[1], qK, qld}};
-    {
-      const std::int64_t N = 13, K = 1024, ld = K / T::kBlock * T::kBytes;
-      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
-      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
-      cases.push_back({"random bytes", std::move(bytes), N, K, ld});
-    }
-    if (T::kBlock == 32) cases.push_back({"K of 11 blocks", cases[0].bytes, q->ne[1], 11 * 32, qld});
-    for (const Case& c : cases) {
+    for (const Case& c : cases_of<T>(*q, rng)) {
       const kernels::WeightMatrix B = matrix(type.element, c.bytes.data(), c.ld);
       std::vector<float> W(static_cast<std::size_t>(c.N * c.K));
       kernels::dequantize_rows(B, 0, c.N, c.K, W.data());
@@ -268,25 +275,9 @@ TEST(GgmlInt8, EveryPathGivesTheSameBits) {
   std::mt19937 rng(5);
   for_each_type([&](auto type) {
     using T = typename decltype(type)::Block;
-    struct Case {
-      std::string what;
-      std::vector<std::uint8_t> bytes;
-      std::int64_t N, K, ld;
-    };
-    std::vector<Case> cases;
     const GgufTensorInfo* q = blocks().find(std::string(T::kName) + ".q");
     ASSERT_NE(q, nullptr);
-    const auto* qb = static_cast<const std::uint8_t*>(q->data);
-    const std::int64_t qK = q->ne[0], qld = qK / T::kBlock * T::kBytes;
-    cases.push_back({"ggml's blocks", std::vector<std::uint8_t>(qb, qb + q->nbytes), q->ne[1], qK, qld});
-    {
-      const std::int64_t N = 13, K = 1024, ld = K / T::kBlock * T::kBytes;
-      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
-      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
-      cases.push_back({"random bytes", std::move(bytes), N, K, ld});
-    }
-    if (T::kBlock == 32) cases.push_back({"ragged chunk", cases[0].bytes, q->ne[1], 11 * 32, qld});
-    for (const Case& c : cases) {
+    for (const Case& c : cases_of<T>(*q, rng)) {
       const kernels::WeightMatrix B = matrix(type.element, c.bytes.data(), c.ld);
       for (const std::int64_t M : {std::int64_t{1}, std::int64_t{2}, std::int64_t{5}}) {
         const auto x = inputs(M, c.K, 3 + static_cast<std::uint32_t>(M));
