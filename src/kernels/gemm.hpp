@@ -98,7 +98,8 @@ inline std::int64_t amx_padded_k(std::int64_t K) { return (K + 31) / 32 * 32; }
 /// Rows of A up to which the fast mode's row kernel runs (beyond, the exact prefill path is
 /// faster: it dequantizes a weight block once for all rows, where the row kernel unpacks the codes
 /// again for every one or two rows) — except where a many-row kernel takes over: AMX-INT8 for MLX
-/// affine codes, the AVX512-VNNI panel kernel for ggml's types (detail::int8_row_kernel_max_rows).
+/// affine codes, the panel kernel (AVX2 or AVX512-VNNI) for ggml's types
+/// (detail::int8_row_kernel_max_rows).
 constexpr std::int64_t kInt8MaxRows = 8;
 
 /// A weight matrix [N, K] as stored (one expert's slice of an ExpertMatrix): a plain float matrix
@@ -333,17 +334,18 @@ bool int8_path_supported(Int8Path path) noexcept;
 const char* int8_path_name(Int8Path path) noexcept;  ///< best: the one it resolves to
 bool int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::int64_t K);
 // The most rows of A the fast mode's row kernel (gemm_nt_affine_int8_kernel) takes in gemm_nt;
-// more go to gemm_nt_int8_many. kInt8MaxRows, but 4 for ggml's types where the panel kernel
-// runs: from 5 rows on it is the faster (docs/performance.md).
+// more go to gemm_nt_int8_many. kInt8MaxRows, but 4 for ggml's types where the AVX512-VNNI panel
+// kernel runs: from 5 rows on it is the faster (docs/performance.md).
 std::int64_t int8_row_kernel_max_rows(const WeightMatrix& B) noexcept;
 void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                                 std::int64_t N, std::int64_t K, Int8Path path = Int8Path::best);
-// The fast mode's driver for more than kInt8MaxRows rows (where int8_activations_apply): ggml's
-// types on the AVX512-VNNI panel kernel (A quantized once, B decoded a 16-row panel at a time,
-// split over the pool in whole panels), MLX affine codes on AMX-INT8 (amx_int8_takes(B): split
-// in whole 16-row panels or 32-column tile pairs).
+// The fast mode's driver for more rows than the row kernel takes (where int8_activations_apply):
+// ggml's types on the panel kernel (A quantized once, B decoded a panel of 16 rows with
+// AVX512-VNNI, 8 with AVX2, at a time, split over the pool in whole panels; `path` avx2 or
+// avx512vnni picks the width, where the CPU has it), MLX affine codes on AMX-INT8
+// (amx_int8_takes(B): split in whole 16-row panels or 32-column tile pairs).
 void gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-                       std::int64_t K, Threads threads);
+                       std::int64_t K, Threads threads, Int8Path path = Int8Path::best);
 // n_total: the packed matrix's full column count (its panel stride); B.data points at column 0
 // of the call's first column.
 void gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

@@ -516,11 +516,25 @@ bool with_ggml_type(Element element, const Fn& fn) {
 }
 
 #if MOEKIT_X86
+// A's rows for the panel kernels (ggml_panel-inl.h): int8 codes in blocks of 4 rows, each [K / 4][4 rows][4 inputs]
+// (so one tile's rows are a few pointers and small offsets), and per group of kG inputs d, d·Σa
+// and off·Σa as [groups][Mp]; Mp the rows rounded up to 4, the padding zero.
+struct Rows {
+  const std::int8_t* q = nullptr;
+  const float* d = nullptr;
+  const float* xs = nullptr;
+  const std::int32_t* cq = nullptr;
+  std::int64_t Mp = 0;
+};
+
 #define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,f16c")))
 #define MOEKIT_I8_NAME(f) f##_avx2
 #define MOEKIT_I8_VNNI 0
 #include "kernels/affine_int8-inl.h"
 #include "kernels/ggml_int8-inl.h"
+namespace panel_avx2 {
+#include "kernels/ggml_panel-inl.h"
+}  // namespace panel_avx2
 #undef MOEKIT_I8_ATTR
 #undef MOEKIT_I8_NAME
 #undef MOEKIT_I8_VNNI
@@ -535,7 +549,9 @@ bool with_ggml_type(Element element, const Fn& fn) {
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+namespace panel_vnni {
 #include "kernels/ggml_panel-inl.h"
+}  // namespace panel_vnni
 #pragma GCC diagnostic pop
 #undef MOEKIT_I8_ATTR
 #undef MOEKIT_I8_NAME
@@ -842,23 +858,24 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   ggml_kernel_scalar<T>(qa, B, C, M, N);
 }
 
-// The fewest rows of A the panel kernel takes (fewer: the row kernel). Measured on q4_K, q6_K,
-// q8_0 and MXFP4 at T = 32, 64, 128 (about 2, 4, 8 rows per expert): with 5 and more rows the
-// panel is 15-27 % faster, below it level or slower (docs/performance.md).
+// The fewest rows of A the VNNI panel kernel takes (fewer: the row kernel). Measured on q4_K,
+// q6_K, q8_0 and MXFP4 at T = 32, 64, 128 (about 2, 4, 8 rows per expert): with 5 and more rows
+// the panel is 15-27 % faster, below it level or slower (docs/performance.md). AVX2's panels
+// start past kInt8MaxRows: from 5 or 7 rows they measured level with the row kernel or slower.
 constexpr std::int64_t kGgmlPanelMinRows = 5;
 
-// Whether the panel kernel may take many rows of a ggml type: the CPU has AVX512-VNNI and
-// MOEKIT_INT8_PATH names no narrower path.
-bool ggml_panels_allowed() noexcept { return best_path() == detail::Int8Path::avx512vnni; }
+// Whether a panel kernel may take many rows of a ggml type: the CPU has AVX2 (or AVX512-VNNI)
+// and MOEKIT_INT8_PATH does not ask for the portable path.
+bool ggml_panels_allowed() noexcept { return best_path() != detail::Int8Path::portable; }
 
 #if MOEKIT_X86
 // The fast mode on a ggml type for many rows (ggml_panel-inl.h): A quantized once per 32 inputs
-// (QuantA), its per-group terms for T's group, then B's rows a panel of 16 at a time, split over
-// the pool in whole panels where `threads` asks for it.
+// (QuantA), its per-group terms for T's group, then B's rows a panel at a time (16 rows with
+// AVX512-VNNI, 8 with AVX2), split over the pool in whole panels where `threads` asks for it.
 template <class T>
 void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-                 std::int64_t K, Threads threads) {
-  using Tr = panel::Traits<T>;
+                 std::int64_t K, Threads threads, bool vnni) {
+  using Tr = panel_avx2::Traits<T>;  // its group and offset: the same for both widths
   QuantA& qa = thread_quant_a();
   quantize_a(A, M, K, 32, 8, true, true, qa);
   if constexpr (Tr::kG == 16) sums16(qa);
@@ -872,7 +889,7 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
   cq.assign(d.size(), 0);
   for (std::int64_t m = 0; m < M; ++m) {
     const std::int8_t* row = qa.q8.data() + m * K;
-    std::int8_t* block = q.data() + (m / 4) * 4 * K + (m % 4) * 4;  // panel::Rows's layout
+    std::int8_t* block = q.data() + (m / 4) * 4 * K + (m % 4) * 4;  // Rows's layout
     for (std::int64_t j = 0; j < K / 4; ++j) std::memcpy(block + 16 * j, row + 4 * j, 4);
     for (std::int64_t g = 0; g < groups; ++g) {
       const std::size_t at = static_cast<std::size_t>(g * Mp + m);
@@ -883,11 +900,13 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
       cq[at] = Tr::kOff * sum;
     }
   }
-  const panel::Rows rows{q.data(), d.data(), xs.data(), cq.data(), Mp};
+  const Rows rows{q.data(), d.data(), xs.data(), cq.data(), Mp};
+  const std::int64_t width = vnni ? panel_vnni::kW : panel_avx2::kW;
   const auto run = [&](std::int64_t b0, std::int64_t b1) {
-    panel::run<T>(rows, M, Mp, B, C, b0 * 16, std::min(N, b1 * 16), K);
+    if (vnni) return panel_vnni::run<T>(rows, M, Mp, B, C, b0 * width, std::min(N, b1 * width), K);
+    panel_avx2::run<T>(rows, M, Mp, B, C, b0 * width, std::min(N, b1 * width), K);
   };
-  const std::int64_t panels = (N + 15) / 16;
+  const std::int64_t panels = (N + width - 1) / width;
   if (threads == Threads::caller) return run(0, panels);
   moekit::detail::parallel_for(panels, 1, run);
 }
@@ -916,7 +935,8 @@ bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::
 }
 
 std::int64_t detail::int8_row_kernel_max_rows(const WeightMatrix& B) noexcept {
-  return with_ggml_type(B.format.element, [](auto) {}) && ggml_panels_allowed() ? kGgmlPanelMinRows - 1 : kInt8MaxRows;
+  const bool vnni_panels = best_path() == detail::Int8Path::avx512vnni;
+  return with_ggml_type(B.format.element, [](auto) {}) && vnni_panels ? kGgmlPanelMinRows - 1 : kInt8MaxRows;
 }
 
 bool detail::int8_path_supported(Int8Path path) noexcept {
@@ -937,15 +957,17 @@ const char* detail::int8_path_name(Int8Path path) noexcept {
 }
 
 void detail::gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                               std::int64_t N, std::int64_t K, Threads threads) {
+                               std::int64_t N, std::int64_t K, Threads threads, Int8Path path) {
   if (M <= 0 || N <= 0) return;
 #if MOEKIT_X86
-  if (with_ggml_type(B.format.element, [&](auto type) { ggml_panels(type, A, B, C, M, N, K, threads); })) return;
+  if (path == Int8Path::best) path = best_path();
+  const bool vnni = path == Int8Path::avx512vnni;
+  if (with_ggml_type(B.format.element, [&](auto type) { ggml_panels(type, A, B, C, M, N, K, threads, vnni); })) return;
   thread_local AmxQuantA aq;
   quantize_amx(A, M, K, B.format.block_cols, B.format.bits, aq);
   amx8_split(aq, B, C, N, threads);
 #else
-  (void)A, (void)B, (void)C, (void)K, (void)threads;
+  (void)A, (void)B, (void)C, (void)K, (void)threads, (void)path;
 #endif
 }
 

@@ -1,25 +1,32 @@
-// The int8 fast mode on ggml's block types for many rows of A (prefill): the AVX512-VNNI panel
-// kernel (gemm_affine_int8.cpp includes it once, in its VNNI section, after ggml_int8-inl.h,
-// whose per-type code helpers it uses).
+// The int8 fast mode on ggml's block types for many rows of A (prefill): the panel kernel.
+// gemm_affine_int8.cpp includes it twice, after ggml_int8-inl.h (whose per-type code helpers it
+// uses): inside namespace panel_avx2 in its AVX2 section and inside namespace panel_vnni in its
+// AVX512-VNNI section. `Rows` (A's side) is the file's own, shared by both.
 //
-// Per 16 rows of B: each block is turned once into u8 codes and per-group float terms, the 16
-// rows' codes transposed into a panel — 4 inputs × 16 rows per 64 bytes, the layout `vpdpbusd`
-// multiplies one zmm of — and then every row of A (its int8 codes broadcast 4 at a time) runs
-// over the panel, 12 rows at once. So a block is decoded once per call, not once per row or two
-// of A as in the row kernel. q4_K and q6_K go straight from the 16 rows into the panel (their
-// packed bytes transposed, then split; their scales gathered for 16 rows at once); the other
-// types are unpacked a row at a time into a stage, then transposed. Per row m and group g of kG
-// inputs (Traits<T>::kG, 32 or 16):
+// Per kW rows of B (16 with VNNI, 8 with AVX2): each block is turned once into u8 codes and
+// per-group float terms, the kW rows' codes transposed into a panel — 4 inputs × kW rows per
+// 4 · kW bytes, the layout `vpdpbusd` (VNNI) or `vpmaddubsw` (AVX2) multiplies one register of —
+// and then every row of A (its int8 codes broadcast 4 at a time) runs over the panel, 12 (AVX2:
+// 4) rows at once. So a block is decoded once per call, not once per row or two of A as in the
+// row kernel. With VNNI, q4_K and q6_K go straight from the 16 rows into the panel (their packed
+// bytes transposed, then split; their scales gathered for 16 rows at once); otherwise blocks are
+// unpacked a row at a time into a stage, then transposed. Per row m and group g of kG inputs
+// (Traits<T>::kG, 32 or 16):
 //   t   = Σ_k u_k · a_k                              (exact int32, u the u8 code)
 //   acc = fma(float(t − off·Σa), ws · d[m,g], acc)   (off: the codes' shift into u8)
 //   acc = fma(wb, d[m,g]·Σa, acc)                     (types with a min or bias)
 // the weights being w = ws · (u − off) + wb per group: the integer form of ggml_common.hpp with
-// the sub-block scale folded into ws (an f16 times a small integer: exact in f32). The error
-// bound is the row kernel's (docs/numerics.md); the bits are not (the sums run in another order),
-// which is why the choice of kernel is made on the whole call.
-// No include guard: included once, on purpose, where MOEKIT_I8_NAME names the VNNI variant.
+// the sub-block scale folded into ws (an f16 times a small integer: exact in f32). AVX2's
+// `vpmaddubsw` sums pairs of products in int16 with saturation, so there the signed types (codes
+// up to 255 with their offset of 128) multiply |q| by a carrying q's sign, which is t − off·Σa
+// directly; every other type's products are added in int16 only as many times as cannot
+// saturate (Traits::kSum16). Both give the same exact t, so the two widths give the same bits.
+// The error bound is the row kernel's (docs/numerics.md); the bits are not the row kernel's (the
+// sums run in another order), which is why the choice of kernel is made on the whole call.
+// No include guard: included twice, on purpose (above).
 
-namespace panel {
+// Rows of B per panel: one register of 4-input dwords.
+constexpr int kW = MOEKIT_I8_VNNI ? 16 : 8;
 
 // What the panel needs of a type: its group of inputs per scale (16 for the K-quants with a
 // scale per 16 weights), the offset in its u8 codes, whether it has a bias term.
@@ -36,7 +43,25 @@ struct Traits {
   static constexpr bool kBias = GgmlInt8<T>::kBias || std::is_same_v<T, formats::q2_k::Type>;
   // Whether pack takes its blocks straight from the 16 rows (direct() below) rather than a row
   // at a time through the stage.
-  static constexpr bool kDirect = std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>;
+  static constexpr bool kDirect =
+      MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>);
+  // The largest u8 code (AVX2's int16 budget): the signed types' |q| (their offset of 128).
+  static constexpr int kMaxCode = kOff == 128                                    ? 128
+                                  : std::is_same_v<T, formats::q6_k::Type>       ? 63
+                                  : std::is_same_v<T, formats::ggml_mxfp4::Type> ? 24
+                                  : std::is_same_v<T, formats::q3_k::Type>       ? 7
+                                  : std::is_same_v<T, formats::q2_k::Type>       ? 3
+                                  : std::is_same_v<T, formats::q4_0::Type> || std::is_same_v<T, formats::q4_1::Type> ||
+                                          std::is_same_v<T, formats::q4_k::Type>
+                                      ? 15
+                                      : 31;  // the 5-bit types
+  // Per group, how many vpmaddubsw results (pairs, each ≤ 2 · kMaxCode · 127) are added in int16
+  // before they widen: the most that cannot reach 32767, a power of two dividing kG / 4.
+  static constexpr int kSum16 = [] {
+    int n = 1;
+    while (2 * n <= kG / 4 && 2 * n * 2 * kMaxCode * 127 <= 32767) n *= 2;
+    return n;
+  }();
 };
 
 MOEKIT_I8_ATTR inline void put(std::uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
@@ -72,6 +97,7 @@ MOEKIT_I8_ATTR inline void k45_terms(const std::uint8_t* b, float* ws, float* wb
   _mm256_storeu_ps(wb, _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), widen8(m)));  // −(dmin · m)
 }
 
+#if MOEKIT_I8_VNNI
 // k45_terms for 16 rows at once, straight into the panel's [group][16 rows] layout: the blocks'
 // first 16 bytes (d, dmin, the 12 bytes of scales and mins) gathered a dword per row, the 6-bit
 // fields taken apart lane by lane (ggml::scales_mins_k4's steps). Rows outside `live` give 0.
@@ -101,6 +127,8 @@ MOEKIT_I8_ATTR inline void k45_terms16(const std::uint8_t* b, __m512i at, __mmas
     _mm512_storeu_ps(wb + 16 * j, _mm512_mul_ps(nd, m));  // −(dmin · m)
   }
 }
+
+#endif
 
 // q4_K / q5_K: the codes as the row kernel takes them (k45_codes), ws = d · scale, wb = −dmin · min.
 template <bool kFifth>
@@ -188,7 +216,7 @@ MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, 
     ws[j] = d * static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32);
 }
 
-// Rows of B decoded for one panel, before the transpose: 16 rows of u8 codes (row r at r · Kp,
+// Rows of B decoded for one panel, before the transpose: kW rows of u8 codes (row r at r · Kp,
 // inputs past K zero) and of terms (row r at r · gp, gp the groups rounded up to 16), rows past
 // the matrix zero.
 struct Stage {
@@ -196,12 +224,13 @@ struct Stage {
   std::vector<float> ws, wb;
 };
 
-// The panel: codes as [K / 4][16 rows][4 inputs], terms as [groups][16 rows].
+// The panel: codes as [K / 4][kW rows][4 inputs], terms as [groups][kW rows].
 struct Panel {
   std::vector<std::uint8_t> codes;
   std::vector<float> ws, wb;
 };
 
+#if MOEKIT_I8_VNNI
 // 16 rows of 16 dwords transposed in registers: afterwards v[j] holds dword j of rows 0 .. 15.
 MOEKIT_I8_ATTR inline void transpose16(__m512i (&v)[16]) {
   __m512i w[16];
@@ -230,9 +259,9 @@ MOEKIT_I8_ATTR inline void transpose16(__m512i (&v)[16]) {
   }
 }
 
-// 16 rows of 16 dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
-// dword j · 16 + r.
-MOEKIT_I8_ATTR inline void transpose16(const void* src, std::int64_t stride, void* dst) {
+// kW rows of kW dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
+// dword j · kW + r.
+MOEKIT_I8_ATTR inline void transpose_rows(const void* src, std::int64_t stride, void* dst) {
   const auto* in = static_cast<const char*>(src);
   auto* out = static_cast<char*>(dst);
   __m512i v[16];
@@ -314,19 +343,47 @@ MOEKIT_I8_ATTR inline void direct(formats::q6_k::Type, const std::uint8_t* const
   }
 }
 
-// Rows [n0, n0 + rows) of B (rows ≤ 16) into `p`: straight from the rows (Traits::kDirect, while
+#else
+// kW rows of kW dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
+// dword j · kW + r.
+MOEKIT_I8_ATTR inline void transpose_rows(const void* src, std::int64_t stride, void* dst) {
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  __m256i v[8], w[8];
+  for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + r * stride));
+  for (int r = 0; r < 8; r += 2) {
+    w[r] = _mm256_unpacklo_epi32(v[r], v[r + 1]);
+    w[r + 1] = _mm256_unpackhi_epi32(v[r], v[r + 1]);
+  }
+  for (int r = 0; r < 8; r += 4) {
+    v[r] = _mm256_unpacklo_epi64(w[r], w[r + 2]);
+    v[r + 1] = _mm256_unpackhi_epi64(w[r], w[r + 2]);
+    v[r + 2] = _mm256_unpacklo_epi64(w[r + 1], w[r + 3]);
+    v[r + 3] = _mm256_unpackhi_epi64(w[r + 1], w[r + 3]);
+  }
+  // v[4q + c], 128-bit lane L: rows 4q .. 4q + 3 of dword 4L + c.
+  for (int c = 0; c < 4; ++c) {
+    w[c] = _mm256_permute2x128_si256(v[c], v[4 + c], 0x20);
+    w[4 + c] = _mm256_permute2x128_si256(v[c], v[4 + c], 0x31);
+  }
+  for (int j = 0; j < 8; ++j) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * j), w[j]);
+}
+#endif
+
+// Rows [n0, n0 + rows) of B (rows ≤ kW) into `p`: straight from the rows (Traits::kDirect, while
 // 15 row strides fit the gathers' int32 offsets), else each row's blocks unpacked into the stage,
-// then codes and terms transposed 16 × 16 dwords at a time.
+// then codes and terms transposed kW × kW dwords at a time.
 template <class T>
 MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, Stage& s,
                          Panel& p) {
   constexpr int kG = Traits<T>::kG;
   const std::int64_t groups = K / kG, blocks = K / T::kBlock;
   const std::int64_t Kp = (K + 63) / 64 * 64, gp = (groups + 15) / 16 * 16;
-  p.codes.resize(static_cast<std::size_t>(16 * Kp));
-  p.ws.resize(static_cast<std::size_t>(16 * gp));
+  p.codes.resize(static_cast<std::size_t>(kW * Kp));
+  p.ws.resize(static_cast<std::size_t>(kW * gp));
   p.wb.resize(p.ws.size());
   const std::int64_t stride = row_stride_bytes(B);
+#if MOEKIT_I8_VNNI
   if constexpr (Traits<T>::kDirect) {
     if (15 * stride <= std::numeric_limits<std::int32_t>::max()) {
       // Rows past the matrix read a zero row (codes 0) and gather nothing (scales 0).
@@ -343,10 +400,11 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
       return;
     }
   }
-  s.codes.resize(static_cast<std::size_t>(16 * Kp));
+#endif
+  s.codes.resize(static_cast<std::size_t>(kW * Kp));
   s.ws.resize(p.ws.size());
   s.wb.resize(p.ws.size());
-  for (std::int64_t r = 0; r < 16; ++r) {
+  for (std::int64_t r = 0; r < kW; ++r) {
     std::uint8_t* u = s.codes.data() + r * Kp;
     float* ws = s.ws.data() + r * gp;
     float* wb = s.wb.data() + r * gp;
@@ -361,24 +419,14 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
       unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g);
     }
   }
-  for (std::int64_t k = 0; k < Kp; k += 64) transpose16(s.codes.data() + k, Kp, p.codes.data() + k * 16);
-  for (std::int64_t g = 0; g < gp; g += 16) {
-    transpose16(s.ws.data() + g, gp * 4, p.ws.data() + g * 16);
-    if (Traits<T>::kBias) transpose16(s.wb.data() + g, gp * 4, p.wb.data() + g * 16);
+  for (std::int64_t k = 0; k < Kp; k += 4 * kW) transpose_rows(s.codes.data() + k, Kp, p.codes.data() + k * kW);
+  for (std::int64_t g = 0; g < gp; g += kW) {
+    transpose_rows(s.ws.data() + g, gp * 4, p.ws.data() + g * kW);
+    if (Traits<T>::kBias) transpose_rows(s.wb.data() + g, gp * 4, p.wb.data() + g * kW);
   }
 }
 
-// A's rows for the panel kernel: int8 codes in blocks of 4 rows, each [K / 4][4 rows][4 inputs]
-// (so one tile's rows are a few pointers and small offsets), and per group of kG inputs d, d·Σa
-// and off·Σa as [groups][Mp]; Mp the rows rounded up to 4, the padding zero.
-struct Rows {
-  const std::int8_t* q = nullptr;
-  const float* d = nullptr;
-  const float* xs = nullptr;
-  const std::int32_t* cq = nullptr;
-  std::int64_t Mp = 0;
-};
-
+#if MOEKIT_I8_VNNI
 // MR rows of A from row m (a multiple of 4) against one panel: out[i] the 16 columns of row
 // m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group.
 template <int MR, int kG, bool kOff, bool kBias>
@@ -418,38 +466,102 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
   }
   for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
 }
+#else
+// MR rows of A from row m (a multiple of 4) against one panel of 8: out[i] the 8 columns of row
+// m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group. Per group, two
+// rows at a time, each 4 inputs: `vpmaddubsw` of the codes and each row's 4 int8 (for the signed
+// types |q| and a with q's sign), kSum16 of those added in int16, then widened and added in
+// int32 by `vpmaddwd` with ones. (All four rows at once, the compiler keeps 16 int16 sums live
+// and spills: 5-10 % slower, docs/performance.md.)
+template <int MR, int kG, bool kOff, bool kBias, bool kSigned, int kSum16>
+MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out, const char* pf,
+                         const char* pf_end) {
+  static_assert(MR == 4 && (kG / 4) % kSum16 == 0, "one block of 4 rows of A; whole int16 runs per group");
+  constexpr int kPair = 2;
+  __m256 acc[MR];
+  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  const std::int8_t* q = a.q + m * K;
+  const std::uint8_t* codes = p.codes.data();
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (std::int64_t g = 0; g < K / kG; ++g) {
+    for (int l = 0; l < kPrefetchLines; ++l)
+      if (pf + 64 * (kPrefetchLines * g + l) < pf_end) _mm_prefetch(pf + 64 * (kPrefetchLines * g + l), _MM_HINT_T0);
+    __m256i t[MR];
+    for (int i = 0; i < MR; ++i) t[i] = _mm256_setzero_si256();
+    for (int i0 = 0; i0 < MR; i0 += kPair) {
+      for (int j0 = 0; j0 < kG / 4; j0 += kSum16) {
+        __m256i s16[kPair];
+        for (int r = 0; r < kPair; ++r) s16[r] = _mm256_setzero_si256();
+        for (int j = j0; j < j0 + kSum16; ++j) {
+          const std::int64_t at = g * kG / 4 + j;  // the 4-input step
+          __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * at));
+          const __m256i sq = kSigned ? _mm256_xor_si256(u, flip) : u;  // the signed codes
+          if constexpr (kSigned) u = _mm256_abs_epi8(sq);
+          for (int r = 0; r < kPair; ++r) {
+            std::int32_t x;
+            std::memcpy(&x, q + 16 * at + 4 * (i0 + r), 4);
+            __m256i av = _mm256_set1_epi32(x);
+            if constexpr (kSigned) av = _mm256_sign_epi8(av, sq);
+            s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(u, av));
+          }
+        }
+        for (int r = 0; r < kPair; ++r) t[i0 + r] = _mm256_add_epi32(t[i0 + r], _mm256_madd_epi16(s16[r], ones));
+      }
+    }
+    const __m256 ws = _mm256_loadu_ps(p.ws.data() + g * 8);
+    const __m256 wb = kBias ? _mm256_loadu_ps(p.wb.data() + g * 8) : _mm256_setzero_ps();
+    const float* d = a.d + g * a.Mp + m;
+    const float* xs = a.xs + g * a.Mp + m;
+    const std::int32_t* cq = a.cq + g * a.Mp + m;
+    for (int i = 0; i < MR; ++i) {
+      __m256i s = t[i];
+      if constexpr (kOff) s = _mm256_sub_epi32(s, _mm256_set1_epi32(cq[i]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ws, _mm256_set1_ps(d[i])), acc[i]);
+      if constexpr (kBias) acc[i] = _mm256_fmadd_ps(wb, _mm256_set1_ps(xs[i]), acc[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+}
+#endif
 
 // Every row of A (a.q has Mp ≥ M rows, a multiple of 4) against B's rows [n0, n1), a panel of
-// 16 at a time, rows of A 12 (then 8 or 4) at a time.
+// kW at a time, rows of A 12 (then 8 or 4; AVX2: 4) at a time.
 template <class T>
 MOEKIT_I8_ATTR void run(const Rows& a, std::int64_t M, std::int64_t Mp, const WeightMatrix& B, const Output& C,
                         std::int64_t n0, std::int64_t n1, std::int64_t K) {
   using Tr = Traits<T>;
+  // AVX2's signed types multiply |q| by a with q's sign: t is then Σ q · a itself, no offset.
+  constexpr bool kSigned = !MOEKIT_I8_VNNI && Tr::kOff == 128;
+  constexpr bool kOff = Tr::kOff != 0 && !kSigned;
   thread_local Stage stage;
   thread_local Panel panel;
-  alignas(64) float out[12 * 16];
-  for (std::int64_t n = n0; n < n1; n += 16) {
-    const std::int64_t rows = std::min<std::int64_t>(16, n1 - n);
+  alignas(64) float out[12 * kW];
+  for (std::int64_t n = n0; n < n1; n += kW) {
+    const std::int64_t rows = std::min<std::int64_t>(kW, n1 - n);
     pack<T>(B, n, rows, K, stage, panel);
     // The next two panels' bytes (B's rows are contiguous), fetched while this one computes,
     // kPrefetchLines lines per group of each tile: the pack otherwise waits on DRAM for every
     // row, and all at once they overflow the miss buffers.
     const std::int64_t stride = row_stride_bytes(B);
-    const char* next = static_cast<const char*>(B.data) + (n + 16) * stride;
-    const char* next_end = static_cast<const char*>(B.data) + std::min(n1, n + 48) * stride;
+    const char* next = static_cast<const char*>(B.data) + (n + kW) * stride;
+    const char* next_end = static_cast<const char*>(B.data) + std::min(n1, n + 3 * kW) * stride;
     for (std::int64_t m = 0; m < Mp;) {
-      const std::int64_t mr = Mp - m >= 12 ? 12 : Mp - m >= 8 ? 8 : 4;
+      std::int64_t mr = 0;
+#if MOEKIT_I8_VNNI
+      mr = Mp - m >= 12 ? 12 : Mp - m >= 8 ? 8 : 4;
       if (mr == 12)
-        tile<12, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out, next, next_end);
+        tile<12, Tr::kG, kOff, Tr::kBias>(a, m, panel, K, out, next, next_end);
       else if (mr == 8)
-        tile<8, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out, next, next_end);
+        tile<8, Tr::kG, kOff, Tr::kBias>(a, m, panel, K, out, next, next_end);
       else
-        tile<4, Tr::kG, Tr::kOff != 0, Tr::kBias>(a, m, panel, K, out, next, next_end);
+        tile<4, Tr::kG, kOff, Tr::kBias>(a, m, panel, K, out, next, next_end);
+#else
+      mr = 4;
+      tile<4, Tr::kG, kOff, Tr::kBias, kSigned, Tr::kSum16>(a, m, panel, K, out, next, next_end);
+#endif
       for (std::int64_t i = 0; i < mr && m + i < M; ++i)
-        for (std::int64_t r = 0; r < rows; ++r) store(C, m + i, n + r, out[16 * i + r]);
+        for (std::int64_t r = 0; r < rows; ++r) store(C, m + i, n + r, out[kW * i + r]);
       m += mr;
     }
   }
 }
-
-}  // namespace panel

@@ -7,12 +7,13 @@
 //    code pattern, NaN and Inf scales included), with K a multiple of 256 and, for the 32-blocks,
 //    with a ragged last eight-block chunk;
 //  - gemm_nt takes the fast mode's row kernel for few rows and, for more, the panel kernel
-//    (ggml_panel-inl.h) where the CPU has AVX512-VNNI (from 5 rows), else the exact mode (from
-//    kInt8MaxRows + 1); a NaN input makes its row NaN;
+//    (ggml_panel-inl.h) where the CPU has AVX2 (from 5 rows with AVX512-VNNI, else from
+//    kInt8MaxRows + 1), else the exact mode (from kInt8MaxRows + 1); a NaN input makes its row NaN;
 //  - every type has the fast mode, q2_K (its min per 16 weights, Mins) included;
 //  - the panel kernel lies within the same bound of the exact mode, and agrees with the row
 //    kernel to f32 rounding on random bytes (non-finite where it is), with ragged panels (N not a
-//    multiple of 16, K not of 64) and on the pool.
+//    multiple of 16, K not of 64) and on the pool; its two widths (AVX2's 8-row panels and
+//    AVX512-VNNI's 16) give the same bits, and neither reads past the matrix.
 #include <gtest/gtest.h>
 
 #if defined(__linux__)
@@ -63,8 +64,16 @@ void for_each_type(const Fn& fn) {
 }
 
 // Whether gemm_nt runs more than kInt8MaxRows rows of ggml's types in the fast mode (the panel
-// kernel: AVX512-VNNI).
-bool panels() { return std::string(kernels::detail::int8_path_name(Int8Path::best)) == "avx512vnni"; }
+// kernel: AVX2 or AVX512-VNNI).
+bool panels() { return std::string(kernels::detail::int8_path_name(Int8Path::best)) != "portable"; }
+
+// The panel paths this CPU has.
+std::vector<Int8Path> panel_paths() {
+  std::vector<Int8Path> paths;
+  for (const Int8Path path : {Int8Path::avx2, Int8Path::avx512vnni})
+    if (kernels::detail::int8_path_supported(path)) paths.push_back(path);
+  return paths;
+}
 
 // gemm_nt on M rows in the fast mode (B.int8_activations), on the pool.
 std::vector<float> fast_gemm(kernels::WeightMatrix B, const std::vector<float>& x, std::int64_t M, std::int64_t N,
@@ -120,6 +129,15 @@ std::vector<float> fast(const kernels::WeightMatrix& B, const std::vector<float>
   std::vector<float> y(static_cast<std::size_t>(M * N), -7.0f);
   kernels::detail::gemm_nt_affine_int8_kernel(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K,
                                               path);
+  return y;
+}
+
+// The panel kernel of `path`'s width, on the pool.
+std::vector<float> panel(const kernels::WeightMatrix& B, const std::vector<float>& x, std::int64_t M, std::int64_t N,
+                         std::int64_t K, Int8Path path) {
+  std::vector<float> y(static_cast<std::size_t>(M * N), -7.0f);
+  kernels::detail::gemm_nt_int8_many(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K,
+                                     kernels::Threads::pool, path);
   return y;
 }
 
@@ -187,7 +205,7 @@ TEST(GgmlInt8, IntegerFormGivesGgmlsWeights) {
   });
 }
 
-TEST(GgmlInt8, TakesEveryTypeForFewRowsAndForManyOnVnni) {
+TEST(GgmlInt8, TakesEveryTypeForFewRowsAndForManyWithAvx2) {
   for (const Element e :
        {Element::q4_0, Element::q4_1, Element::q5_0, Element::q5_1, Element::q8_0, Element::q2_k, Element::q3_k,
         Element::q4_k, Element::q5_k, Element::q6_k, Element::iq4_nl, Element::iq4_xs, Element::ggml_mxfp4}) {
@@ -202,7 +220,8 @@ TEST(GgmlInt8, TakesEveryTypeForFewRowsAndForManyOnVnni) {
   }
   kernels::WeightMatrix q2 = matrix(Element::q2_k, nullptr, 0);
   q2.int8_activations = true;
-  EXPECT_EQ(kernels::detail::int8_row_kernel_max_rows(q2), panels() ? 4 : kernels::kInt8MaxRows);
+  const bool vnni = std::string(kernels::detail::int8_path_name(Int8Path::best)) == "avx512vnni";
+  EXPECT_EQ(kernels::detail::int8_row_kernel_max_rows(q2), vnni ? 4 : kernels::kInt8MaxRows);
 }
 
 // The decode kernel (up to kInt8MaxRows rows) and the panel kernel (more, where the CPU has it),
@@ -234,7 +253,7 @@ TEST(GgmlInt8, WithinTheBoundOfTheExactMode) {
 // another order): to f32 rounding of the terms, non-finite where it is, on ggml's blocks,
 // random bytes (N = 13: one ragged panel) and 11 32-blocks (K not a multiple of 64).
 TEST(GgmlInt8, PanelKernelAgreesWithTheDecodeKernel) {
-  if (!panels()) GTEST_SKIP() << "no AVX512-VNNI: more than kInt8MaxRows rows run exactly";
+  if (!panels()) GTEST_SKIP() << "no AVX2: more than kInt8MaxRows rows run exactly";
   std::mt19937 rng(9);
   for_each_type([&](auto type) {
     using T = typename decltype(type)::Block;
@@ -247,7 +266,17 @@ TEST(GgmlInt8, PanelKernelAgreesWithTheDecodeKernel) {
       for (const std::int64_t M : {std::int64_t{9}, std::int64_t{22}}) {
         const auto x = inputs(M, c.K, 17 + static_cast<std::uint32_t>(M));
         const auto want = fast(B, x, M, c.N, c.K, Int8Path::portable);
-        const auto got = fast_gemm(B, x, M, c.N, c.K);
+        std::vector<std::vector<float>> widths;  // each panel path's, then gemm_nt's
+        for (const Int8Path path : panel_paths()) widths.push_back(panel(B, x, M, c.N, c.K, path));
+        widths.push_back(fast_gemm(B, x, M, c.N, c.K));
+        for (std::size_t w = 1; w < widths.size(); ++w) {
+          int bad = 0;
+          for (std::size_t i = 0; i < want.size(); ++i)
+            if (!same_bits(widths[w][i], widths[0][i]) && bad++ < 3)
+              ADD_FAILURE() << T::kName << " " << c.what << " M " << M << " [" << i << "]: " << widths[w][i]
+                            << " against the AVX2 panel's " << widths[0][i];
+        }
+        const auto& got = widths[0];
         int bad = 0;
         for (std::int64_t m = 0; m < M; ++m)
           for (std::int64_t n = 0; n < c.N; ++n) {
@@ -320,6 +349,9 @@ TEST(GgmlInt8, ReadsNoBytePastTheMatrix) {
       const auto x = inputs(M, K, 31);
       const auto y = fast_gemm(B, x, M, N, K);
       for (const float v : y) EXPECT_TRUE(std::isfinite(v)) << T::kName << " M " << M;
+      if (M == 1) continue;
+      for (const Int8Path path : panel_paths())
+        for (const float v : panel(B, x, M, N, K, path)) EXPECT_TRUE(std::isfinite(v)) << T::kName;
     }
     munmap(map, span);
   });
