@@ -2,7 +2,9 @@
 # Builds ggml's test-backend-ops from the llama.cpp sources vendored in PyPI's llama-cpp-python
 # source distribution, under build-peers/ggml/; `setup_ggml.sh decode` builds instead only the ggml
 # libraries and bench/peers/ggml_decode.cpp against them (build-peers/ggml/ggml_decode, the fair
-# decode harness of decode.sh). Idempotent: prints nothing when the binary is there.
+# decode harness of decode.sh); `setup_ggml.sh decode-avx2` the same with ggml built for AVX2 + FMA
+# alone (build-peers/ggml/ggml_decode_avx2: an AVX2-only CPU's ggml, for moekit run with
+# MOEKIT_INT8_PATH=avx2 on the same machine). Idempotent: prints nothing when the binary is there.
 # On success prints nothing on stdout; on failure prints one line "not measured: <reason>" on
 # stdout and exits 1 (run.sh puts that line in the table).
 # Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), PEERS_DIR.
@@ -14,14 +16,16 @@ WANT_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 BIN_LINK="$DIR/test-backend-ops"
 MODE="${1:-test-backend-ops}"
 [[ $MODE == decode ]] && BIN_LINK="$DIR/ggml_decode"
-[[ $MODE == decode || $MODE == test-backend-ops ]] || { echo "setup_ggml.sh: unknown mode '$MODE'" >&2; exit 2; }
+[[ $MODE == decode-avx2 ]] && BIN_LINK="$DIR/ggml_decode_avx2"
+[[ $MODE == decode || $MODE == decode-avx2 || $MODE == test-backend-ops ]] ||
+    { echo "setup_ggml.sh: unknown mode '$MODE'" >&2; exit 2; }
 mkdir -p "$DIR"
 
 log() { echo "peers/ggml: $*" >&2; }
 fail() { log "$*"; echo "not measured: $*"; exit 1; }
 
 # (the harness is rebuilt when its source is newer than it)
-[[ -x "$BIN_LINK" && -f "$DIR/VERSION" && ! ( $MODE == decode && "$ROOT/bench/peers/ggml_decode.cpp" -nt "$BIN_LINK" ) ]] && exit 0
+[[ -x "$BIN_LINK" && -f "$DIR/VERSION" && ! ( $MODE == decode* && "$ROOT/bench/peers/ggml_decode.cpp" -nt "$BIN_LINK" ) ]] && exit 0
 
 # 1. The source distribution (the exact version, else the newest PyPI has; VERSION records which).
 sdist="$(ls "$DIR"/llama_cpp_python-*.tar.gz 2>/dev/null | head -n1)"
@@ -111,14 +115,19 @@ fi
 # 3. Configure and build only test-backend-ops (it links libllama and llama-common, so those build
 #    too; tools, examples, server and HTTPS are off). nice: the machine is shared.
 bdir="$DIR/build-$version"
+isa=(-DGGML_NATIVE=ON)
+if [[ $MODE == decode-avx2 ]]; then
+    bdir="$DIR/build-avx2-$version"
+    isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
+fi
 command -v cmake >/dev/null && command -v ninja >/dev/null || fail "cmake and ninja are needed (apt-get install cmake ninja-build)"
 if [[ ! -f "$bdir/build.ninja" ]]; then
-    nice -n 19 cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    nice -n 19 cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
         -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
         >"$DIR/cmake-configure.log" 2>&1 || fail "cmake configure failed (see $DIR/cmake-configure.log)"
 fi
-if [[ $MODE == decode ]]; then
+if [[ $MODE == decode* ]]; then
     # The decode harness needs only ggml (ggml-base + ggml-cpu, OpenMP as llama.cpp builds it).
     log "building ggml of llama-cpp-python $version and the decode harness (a few minutes)"
     nice -n 19 cmake --build "$bdir" --target ggml -j "${PEERS_BUILD_JOBS:-2}" \
