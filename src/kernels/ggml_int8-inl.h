@@ -74,49 +74,68 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::ggml_mxfp4::Type,
   return MOEKIT_I8_NAME(lookup)(kShifted, MOEKIT_I8_NAME(nibbles32)(b + 1));
 }
 
-// One 32-block (group g of the row) against MR rows of A: x[i] its 8 lanes of products, *ws and
-// *wb its scale and bias; zero lanes and zero scales where the row has no block g.
+// One 32-block (group g of the row) against MR rows of A: x[i] its 8 lanes of products; zero
+// lanes where the row has no block g.
 template <class T, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(block32)(const std::uint8_t* row, std::int64_t g, bool present,
-                                                   const std::int8_t* const (&a)[MR], __m256i (&x)[MR], float* ws,
-                                                   float* wb) {
+                                                   const std::int8_t* const (&a)[MR], __m256i (&x)[MR]) {
   if (!present) {
     for (int i = 0; i < MR; ++i) x[i] = _mm256_setzero_si256();
-    *ws = *wb = 0.0f;
     return;
   }
   const std::uint8_t* b = row + g * T::kBytes;
   const __m256i c = MOEKIT_I8_NAME(codes32)(T{}, b);
-  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
-    *ws = T::Scale(b[0]);
-  } else {
-    *ws = MOEKIT_I8_NAME(half)(b);
-  }
-  *wb = GgmlInt8<T>::kBias ? MOEKIT_I8_NAME(half)(b + 2) : 0.0f;
   for (int i = 0; i < MR; ++i) {
     const __m256i av = MOEKIT_I8_NAME(load256)(a[i] + 32 * g);
     x[i] = GgmlInt8<T>::kSigned ? MOEKIT_I8_NAME(sdot)(c, av) : MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), c, av);
   }
 }
 
+// The 16-bit field at byte `at` of blocks g .. g + 7 (0 past the row's `groups`) as one vector,
+// built in registers: eight scalar stores read back as one vector would wait for the stores to
+// drain (no store forwarding) on every chunk.
+template <class T>
+MOEKIT_I8_ATTR inline __m128i MOEKIT_I8_NAME(fields8)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
+                                                      int at) {
+  const auto f = [&](int k) -> short {
+    if (g + k >= groups) return 0;
+    std::uint16_t v;
+    std::memcpy(&v, row + (g + k) * T::kBytes + at, 2);
+    return static_cast<short>(v);
+  };
+  return _mm_setr_epi16(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
+}
+
 // Groups [g, g + 8) of a 32-block type's row (`groups` in all): S[i] the eight integer sums
-// (before the offset), ws and wb the eight blocks' scales and biases.
+// (before the offset), ws and wb the eight blocks' scales and biases (0 past the row).
 template <class T, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
                                                    const std::int8_t* const (&a)[MR], __m256i (&S)[MR], __m256& ws,
                                                    __m256& wb) {
-  alignas(32) float s[8], b[8];
   __m256i h[MR][4];
 #pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
     __m256i x[MR], y[MR];
-    MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p, g + 2 * p < groups, a, x, s + 2 * p, b + 2 * p);
-    MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p + 1, g + 2 * p + 1 < groups, a, y, s + 2 * p + 1, b + 2 * p + 1);
+    MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p, g + 2 * p < groups, a, x);
+    MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p + 1, g + 2 * p + 1 < groups, a, y);
     for (int i = 0; i < MR; ++i) h[i][p] = _mm256_hadd_epi32(x[i], y[i]);
   }
   for (int i = 0; i < MR; ++i) S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
-  ws = _mm256_load_ps(s);
-  wb = _mm256_load_ps(b);
+  const __m128i scales = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 0);
+  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+    // e8m0 (the low byte; blocks past the row 0): 2^(e − 127) as ggml_mxfp4::Scale writes it,
+    // (e − 1) << 23 from e = 2, 0x00200000 << e below; past the row 0.
+    const __m256i e = _mm256_and_si256(_mm256_cvtepu16_epi32(scales), _mm256_set1_epi32(0xFF));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i bits = _mm256_blendv_epi8(tiny, normal, _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1)));
+    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<std::int64_t>(8, groups - g))),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    ws = _mm256_castsi256_ps(_mm256_and_si256(bits, live));
+  } else {
+    ws = _mm256_cvtph_ps(scales);
+  }
+  wb = GgmlInt8<T>::kBias ? _mm256_cvtph_ps(MOEKIT_I8_NAME(fields8) < T > (row, g, groups, 2)) : _mm256_setzero_ps();
 }
 
 // q4_K / q5_K: a block's eight sub-block scales times their groups' sums, ws = d, wb = −dmin·m.
