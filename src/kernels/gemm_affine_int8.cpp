@@ -516,9 +516,10 @@ bool with_ggml_type(Element element, const Fn& fn) {
 }
 
 #if MOEKIT_X86
-// A's rows for the panel kernels (ggml_panel-inl.h): int8 codes in blocks of 4 rows, each [K / 4][4 rows][4 inputs]
-// (so one tile's rows are a few pointers and small offsets), and per group of kG inputs d, d·Σa
-// and off·Σa as [groups][Mp]; Mp the rows rounded up to 4, the padding zero.
+// A's rows for the panel kernels (ggml_panel-inl.h): int8 codes in blocks of 4 rows, each
+// [K / 4][4 rows][4 inputs] (so one tile's rows are a few pointers and small offsets), and per
+// group of kG inputs d, d·Σa and off·Σa as [groups][Mp]; Mp the rows rounded up to 4, the
+// padding zero.
 struct Rows {
   const std::int8_t* q = nullptr;
   const float* d = nullptr;
