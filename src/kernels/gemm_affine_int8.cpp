@@ -437,6 +437,62 @@ struct GgmlInt8 {
   static constexpr bool kAdd = kBias || kMin16;  // a second accumulator, added at the end
 };
 
+// MXFP4's codes for the x86 kernels: twice the e2m1 value plus 12, a u8 ≤ 24 (GgmlInt8's offset
+// takes the 12 off again).
+alignas(16) inline constexpr std::int8_t kMxfp4Shifted[16] = {12, 13, 14, 15, 16, 18, 20, 24,
+                                                              12, 11, 10, 9,  8,  6,  4,  0};
+
+// The 32-block types whose 32 codes are 16 bytes of nibbles (element j low, j + 16 high) behind
+// an optional table, which the x86 row kernel takes two blocks at a time (ggml_int8-inl.h's
+// pair32, A's rows in pair_order): kQs the nibbles' offset in the block.
+template <class T>
+struct NibblePairs {
+  static constexpr bool kYes = false;
+};
+template <>
+struct NibblePairs<formats::q4_0::Type> {
+  static constexpr bool kYes = true;
+  static constexpr int kQs = 2;
+  static constexpr const std::int8_t* kTable = nullptr;
+};
+template <>
+struct NibblePairs<formats::q4_1::Type> {
+  static constexpr bool kYes = true;
+  static constexpr int kQs = 4;
+  static constexpr const std::int8_t* kTable = nullptr;
+};
+template <>
+struct NibblePairs<formats::iq4_nl::Type> {
+  static constexpr bool kYes = true;
+  static constexpr int kQs = 2;
+  static constexpr const std::int8_t* kTable = formats::ggml::kIq4Values;
+};
+template <>
+struct NibblePairs<formats::ggml_mxfp4::Type> {
+  static constexpr bool kYes = true;
+  static constexpr int kQs = 1;
+  static constexpr const std::int8_t* kTable = kMxfp4Shifted;
+};
+
+#if MOEKIT_X86
+// A's int8 codes (natural order) rearranged for pair32: per 64 inputs (two 32-blocks), elements
+// 0-15, 32-47, 16-31, 48-63 — each block's low-nibble half beside the other's, then the high
+// halves. A last lone block keeps its natural order.
+void pair_order(QuantA& qa) {
+  std::int8_t tmp[64];
+  for (std::int64_t m = 0; m < qa.M; ++m) {
+    std::int8_t* row = qa.q8.data() + m * qa.K;
+    for (std::int64_t k = 0; k + 64 <= qa.K; k += 64) {
+      std::memcpy(tmp, row + k, 16);
+      std::memcpy(tmp + 16, row + k + 32, 16);
+      std::memcpy(tmp + 32, row + k + 16, 16);
+      std::memcpy(tmp + 48, row + k + 48, 16);
+      std::memcpy(row + k, tmp, 64);
+    }
+  }
+}
+#endif
+
 // How far ahead of the row it computes the x86 kernels fetch B's bytes (ggml_rows).
 constexpr std::int64_t kGgmlPrefetchBytes = 2048;
 
@@ -853,6 +909,8 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa);
   if constexpr (GgmlInt8<T>::kMin16) sums16(qa);
 #if MOEKIT_X86
+  if constexpr (NibblePairs<T>::kYes)
+    if (path == Int8Path::avx512vnni || path == Int8Path::avx2) pair_order(qa);
   if (path == Int8Path::avx512vnni) return ggml_rows_vnni<T>(qa, B, C, M, N);
   if (path == Int8Path::avx2) return ggml_rows_avx2<T>(qa, B, C, M, N);
 #endif

@@ -68,10 +68,9 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q8_0::Type, const
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::iq4_nl::Type, const std::uint8_t* b) {
   return MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 2));
 }
-// MXFP4: twice the e2m1 value plus 12, a u8 ≤ 24 (GgmlInt8's offset takes the 12 off again).
+// MXFP4: twice the e2m1 value plus 12 (kMxfp4Shifted).
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::ggml_mxfp4::Type, const std::uint8_t* b) {
-  alignas(16) static constexpr std::int8_t kShifted[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
-  return MOEKIT_I8_NAME(lookup)(kShifted, MOEKIT_I8_NAME(nibbles32)(b + 1));
+  return MOEKIT_I8_NAME(lookup)(kMxfp4Shifted, MOEKIT_I8_NAME(nibbles32)(b + 1));
 }
 
 // One 32-block (group g of the row) against MR rows of A: x[i] its 8 lanes of products; zero
@@ -106,21 +105,81 @@ MOEKIT_I8_ATTR inline __m128i MOEKIT_I8_NAME(fields8)(const std::uint8_t* row, s
   return _mm_setr_epi16(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7));
 }
 
+// Two neighbouring 32-blocks of a nibble type (NibblePairs) against MR rows of A in the pair
+// order (pair_order): their 2 × 16 packed bytes in one register, split once — lo the low nibbles
+// (elements 0-15 of block k, then of block k + 1), hi the high ones (16-31) — through the type's
+// table; z[i] lanes 0-3 block k's partial sums, 4-7 block k + 1's. A lone last block (`second`
+// false) reads only its own bytes and its activations in natural order, the upper lanes zero.
+template <class T, int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pair32)(const std::uint8_t* b, bool second, const std::int8_t* const (&a)[MR],
+                                                  std::int64_t k, __m256i (&z)[MR]) {
+  constexpr int kQs = NibblePairs<T>::kQs;
+  const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQs));
+  const __m256i v =
+      second ? _mm256_inserti128_si256(_mm256_castsi128_si256(first),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + T::kBytes + kQs)), 1)
+             : _mm256_zextsi128_si256(first);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  if constexpr (NibblePairs<T>::kTable != nullptr) {
+    lo = MOEKIT_I8_NAME(lookup)(NibblePairs<T>::kTable, lo);
+    hi = MOEKIT_I8_NAME(lookup)(NibblePairs<T>::kTable, hi);
+  }
+  for (int i = 0; i < MR; ++i) {
+    const std::int8_t* x = a[i] + 32 * k;
+    __m256i alo, ahi;
+    if (second) {
+      alo = MOEKIT_I8_NAME(load256)(x);
+      ahi = MOEKIT_I8_NAME(load256)(x + 32);
+    } else {
+      alo = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+      ahi = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16)));
+    }
+    if constexpr (GgmlInt8<T>::kSigned) {
+      z[i] = _mm256_add_epi32(MOEKIT_I8_NAME(sdot)(lo, alo), MOEKIT_I8_NAME(sdot)(hi, ahi));
+    } else {
+      z[i] = MOEKIT_I8_NAME(dot4)(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, alo), hi, ahi);
+    }
+  }
+}
+
 // Groups [g, g + 8) of a 32-block type's row (`groups` in all): S[i] the eight integer sums
-// (before the offset), ws and wb the eight blocks' scales and biases (0 past the row).
+// (before the offset), ws and wb the eight blocks' scales and biases (0 past the row). The nibble
+// types go a pair of blocks at a time (pair32: one split for two blocks, and half the horizontal
+// adds); the others a block at a time.
 template <class T, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
                                                    const std::int8_t* const (&a)[MR], __m256i (&S)[MR], __m256& ws,
                                                    __m256& wb) {
-  __m256i h[MR][4];
+  if constexpr (NibblePairs<T>::kYes) {
+    __m256i z[4][MR];
 #pragma GCC unroll 4
-  for (int p = 0; p < 4; ++p) {
-    __m256i x[MR], y[MR];
-    MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p, g + 2 * p < groups, a, x);
-    MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p + 1, g + 2 * p + 1 < groups, a, y);
-    for (int i = 0; i < MR; ++i) h[i][p] = _mm256_hadd_epi32(x[i], y[i]);
+    for (int p = 0; p < 4; ++p) {
+      const std::int64_t k = g + 2 * p;
+      if (k < groups) {
+        MOEKIT_I8_NAME(pair32)<T, MR>(row + k * T::kBytes, k + 1 < groups, a, k, z[p]);
+      } else {
+        for (int i = 0; i < MR; ++i) z[p][i] = _mm256_setzero_si256();
+      }
+    }
+    // hadd(z0, z1): blocks 0 and 2 in the low half, 1 and 3 in the high one, two partial sums
+    // each; group_sums8<2> finishes them (blocks 0, 2, 4, 6 low, 1, 3, 5, 7 high).
+    for (int i = 0; i < MR; ++i) {
+      const __m256i h[4] = {_mm256_hadd_epi32(z[0][i], z[1][i]), _mm256_hadd_epi32(z[2][i], z[3][i]),
+                            _mm256_setzero_si256(), _mm256_setzero_si256()};
+      S[i] = MOEKIT_I8_NAME(group_sums8)<2>(h);
+    }
+  } else {
+    __m256i h[MR][4];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      __m256i x[MR], y[MR];
+      MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p, g + 2 * p < groups, a, x);
+      MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p + 1, g + 2 * p + 1 < groups, a, y);
+      for (int i = 0; i < MR; ++i) h[i][p] = _mm256_hadd_epi32(x[i], y[i]);
+    }
+    for (int i = 0; i < MR; ++i) S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
   }
-  for (int i = 0; i < MR; ++i) S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
   const __m128i scales = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 0);
   if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
     // e8m0 (the low byte; blocks past the row 0): 2^(e − 127) as ggml_mxfp4::Scale writes it,
