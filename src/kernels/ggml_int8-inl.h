@@ -182,7 +182,8 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std:
   }
   const __m128i scales = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 0);
   if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
-    // e8m0 (the low byte; blocks past the row 0): 2^(e − 127) as ggml_mxfp4::Scale writes it,
+    // e8m0 (the low byte; blocks past the row 0): 2^(e − 128), half the e8m0 scale since the codes
+    // are twice the e2m1 value, as ggml_mxfp4::Scale writes it:
     // (e − 1) << 23 from e = 2, 0x00200000 << e below; past the row 0.
     const __m256i e = _mm256_and_si256(_mm256_cvtepu16_epi32(scales), _mm256_set1_epi32(0xFF));
     const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
