@@ -453,24 +453,26 @@ template <>
 struct NibblePairs<formats::q4_0::Type> {
   static constexpr bool kYes = true;
   static constexpr int kQs = 2;
-  static constexpr const std::int8_t* kTable = nullptr;
+  static constexpr bool kHasTable = false;
 };
 template <>
 struct NibblePairs<formats::q4_1::Type> {
   static constexpr bool kYes = true;
   static constexpr int kQs = 4;
-  static constexpr const std::int8_t* kTable = nullptr;
+  static constexpr bool kHasTable = false;
 };
 template <>
 struct NibblePairs<formats::iq4_nl::Type> {
   static constexpr bool kYes = true;
   static constexpr int kQs = 2;
+  static constexpr bool kHasTable = true;  // (not kTable != nullptr: UBSan builds refuse that as a constant)
   static constexpr const std::int8_t* kTable = formats::ggml::kIq4Values;
 };
 template <>
 struct NibblePairs<formats::ggml_mxfp4::Type> {
   static constexpr bool kYes = true;
   static constexpr int kQs = 1;
+  static constexpr bool kHasTable = true;
   static constexpr const std::int8_t* kTable = kMxfp4Shifted;
 };
 

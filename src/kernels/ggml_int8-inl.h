@@ -121,7 +121,7 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pair32)(const std::uint8_t* b, bool se
              : _mm256_zextsi128_si256(first);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-  if constexpr (NibblePairs<T>::kTable != nullptr) {
+  if constexpr (NibblePairs<T>::kHasTable) {
     lo = MOEKIT_I8_NAME(lookup)(NibblePairs<T>::kTable, lo);
     hi = MOEKIT_I8_NAME(lookup)(NibblePairs<T>::kTable, hi);
   }
