@@ -427,7 +427,7 @@ struct GgmlInt8 {
   static constexpr bool kSigned = std::is_same_v<T, formats::q8_0::Type> || std::is_same_v<T, formats::iq4_nl::Type>;
   static constexpr int kOffset = std::is_same_v<T, formats::q4_0::Type>         ? 8
                                  : std::is_same_v<T, formats::q5_0::Type>       ? 16
-                                 : std::is_same_v<T, formats::ggml_mxfp4::Type> ? 12  // codes32's table
+                                 : std::is_same_v<T, formats::ggml_mxfp4::Type> ? 12  // kMxfp4Shifted
                                                                                 : 0;
   static constexpr bool kBias = std::is_same_v<T, formats::q4_1::Type> || std::is_same_v<T, formats::q5_1::Type> ||
                                 std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>;
@@ -443,8 +443,9 @@ alignas(16) inline constexpr std::int8_t kMxfp4Shifted[16] = {12, 13, 14, 15, 16
                                                               12, 11, 10, 9,  8,  6,  4,  0};
 
 // The 32-block types whose 32 codes are 16 bytes of nibbles (element j low, j + 16 high) behind
-// an optional table, which the x86 row kernel takes two blocks at a time (ggml_int8-inl.h's
-// pair32, A's rows in pair_order): kQs the nibbles' offset in the block.
+// an optional table (kHasTable, kTable), which the x86 row kernel takes two blocks at a time
+// (ggml_int8-inl.h's pair32, A's rows in pair_order): kQs the nibbles' offset in the block. The
+// one statement of these types' codes: codes32 and pair32 both read it (nibble_codes).
 template <class T>
 struct NibblePairs {
   static constexpr bool kYes = false;

@@ -50,11 +50,19 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(lookup)(const std::int8_t* table, _
 
 // The 32 codes of a 32-block type's block `b` in element order (GgmlInt8<T>::kSigned: int8
 // values, else u8 ≤ 31).
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q4_0::Type, const std::uint8_t* b) {
-  return MOEKIT_I8_NAME(nibbles32)(b + 2);
+// A nibble type's (NibblePairs) split nibbles as its codes: through its table where it has one.
+template <class T>
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(nibble_codes)(__m256i nibbles) {
+  if constexpr (NibblePairs<T>::kHasTable) {
+    return MOEKIT_I8_NAME(lookup)(NibblePairs<T>::kTable, nibbles);
+  } else {
+    return nibbles;
+  }
 }
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q4_1::Type, const std::uint8_t* b) {
-  return MOEKIT_I8_NAME(nibbles32)(b + 4);
+// q4_0, q4_1, iq4_nl and MXFP4 (NibblePairs; MXFP4's table gives twice the e2m1 value plus 12).
+template <class T, std::enable_if_t<NibblePairs<T>::kYes, int> = 0>
+MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(T, const std::uint8_t* b) {
+  return MOEKIT_I8_NAME(nibble_codes)<T>(MOEKIT_I8_NAME(nibbles32)(b + NibblePairs<T>::kQs));
 }
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q5_0::Type, const std::uint8_t* b) {
   return _mm256_or_si256(MOEKIT_I8_NAME(nibbles32)(b + 6), MOEKIT_I8_NAME(fifth_bits)(b + 2));
@@ -64,13 +72,6 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q5_1::Type, const
 }
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::q8_0::Type, const std::uint8_t* b) {
   return MOEKIT_I8_NAME(load256)(b + 2);
-}
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::iq4_nl::Type, const std::uint8_t* b) {
-  return MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 2));
-}
-// MXFP4: twice the e2m1 value plus 12 (kMxfp4Shifted).
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(formats::ggml_mxfp4::Type, const std::uint8_t* b) {
-  return MOEKIT_I8_NAME(lookup)(kMxfp4Shifted, MOEKIT_I8_NAME(nibbles32)(b + 1));
 }
 
 // One 32-block (group g of the row) against MR rows of A: x[i] its 8 lanes of products; zero
@@ -121,10 +122,8 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pair32)(const std::uint8_t* b, bool se
              : _mm256_zextsi128_si256(first);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-  if constexpr (NibblePairs<T>::kHasTable) {
-    lo = MOEKIT_I8_NAME(lookup)(NibblePairs<T>::kTable, lo);
-    hi = MOEKIT_I8_NAME(lookup)(NibblePairs<T>::kTable, hi);
-  }
+  lo = MOEKIT_I8_NAME(nibble_codes)<T>(lo);
+  hi = MOEKIT_I8_NAME(nibble_codes)<T>(hi);
   for (int i = 0; i < MR; ++i) {
     const std::int8_t* x = a[i] + 32 * k;
     __m256i alo, ahi;
@@ -195,7 +194,11 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std:
   } else {
     ws = _mm256_cvtph_ps(scales);
   }
-  wb = GgmlInt8<T>::kBias ? _mm256_cvtph_ps(MOEKIT_I8_NAME(fields8) < T > (row, g, groups, 2)) : _mm256_setzero_ps();
+  if constexpr (GgmlInt8<T>::kBias) {
+    wb = _mm256_cvtph_ps(MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 2));
+  } else {
+    wb = _mm256_setzero_ps();
+  }
 }
 
 // q4_K / q5_K: a block's eight sub-block scales times their groups' sums, ws = d, wb = −dmin·m.
