@@ -102,39 +102,41 @@ struct QuantA {
   std::vector<std::int16_t> qsum16;
 };
 
-// One row of A's groups of gs inputs (x[k] times f where `scaled`): per group d, d·Σq and Σq
-// into d[g], xsum[g] and isum[g], its codes in natural order into q[k]. The definition the
-// vector version below follows step for step (the same codes, d, Σq and d·Σq, bit for bit).
-void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, float* d, float* xsum,
+// One row of A's groups of gs inputs (x[k] times f where `scaled`), each `span` inputs (a
+// multiple of gs dividing K) sharing one scale d = max |x| / 127 over the span (span = gs: a scale
+// per group, q8_0's activations; 256 for the K-quants: q8_K's): per group d, d·Σq and Σq into
+// d[g], xsum[g] and isum[g], its codes in natural order into q[k]. A span holding NaN or Inf
+// gives its groups d = d·Σq = NaN and codes 0. The definition the vector version below follows
+// step for step (the same codes, d, Σq and d·Σq, bit for bit).
+void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, int span, float* d, float* xsum,
                   std::int32_t* isum, std::int8_t* q) {
-  if (gs <= 0) return;
-  for (std::int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
+  if (gs <= 0 || span < gs) return;
+  const auto value = [&](std::int64_t k) { return scaled ? x[k] * f : x[k]; };
+  for (std::int64_t s0 = 0; s0 < K; s0 += span) {
     float amax = 0.0f;
     bool finite = true;
-    for (int k = 0; k < gs; ++k) {
-      const float v = scaled ? x[k0 + k] * f : x[k0 + k];
+    for (std::int64_t k = s0; k < s0 + span; ++k) {
+      const float v = value(k);
       finite = finite && std::isfinite(v);
       amax = std::max(amax, std::fabs(v));
     }
-    std::fill(q + k0, q + k0 + gs, std::int8_t{0});
-    d[g] = xsum[g] = 0.0f;
-    isum[g] = 0;
-    if (!finite) {  // NaN or Inf: the outputs of this row become NaN, as the exact kernel's would
-      d[g] = xsum[g] = std::numeric_limits<float>::quiet_NaN();
-      continue;
+    std::fill(q + s0, q + s0 + span, std::int8_t{0});
+    for (std::int64_t k0 = s0; k0 < s0 + span; k0 += gs) {
+      const std::int64_t g = k0 / gs;
+      d[g] = xsum[g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      isum[g] = 0;
+      if (!finite || amax == 0.0f) continue;  // NaN or Inf: this row's outputs NaN, as exactly; 0: d = 0, codes 0
+      d[g] = amax / 127.0f;
+      const float inv = 127.0f / amax;
+      std::int32_t qsum = 0;
+      for (std::int64_t k = k0; k < k0 + gs; ++k) {
+        const float r = std::min(127.0f, std::max(-127.0f, std::rint(value(k) * inv)));
+        qsum += static_cast<std::int32_t>(r);
+        q[k] = static_cast<std::int8_t>(r);
+      }
+      isum[g] = qsum;
+      xsum[g] = d[g] * static_cast<float>(qsum);
     }
-    if (amax == 0.0f) continue;  // d = 0, codes 0
-    d[g] = amax / 127.0f;
-    const float inv = 127.0f / amax;
-    std::int32_t qsum = 0;
-    for (int k = 0; k < gs; ++k) {
-      const float v = scaled ? x[k0 + k] * f : x[k0 + k];
-      const float r = std::min(127.0f, std::max(-127.0f, std::rint(v * inv)));
-      qsum += static_cast<std::int32_t>(r);
-      q[k0 + k] = static_cast<std::int8_t>(r);
-    }
-    isum[g] = qsum;
-    xsum[g] = d[g] * static_cast<float>(qsum);
   }
 }
 
@@ -143,49 +145,55 @@ void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, 
 
 // quantize_row on AVX2 (gs a multiple of 16): the same float operations per element (the product
 // by f, |v|, the max, v · inv rounded to nearest even, the clamp) and an exact integer sum.
-MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std::int64_t K, int gs, float* d,
-                                      float* xsum, std::int32_t* isum, std::int8_t* q) {
-  if (gs <= 0) return;
+MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std::int64_t K, int gs, int span,
+                                      float* d, float* xsum, std::int32_t* isum, std::int8_t* q) {
+  if (gs <= 0 || span < gs) return;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256 fv = _mm256_set1_ps(f), lim = _mm256_set1_ps(127.0f), neg = _mm256_set1_ps(-127.0f);
 #define MOEKIT_QA_LOAD(k) (scaled ? _mm256_mul_ps(_mm256_loadu_ps(x + (k)), fv) : _mm256_loadu_ps(x + (k)))
-  for (std::int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
+  for (std::int64_t s0 = 0; s0 < K; s0 += span) {
     __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    for (int k = 0; k < gs; k += 8) {
-      const __m256 a = _mm256_and_ps(MOEKIT_QA_LOAD(k0 + k), abs_mask);
+    for (std::int64_t k = s0; k < s0 + span; k += 8) {
+      const __m256 a = _mm256_and_ps(MOEKIT_QA_LOAD(k), abs_mask);
       bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // NaN or Inf
       amax = _mm256_max_ps(amax, a);
     }
     const __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     const __m128 h2 = _mm_max_ps(h, _mm_movehl_ps(h, h));
     const float amax_s = _mm_cvtss_f32(_mm_max_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
-    d[g] = xsum[g] = 0.0f;
-    isum[g] = 0;
-    if (_mm256_movemask_ps(bad) != 0 || amax_s == 0.0f) {
-      std::memset(q + k0, 0, static_cast<std::size_t>(gs));
-      if (_mm256_movemask_ps(bad) != 0) d[g] = xsum[g] = std::numeric_limits<float>::quiet_NaN();
+    const bool finite = _mm256_movemask_ps(bad) == 0;
+    if (!finite || amax_s == 0.0f) {
+      std::memset(q + s0, 0, static_cast<std::size_t>(span));
+      for (std::int64_t g = s0 / gs; g < (s0 + span) / gs; ++g) {
+        d[g] = xsum[g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        isum[g] = 0;
+      }
       continue;
     }
-    d[g] = amax_s / 127.0f;
+    const float ds = amax_s / 127.0f;
     const __m256 inv = _mm256_set1_ps(127.0f / amax_s);
-    __m256i qsum = _mm256_setzero_si256();
-    for (int k = 0; k < gs; k += 16) {
-      __m256i i[2];
-      for (int h8 = 0; h8 < 2; ++h8) {
-        const __m256 r = _mm256_round_ps(_mm256_mul_ps(MOEKIT_QA_LOAD(k0 + k + 8 * h8), inv),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        i[h8] = _mm256_cvtps_epi32(_mm256_min_ps(lim, _mm256_max_ps(neg, r)));
-        qsum = _mm256_add_epi32(qsum, i[h8]);
+    for (std::int64_t k0 = s0; k0 < s0 + span; k0 += gs) {
+      __m256i qsum = _mm256_setzero_si256();
+      for (std::int64_t k = k0; k < k0 + gs; k += 16) {
+        __m256i i[2];
+        for (int h8 = 0; h8 < 2; ++h8) {
+          const __m256 r = _mm256_round_ps(_mm256_mul_ps(MOEKIT_QA_LOAD(k + 8 * h8), inv),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          i[h8] = _mm256_cvtps_epi32(_mm256_min_ps(lim, _mm256_max_ps(neg, r)));
+          qsum = _mm256_add_epi32(qsum, i[h8]);
+        }
+        const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xD8);  // 16 int16 in order
+        const __m256i w8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(w16, w16), 0x08);     // 16 int8 in order
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm256_castsi256_si128(w8));
       }
-      const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xD8);  // 16 int16 in order
-      const __m256i w8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(w16, w16), 0x08);     // 16 int8 in order
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k0 + k), _mm256_castsi256_si128(w8));
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(qsum), _mm256_extracti128_si256(qsum, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+      const std::int64_t g = k0 / gs;
+      d[g] = ds;
+      isum[g] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+      xsum[g] = ds * static_cast<float>(isum[g]);
     }
-    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(qsum), _mm256_extracti128_si256(qsum, 1));
-    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-    isum[g] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-    xsum[g] = d[g] * static_cast<float>(isum[g]);
   }
 #undef MOEKIT_QA_LOAD
 }
@@ -224,11 +232,13 @@ MOEKIT_QA_AVX2 void widen16_avx2(const std::int8_t* src, std::int64_t K, std::in
 #undef MOEKIT_QA_AVX2
 #endif
 
-// A's M rows quantized for B's groups of gs inputs. bytes8: 8-bit codes take int8 activations
-// too (the VNNI kernel), in natural order; 4-bit codes in QuantA's nibble order. vector: the AVX2
-// steps (the same results; the caller checked the CPU).
+// A's M rows quantized for B's groups of gs inputs, a scale per `span` inputs (0: per group;
+// quantize_row). bytes8: 8-bit codes take int8 activations too (the VNNI kernel), in natural
+// order; 4-bit codes in QuantA's nibble order. vector: the AVX2 steps (the same results; the
+// caller checked the CPU).
 void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int bits, bool bytes8, bool vector,
-                QuantA& qa) {
+                QuantA& qa, int span = 0) {
+  if (span == 0) span = gs;
   qa.M = M;
   qa.K = K;
   qa.bytes8 = bits == 8 && bytes8;
@@ -256,13 +266,13 @@ void quantize_a(const RowSource& A, std::int64_t M, std::int64_t K, int gs, int 
     const float f = A.factor(m);
 #if defined(__x86_64__) || defined(__i386__)
     if (vector) {
-      quantize_row_avx2(A.row(m), f, A.scale != nullptr, K, gs, d, xsum, isum, q);
+      quantize_row_avx2(A.row(m), f, A.scale != nullptr, K, gs, span, d, xsum, isum, q);
       if (bits == 4) place4_avx2(q, K, qa.pair64, qa.q8.data() + m * K);
       if (bits == 8 && !bytes8) widen16_avx2(q, K, qa.q16.data() + m * K);
       continue;
     }
 #endif
-    quantize_row(A.row(m), f, A.scale != nullptr, K, gs, d, xsum, isum, q);
+    quantize_row(A.row(m), f, A.scale != nullptr, K, gs, span, d, xsum, isum, q);
     for (std::int64_t k = 0; k < K && !natural; ++k) {
       if (bits == 4) {
         qa.q8[static_cast<std::size_t>(m * K + qa.at(k))] = q[k];
@@ -902,14 +912,15 @@ void sums16(QuantA& qa) {
   }
 }
 
-// The fast mode on a ggml type T: A quantized per 32 inputs, then the x86 kernels where the
-// path allows, else the portable one (the same bits).
+// The fast mode on a ggml type T: A quantized as ggml's activation blocks for T (a scale per 32
+// inputs for the 32-block types, q8_0's; per 256 for the K-quants, q8_K's; the sums per 32 either
+// way), then the x86 kernels where the path allows, else the portable one (the same bits).
 template <class T>
 void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                std::int64_t K, detail::Int8Path path, QuantA& qa) {
   using detail::Int8Path;
   if (path == Int8Path::best || path == Int8Path::amx) path = best_path();  // no AMX kernel for these
-  quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa);
+  quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa, T::kBlock);
   if constexpr (GgmlInt8<T>::kMin16) sums16(qa);
 #if MOEKIT_X86
   if constexpr (NibblePairs<T>::kYes)
@@ -931,15 +942,15 @@ constexpr std::int64_t kGgmlPanelMinRows = 5;
 bool ggml_panels_allowed() noexcept { return best_path() != detail::Int8Path::portable; }
 
 #if MOEKIT_X86
-// The fast mode on a ggml type for many rows (ggml_panel-inl.h): A quantized once per 32 inputs
-// (QuantA), its per-group terms for T's group, then B's rows a panel at a time (16 rows with
+// The fast mode on a ggml type for many rows (ggml_panel-inl.h): A quantized once as ggml_int8
+// quantizes it (QuantA), its per-group terms for T's group, then B's rows a panel at a time (16 rows with
 // AVX512-VNNI, 8 with AVX2), split over the pool in whole panels where `threads` asks for it.
 template <class T>
 void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                  std::int64_t K, Threads threads, bool vnni) {
   using Tr = panel_avx2::Traits<T>;  // its group and offset: the same for both widths
   QuantA& qa = thread_quant_a();
-  quantize_a(A, M, K, 32, 8, true, true, qa);
+  quantize_a(A, M, K, 32, 8, true, true, qa, T::kBlock);
   if constexpr (Tr::kG == 16) sums16(qa);
   const std::int64_t Mp = (M + 3) / 4 * 4, groups = K / Tr::kG;
   thread_local std::vector<std::int8_t> q;
@@ -958,7 +969,8 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
       const std::size_t gi = static_cast<std::size_t>(m * qa.gstride + g * Tr::kG / 32);
       const std::int32_t sum = Tr::kG == 16 ? qa.qsum16[static_cast<std::size_t>(m * (K / 16) + g)] : qa.qsum[gi];
       d[at] = qa.d[gi];
-      xs[at] = Tr::kG == 32 ? qa.xsum[gi] : qa.d[gi] * static_cast<float>(sum);
+      // With a scale per block of 256 (Tr::kSb > 1) the tile applies d once per block: xs is Σq.
+      xs[at] = Tr::kSb > 1 ? static_cast<float>(sum) : Tr::kG == 32 ? qa.xsum[gi] : qa.d[gi] * static_cast<float>(sum);
       cq[at] = Tr::kOff * sum;
     }
   }

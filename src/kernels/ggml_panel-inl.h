@@ -41,6 +41,9 @@ struct Traits {
                                   ? 128
                                   : (T::kBlock == 32 ? (GgmlInt8<T>::kSigned ? 128 : GgmlInt8<T>::kOffset) : 0);
   static constexpr bool kBias = GgmlInt8<T>::kBias || std::is_same_v<T, formats::q2_k::Type>;
+  // Groups sharing one activation scale (A's scale per block: 256 inputs for the K-quants, q8_K's;
+  // a 32-block type's group is its block): with more than one the tile applies d once per block.
+  static constexpr int kSb = T::kBlock / kG;
   // Whether pack takes its blocks straight from the 16 rows (direct() below) rather than a row
   // at a time through the stage.
   static constexpr bool kDirect =
@@ -429,11 +432,13 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
 #if MOEKIT_I8_VNNI
 // MR rows of A from row m (a multiple of 4) against one panel: out[i] the 16 columns of row
 // m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group.
-template <int MR, int kG, bool kOff, bool kBias>
+template <int MR, int kG, bool kOff, bool kBias, int kSb>
 MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out, const char* pf,
                          const char* pf_end) {
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  if constexpr (kSb > 1)
+    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
   const std::int8_t* q[MR / 4];
   for (int b = 0; b < MR / 4; ++b) q[b] = a.q + (m + 4 * b) * K;
   const std::uint8_t* codes = p.codes.data();
@@ -460,11 +465,24 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
     for (int i = 0; i < MR; ++i) {
       __m512i s = t[i];
       if constexpr (kOff) s = _mm512_sub_epi32(s, _mm512_set1_epi32(cq[i]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(d[i])), acc[i]);
+      if constexpr (kSb > 1) {  // the block's sums in acc, d after its last group
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, acc[i]);
+      } else {
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(d[i])), acc[i]);
+      }
       if constexpr (kBias) acc[i] = _mm512_fmadd_ps(wb, _mm512_set1_ps(xs[i]), acc[i]);
     }
+    if constexpr (kSb > 1) {
+      if ((g + 1) % kSb == 0)
+        for (int i = 0; i < MR; ++i) {
+          _mm512_storeu_ps(out + 16 * i,
+                           _mm512_fmadd_ps(acc[i], _mm512_set1_ps(d[i]), _mm512_loadu_ps(out + 16 * i)));
+          acc[i] = _mm512_setzero_ps();
+        }
+    }
   }
-  for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
+  if constexpr (kSb == 1)
+    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
 }
 #else
 // MR rows of A from row m (a multiple of 4) against one panel of 8: out[i] the 8 columns of row
@@ -473,13 +491,15 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
 // types |q| and a with q's sign), kSum16 of those added in int16, then widened and added in
 // int32 by `vpmaddwd` with ones. (All four rows at once, the compiler keeps 16 int16 sums live
 // and spills: 5-10 % slower, docs/performance.md.)
-template <int MR, int kG, bool kOff, bool kBias, bool kSigned, int kSum16>
+template <int MR, int kG, bool kOff, bool kBias, int kSb, bool kSigned, int kSum16>
 MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out, const char* pf,
                          const char* pf_end) {
   static_assert(MR == 4 && (kG / 4) % kSum16 == 0, "one block of 4 rows of A; whole int16 runs per group");
   constexpr int kPair = 2;
   __m256 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  if constexpr (kSb > 1)
+    for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
   const std::int8_t* q = a.q + m * K;
   const std::uint8_t* codes = p.codes.data();
   const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -516,11 +536,23 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
     for (int i = 0; i < MR; ++i) {
       __m256i s = t[i];
       if constexpr (kOff) s = _mm256_sub_epi32(s, _mm256_set1_epi32(cq[i]));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ws, _mm256_set1_ps(d[i])), acc[i]);
+      if constexpr (kSb > 1) {  // the block's sums in acc, d after its last group
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), ws, acc[i]);
+      } else {
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ws, _mm256_set1_ps(d[i])), acc[i]);
+      }
       if constexpr (kBias) acc[i] = _mm256_fmadd_ps(wb, _mm256_set1_ps(xs[i]), acc[i]);
     }
+    if constexpr (kSb > 1) {
+      if ((g + 1) % kSb == 0)
+        for (int i = 0; i < MR; ++i) {
+          _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(acc[i], _mm256_set1_ps(d[i]), _mm256_loadu_ps(out + 8 * i)));
+          acc[i] = _mm256_setzero_ps();
+        }
+    }
   }
-  for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+  if constexpr (kSb == 1)
+    for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 #endif
 
@@ -550,14 +582,14 @@ MOEKIT_I8_ATTR void run(const Rows& a, std::int64_t M, std::int64_t Mp, const We
 #if MOEKIT_I8_VNNI
       mr = Mp - m >= 12 ? 12 : Mp - m >= 8 ? 8 : 4;
       if (mr == 12)
-        tile<12, Tr::kG, kOff, Tr::kBias>(a, m, panel, K, out, next, next_end);
+        tile<12, Tr::kG, kOff, Tr::kBias, Tr::kSb>(a, m, panel, K, out, next, next_end);
       else if (mr == 8)
-        tile<8, Tr::kG, kOff, Tr::kBias>(a, m, panel, K, out, next, next_end);
+        tile<8, Tr::kG, kOff, Tr::kBias, Tr::kSb>(a, m, panel, K, out, next, next_end);
       else
-        tile<4, Tr::kG, kOff, Tr::kBias>(a, m, panel, K, out, next, next_end);
+        tile<4, Tr::kG, kOff, Tr::kBias, Tr::kSb>(a, m, panel, K, out, next, next_end);
 #else
       mr = 4;
-      tile<4, Tr::kG, kOff, Tr::kBias, kSigned, Tr::kSum16>(a, m, panel, K, out, next, next_end);
+      tile<4, Tr::kG, kOff, Tr::kBias, Tr::kSb, kSigned, Tr::kSum16>(a, m, panel, K, out, next, next_end);
 #endif
       for (std::int64_t i = 0; i < mr && m + i < M; ++i)
         for (std::int64_t r = 0; r < rows; ++r) store(C, m + i, n + r, out[kW * i + r]);

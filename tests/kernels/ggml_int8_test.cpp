@@ -84,16 +84,18 @@ std::vector<float> fast_gemm(kernels::WeightMatrix B, const std::vector<float>& 
   return y;
 }
 
-// |y − exact| ≤ Σ_g (d_g / 2) Σ_k |w_k| with d_g = max |x| / 127 over the 32-group, plus f32
+// |y − exact| ≤ Σ_s (d_s / 2) Σ_k |w_k| with d_s = max |x| / 127 over A's activation block s of
+// `span` inputs (32 for the 32-block types, 256 for the K-quants: ggml's q8_0 / q8_K), plus f32
 // rounding of the sums; W the dequantized weights [N, K].
 void expect_within_bound(const char* name, const float* W, const std::vector<float>& x, const std::vector<float>& y,
-                         const std::vector<float>& exact, std::int64_t M, std::int64_t N, std::int64_t K) {
+                         const std::vector<float>& exact, std::int64_t M, std::int64_t N, std::int64_t K,
+                         std::int64_t span) {
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {
       double bound = 0.0, mag = 0.0;
-      for (std::int64_t g = 0; g < K / 32; ++g) {
+      for (std::int64_t g = 0; g < K / span; ++g) {
         double amax = 0.0, wsum = 0.0;
-        for (std::int64_t k = 32 * g; k < 32 * g + 32; ++k) {
+        for (std::int64_t k = span * g; k < span * g + span; ++k) {
           amax = std::max(amax, std::fabs(static_cast<double>(x[m * K + k])));
           wsum += std::fabs(static_cast<double>(W[n * K + k]));
           mag += std::fabs(static_cast<double>(W[n * K + k]) * x[m * K + k]);
@@ -244,7 +246,56 @@ TEST(GgmlInt8, WithinTheBoundOfTheExactMode) {
       std::vector<float> exact(static_cast<std::size_t>(M * N));
       kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{exact.data(), N}, M, N, K);
       const auto y = many ? fast_gemm(B, x, M, N, K) : fast(B, x, M, N, K, Int8Path::best);
-      expect_within_bound(T::kName, W, x, y, exact, M, N, K);
+      expect_within_bound(T::kName, W, x, y, exact, M, N, K, T::kBlock);
+    }
+  });
+}
+
+// The fast mode is the product of the dequantized weights with A quantized as ggml quantizes it
+// for the type (q8_0's scale per 32 inputs for the 32-block types, q8_K's per 256 for the
+// K-quants): d = max |x| / 127 over the block, codes rint(x · 127 / max |x|) — to f32 rounding,
+// for the row kernel and the panel kernel. The inputs' 32-groups differ in size by up to 2^6, so
+// a scale per 32 inputs where ggml has one per 256 (or the reverse) is far outside it.
+TEST(GgmlInt8, ActivationsAreQuantizedAsGgmlsBlocks) {
+  for_each_type([](auto type) {
+    using T = typename decltype(type)::Block;
+    const GgufTensorInfo* q = blocks().find(std::string(T::kName) + ".q");
+    const GgufTensorInfo* ref = blocks().find(std::string(T::kName) + ".q.ref");
+    ASSERT_TRUE(q && ref);
+    const std::int64_t K = q->ne[0], N = q->ne[1], span = T::kBlock;
+    const auto* W = reinterpret_cast<const float*>(ref->data);
+    const kernels::WeightMatrix B = matrix(type.element, q->data, K / T::kBlock * T::kBytes);
+    for (const std::int64_t M : {std::int64_t{1}, std::int64_t{3}, std::int64_t{9}, std::int64_t{13}}) {
+      const bool many = M > kernels::kInt8MaxRows;
+      if (many ? !panels() : !T::kInt8) continue;
+      auto x = inputs(M, K, 23 + static_cast<std::uint32_t>(M));
+      for (std::int64_t k = 0; k < M * K; ++k) x[static_cast<std::size_t>(k)] *= std::ldexp(1.0f, (k / 32) % 7 - 3);
+      // x as the kernels see it: quantize_row's float steps.
+      std::vector<double> xq(x.size());
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t s0 = 0; s0 < K; s0 += span) {
+          float amax = 0.0f;
+          for (std::int64_t k = s0; k < s0 + span; ++k) amax = std::max(amax, std::fabs(x[m * K + k]));
+          const float d = amax / 127.0f, inv = 127.0f / amax;
+          for (std::int64_t k = s0; k < s0 + span; ++k) {
+            const float r = std::min(127.0f, std::max(-127.0f, std::rint(x[m * K + k] * inv)));
+            xq[static_cast<std::size_t>(m * K + k)] = static_cast<double>(d) * r;
+          }
+        }
+      const auto y = many ? fast_gemm(B, x, M, N, K) : fast(B, x, M, N, K, Int8Path::best);
+      int bad = 0;
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < N; ++n) {
+          double want = 0.0, mag = 0.0;
+          for (std::int64_t k = 0; k < K; ++k) {
+            want += static_cast<double>(W[n * K + k]) * xq[static_cast<std::size_t>(m * K + k)];
+            mag += std::fabs(static_cast<double>(W[n * K + k]) * xq[static_cast<std::size_t>(m * K + k)]);
+          }
+          const float got = y[static_cast<std::size_t>(m * N + n)];
+          if (!(std::fabs(got - want) <= 1e-5 * mag) && bad++ < 3)
+            ADD_FAILURE() << T::kName << " M " << M << " (" << m << ", " << n << "): fast " << got
+                          << ", W times A's quantized rows " << want;
+        }
     }
   });
 }
