@@ -145,8 +145,8 @@ void quantize_row(const float* x, float f, bool scaled, std::int64_t K, int gs, 
 
 // quantize_row on AVX2 (gs a multiple of 16): the same float operations per element (the product
 // by f, |v|, the max, v · inv rounded to nearest even, the clamp) and an exact integer sum.
-MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std::int64_t K, int gs, int span,
-                                      float* d, float* xsum, std::int32_t* isum, std::int8_t* q) {
+MOEKIT_QA_AVX2 void quantize_row_avx2(const float* x, float f, bool scaled, std::int64_t K, int gs, int span, float* d,
+                                      float* xsum, std::int32_t* isum, std::int8_t* q) {
   if (gs <= 0 || span < gs) return;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());

@@ -195,7 +195,8 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std:
     ws = _mm256_cvtph_ps(scales);
   }
   if constexpr (GgmlInt8<T>::kBias) {
-    wb = _mm256_cvtph_ps(MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 2));
+    const __m128i biases = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 2);
+    wb = _mm256_cvtph_ps(biases);
   } else {
     wb = _mm256_setzero_ps();
   }

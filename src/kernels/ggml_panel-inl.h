@@ -475,8 +475,7 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
     if constexpr (kSb > 1) {
       if ((g + 1) % kSb == 0)
         for (int i = 0; i < MR; ++i) {
-          _mm512_storeu_ps(out + 16 * i,
-                           _mm512_fmadd_ps(acc[i], _mm512_set1_ps(d[i]), _mm512_loadu_ps(out + 16 * i)));
+          _mm512_storeu_ps(out + 16 * i, _mm512_fmadd_ps(acc[i], _mm512_set1_ps(d[i]), _mm512_loadu_ps(out + 16 * i)));
           acc[i] = _mm512_setzero_ps();
         }
     }
