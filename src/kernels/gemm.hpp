@@ -346,6 +346,14 @@ void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const
 // (amx_int8_takes(B): split in whole 16-row panels or 32-column tile pairs).
 void gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                        std::int64_t K, Threads threads, Int8Path path = Int8Path::best);
+// ggml's block types in the exact mode: rows [n0, n0 + rows) of B decoded into dst [rows, K]
+// with ggml's dequantize_row_* values bit for bit, a block's codes unpacked in vectors (the panel
+// kernel's unpack) and w = ws · (u − off) + wb per group, the product and the sum each rounded as
+// ggml rounds them; 8 weights a step with AVX2, 16 with AVX-512 (`path` avx2 / avx512vnni, as
+// the fast mode's: best follows MOEKIT_INT8_PATH). False (nothing written) for the portable path,
+// a path the CPU lacks, or B not a ggml type: the caller decodes with the types' scalar Block().
+bool ggml_dequant_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst,
+                       Int8Path path = Int8Path::best);
 // n_total: the packed matrix's full column count (its panel stride); B.data points at column 0
 // of the call's first column.
 void gemm_nn_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,

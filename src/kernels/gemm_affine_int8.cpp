@@ -1030,6 +1030,28 @@ const char* detail::int8_path_name(Int8Path path) noexcept {
                                         : "portable";
 }
 
+bool detail::ggml_dequant_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst,
+                               Int8Path path) {
+#if MOEKIT_X86
+  if (path == Int8Path::best || path == Int8Path::amx) path = best_path();
+  if (path == Int8Path::portable || !int8_path_supported(path)) return false;
+  const bool wide = path == Int8Path::avx512vnni;  // AVX-512: 16 weights per step (the same bits)
+  return with_ggml_type(B.format.element, [&](auto type) {
+    using T = decltype(type);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (wide) {
+        panel_vnni::dequant<T>(row_bytes(B, n0 + r), K / T::kBlock, dst + r * K);
+      } else {
+        panel_avx2::dequant<T>(row_bytes(B, n0 + r), K / T::kBlock, dst + r * K);
+      }
+    }
+  });
+#else
+  (void)B, (void)n0, (void)rows, (void)K, (void)dst, (void)path;
+  return false;
+#endif
+}
+
 void detail::gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                                std::int64_t N, std::int64_t K, Threads threads, Int8Path path) {
   if (M <= 0 || N <= 0) return;

@@ -219,6 +219,40 @@ MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, 
     ws[j] = d * static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32);
 }
 
+// The exact mode's decode of `blocks` blocks of one row into y (detail::ggml_dequant_rows): each
+// block unpacked as for a panel, then per group w = ws · float(u − off) (+ wb): ggml's
+// dequantize_row_* rounds the same product and sum (its scale · code, minus its min), with ws and
+// wb the same f32 products of the block's fields (unpack's terms), so the same bits.
+template <class T>
+MOEKIT_I8_ATTR void dequant(const std::uint8_t* row, std::int64_t blocks, float* y) {
+  using Tr = Traits<T>;
+  constexpr int kG = Tr::kG, kGroups = T::kBlock / kG;
+  alignas(32) std::uint8_t u[T::kBlock];
+  alignas(32) float ws[kGroups < 8 ? 8 : kGroups], wb[kGroups < 8 ? 8 : kGroups];
+  for (std::int64_t blk = 0; blk < blocks; ++blk, y += T::kBlock) {
+    unpack(T{}, row + blk * T::kBytes, u, ws, wb);
+    for (int g = 0; g < kGroups; ++g) {
+#if MOEKIT_I8_VNNI
+      const __m512i off = _mm512_set1_epi32(Tr::kOff);
+      for (int k = g * kG; k < g * kG + kG; k += 16) {
+        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + k)));
+        __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c, off)), _mm512_set1_ps(ws[g]));
+        if constexpr (Tr::kBias) w = _mm512_add_ps(w, _mm512_set1_ps(wb[g]));
+        _mm512_storeu_ps(y + k, w);
+      }
+#else
+      const __m256i off = _mm256_set1_epi32(Tr::kOff);
+      for (int k = g * kG; k < g * kG + kG; k += 8) {
+        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + k)));
+        __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, off)), _mm256_set1_ps(ws[g]));
+        if constexpr (Tr::kBias) w = _mm256_add_ps(w, _mm256_set1_ps(wb[g]));
+        _mm256_storeu_ps(y + k, w);
+      }
+#endif
+    }
+  }
+}
+
 // Rows of B decoded for one panel, before the transpose: kW rows of u8 codes (row r at r · Kp,
 // inputs past K zero) and of terms (row r at r · gp, gp the groups rounded up to 16), rows past
 // the matrix zero.

@@ -23,6 +23,7 @@ namespace ggml {
 // Rows [n0, n0 + rows) of B, K weights each, into dst [rows, K]: block by block.
 template <typename T>
 void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
+  if (detail::ggml_dequant_rows(B, n0, rows, K, dst)) return;  // x86 with AVX2: in vectors
   const int64_t blocks = K / T::kBlock;
   for (int64_t r = 0; r < rows; ++r) {
     const auto* row = static_cast<const std::uint8_t*>(B.data) + (n0 + r) * B.ld;
