@@ -9,8 +9,9 @@
 // and then every row of A (its int8 codes broadcast 4 at a time) runs over the panel, 12 (AVX2:
 // 4) rows at once. So a block is decoded once per call, not once per row or two of A as in the
 // row kernel. With VNNI, q4_K and q6_K go straight from the 16 rows into the panel (their packed
-// bytes transposed, then split; their scales gathered for 16 rows at once); otherwise blocks are
-// unpacked a row at a time into a stage, then transposed. Per row m and group g of kG inputs
+// bytes transposed — q4_K's nibbles then kept packed, split in the tile; q6_K's split at once —
+// their scales gathered for 16 rows at once); otherwise blocks are unpacked a row at a time into
+// a stage, then transposed. Per row m and group g of kG inputs
 // (Traits<T>::kG, 32 or 16):
 //   t   = Σ_k u_k · a_k                              (exact int32, u the u8 code)
 //   acc = fma(float(t − off·Σa), ws · d[m,g], acc)   (off: the codes' shift into u8)
@@ -48,6 +49,10 @@ struct Traits {
   // at a time through the stage.
   static constexpr bool kDirect =
       MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>);
+  // Whether the panel keeps the packed nibbles as stored (q4_K with VNNI: a dword's low nibbles
+  // are 4 inputs of a sub-block, its high nibbles the same 4 of the next one), split in the tile:
+  // half the bytes stored by the pack and read by the tiles, and a panel that stays in L1.
+  static constexpr bool kNibbles = MOEKIT_I8_VNNI && std::is_same_v<T, formats::q4_k::Type>;
   // The largest u8 code (AVX2's int16 budget): the signed types' |q| (their offset of 128).
   static constexpr int kMaxCode = kOff == 128                                    ? 128
                                   : std::is_same_v<T, formats::q6_k::Type>       ? 63
@@ -307,21 +312,17 @@ MOEKIT_I8_ATTR inline void transpose_rows(const void* src, std::int64_t stride, 
   for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + j * 64, v[j]);
 }
 
-// q4_K's codes straight from the 16 rows into the panel: each 64 bytes of a block's nibbles
-// (sub-blocks 4pp .. 4pp + 3) transposed as they are, then split — dword j's low nibbles are
-// quad j % 8 of sub-block 4pp + 2 (j / 8), its high nibbles the same quad of the next sub-block.
-// Half the bytes through the transpose, and no staging of the codes.
+// q4_K's codes straight from the 16 rows into the panel (Traits::kNibbles), packed as stored:
+// each 64 bytes of a block's nibbles (sub-blocks 4pp .. 4pp + 3) transposed as they are — dword
+// j's low nibbles are quad j % 8 of sub-block 4pp + 2 (j / 8), its high nibbles the same quad of
+// the next sub-block — so the panel's vector 8 · s + j holds quad j of sub-blocks 2s (low) and
+// 2s + 1 (high) for 16 rows, 32 bytes per row and block: the block's own 128 bytes, in order.
 MOEKIT_I8_ATTR inline void q4k_codes(const std::uint8_t* const (&row)[16], std::int64_t blk, std::uint8_t* codes) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int pp = 0; pp < 2; ++pp) {
     __m512i v[16];
     for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(row[r] + blk * 144 + 16 + 64 * pp);
     transpose16(v);
-    for (int j = 0; j < 16; ++j) {
-      const std::int64_t k = blk * 256 + 64 * (2 * pp + j / 8) + 4 * (j % 8);  // the low nibbles' input
-      _mm512_storeu_si512(codes + k * 16, _mm512_and_si512(v[j], low4));
-      _mm512_storeu_si512(codes + (k + 32) * 16, _mm512_and_si512(_mm512_srli_epi32(v[j], 4), low4));
-    }
+    for (int j = 0; j < 16; ++j) _mm512_storeu_si512(codes + (blk * 32 + 16 * pp + j) * 64, v[j]);
   }
 }
 
@@ -422,13 +423,18 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
   const std::int64_t stride = row_stride_bytes(B);
 #if MOEKIT_I8_VNNI
   if constexpr (Traits<T>::kDirect) {
-    if (15 * stride <= std::numeric_limits<std::int32_t>::max()) {
-      // Rows past the matrix read a zero row (codes 0) and gather nothing (scales 0).
-      thread_local std::vector<std::uint8_t> zero;
-      zero.assign(static_cast<std::size_t>(stride), 0);
-      const std::uint8_t* row[16];
-      for (std::int64_t r = 0; r < 16; ++r)
-        row[r] = r < rows ? static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride : zero.data();
+    // Rows past the matrix read a zero row (codes 0) and gather nothing (scales 0).
+    thread_local std::vector<std::uint8_t> zero;
+    zero.assign(static_cast<std::size_t>(stride), 0);
+    const std::uint8_t* row[16];
+    for (std::int64_t r = 0; r < 16; ++r)
+      row[r] = r < rows ? static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride : zero.data();
+    if (15 * stride > std::numeric_limits<std::int32_t>::max()) {
+      // The packed nibbles still straight from the rows (the tile reads no other layout); the
+      // terms, which the gathers cannot reach, through the stage below.
+      if constexpr (Traits<T>::kNibbles)
+        for (std::int64_t blk = 0; blk < blocks; ++blk) q4k_codes(row, blk, p.codes.data());
+    } else {
       const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(static_cast<int>(stride)));
       const auto live = static_cast<__mmask16>((1u << rows) - 1u);
@@ -438,6 +444,7 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
     }
   }
 #endif
+  constexpr bool kCodes = !Traits<T>::kNibbles;  // the codes through the stage too
   s.codes.resize(static_cast<std::size_t>(kW * Kp));
   s.ws.resize(p.ws.size());
   s.wb.resize(p.ws.size());
@@ -456,7 +463,8 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
       unpack(T{}, row + blk * T::kBytes, u + blk * T::kBlock, ws + g, wb + g);
     }
   }
-  for (std::int64_t k = 0; k < Kp; k += 4 * kW) transpose_rows(s.codes.data() + k, Kp, p.codes.data() + k * kW);
+  if constexpr (kCodes)
+    for (std::int64_t k = 0; k < Kp; k += 4 * kW) transpose_rows(s.codes.data() + k, Kp, p.codes.data() + k * kW);
   for (std::int64_t g = 0; g < gp; g += kW) {
     transpose_rows(s.ws.data() + g, gp * 4, p.ws.data() + g * kW);
     if (Traits<T>::kBias) transpose_rows(s.wb.data() + g, gp * 4, p.wb.data() + g * kW);
@@ -466,9 +474,10 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
 #if MOEKIT_I8_VNNI
 // MR rows of A from row m (a multiple of 4) against one panel: out[i] the 16 columns of row
 // m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group.
-template <int MR, int kG, bool kOff, bool kBias, int kSb>
+template <int MR, int kG, bool kOff, bool kBias, int kSb, bool kNibbles>
 MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out, const char* pf,
                          const char* pf_end) {
+  static_assert(!kNibbles || kG == 32, "packed nibbles: a sub-block of 32 per group");
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   if constexpr (kSb > 1)
@@ -484,7 +493,13 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
 #pragma GCC unroll 8
     for (int j = 0; j < kG / 4; ++j) {
       const std::int64_t at = (g * kG / 4 + j) * 64;
-      const __m512i u = _mm512_loadu_si512(codes + at);
+      __m512i u;
+      if constexpr (kNibbles) {  // group g's nibbles: the low ones of even g, the high of odd
+        const __m512i v = _mm512_loadu_si512(codes + ((g / 2) * 8 + j) * 64);
+        u = _mm512_and_si512(g % 2 == 0 ? v : _mm512_srli_epi32(v, 4), _mm512_set1_epi8(0x0F));
+      } else {
+        u = _mm512_loadu_si512(codes + at);
+      }
       for (int i = 0; i < MR; ++i) {
         std::int32_t x;
         std::memcpy(&x, q[i / 4] + at / 4 + 4 * (i % 4), 4);
@@ -615,11 +630,11 @@ MOEKIT_I8_ATTR void run(const Rows& a, std::int64_t M, std::int64_t Mp, const We
 #if MOEKIT_I8_VNNI
       mr = Mp - m >= 12 ? 12 : Mp - m >= 8 ? 8 : 4;
       if (mr == 12)
-        tile<12, Tr::kG, kOff, Tr::kBias, Tr::kSb>(a, m, panel, K, out, next, next_end);
+        tile<12, Tr::kG, kOff, Tr::kBias, Tr::kSb, Tr::kNibbles>(a, m, panel, K, out, next, next_end);
       else if (mr == 8)
-        tile<8, Tr::kG, kOff, Tr::kBias, Tr::kSb>(a, m, panel, K, out, next, next_end);
+        tile<8, Tr::kG, kOff, Tr::kBias, Tr::kSb, Tr::kNibbles>(a, m, panel, K, out, next, next_end);
       else
-        tile<4, Tr::kG, kOff, Tr::kBias, Tr::kSb>(a, m, panel, K, out, next, next_end);
+        tile<4, Tr::kG, kOff, Tr::kBias, Tr::kSb, Tr::kNibbles>(a, m, panel, K, out, next, next_end);
 #else
       mr = 4;
       tile<4, Tr::kG, kOff, Tr::kBias, Tr::kSb, kSigned, Tr::kSum16>(a, m, panel, K, out, next, next_end);

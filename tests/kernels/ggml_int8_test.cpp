@@ -13,7 +13,9 @@
 //  - the panel kernel lies within the same bound of the exact mode, and agrees with the row
 //    kernel to f32 rounding on random bytes (non-finite where it is), with ragged panels (N not a
 //    multiple of 16, K not of 64) and on the pool; its two widths (AVX2's 8-row panels and
-//    AVX512-VNNI's 16) give the same bits, and neither reads past the matrix.
+//    AVX512-VNNI's 16) give the same bits, and neither reads past the matrix; rows too far apart
+//    for the direct pack's gathers give the bits of the same rows side by side;
+//  - A is quantized in ggml's activation blocks (q8_0's per 32, q8_K's per 256).
 #include <gtest/gtest.h>
 
 #if defined(__linux__)
@@ -406,6 +408,38 @@ TEST(GgmlInt8, ReadsNoBytePastTheMatrix) {
     }
     munmap(map, span);
   });
+}
+
+// Rows of B so far apart that 15 row strides overflow the int32 offsets of the direct pack's
+// gathers (q4_K's and q6_K's scales for 16 rows at once): the pack takes its terms through the
+// stage instead, with the same bits as the same rows side by side. The rows sit 144 MB apart in a
+// reserved, mostly untouched mapping.
+TEST(GgmlInt8, PanelKernelTakesRowsFarApart) {
+  if (panel_paths().empty()) GTEST_SKIP() << "no panel kernel on this CPU";
+  const std::int64_t stride = std::int64_t{144} << 20, N = 13, K = 1024;  // a ragged panel
+  const std::size_t span = static_cast<std::size_t>(stride * N);
+  void* map = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  std::mt19937 rng(43);
+  for_each_type([&](auto type) {
+    using T = typename decltype(type)::Block;
+    const std::int64_t ld = K / T::kBlock * T::kBytes;
+    std::vector<std::uint8_t> rows(static_cast<std::size_t>(N * ld));
+    for (auto& b : rows) b = static_cast<std::uint8_t>(rng() & 0x3F);  // finite scales
+    auto* far = static_cast<std::uint8_t*>(map);
+    for (std::int64_t n = 0; n < N; ++n)
+      std::memcpy(far + n * stride, rows.data() + n * ld, static_cast<std::size_t>(ld));
+    const kernels::WeightMatrix near = matrix(type.element, rows.data(), ld), apart = matrix(type.element, far, stride);
+    const auto x = inputs(9, K, 41);
+    for (const Int8Path path : panel_paths()) {
+      const auto got = panel(apart, x, 9, N, K, path);  // first: no panel of these rows is left over
+      const auto want = panel(near, x, 9, N, K, path);
+      for (std::size_t i = 0; i < want.size(); ++i)
+        ASSERT_TRUE(same_bits(got[i], want[i])) << T::kName << " " << kernels::detail::int8_path_name(path) << " [" << i
+                                                << "]: " << got[i] << " against " << want[i];
+    }
+  });
+  munmap(map, span);
 }
 #endif
 
