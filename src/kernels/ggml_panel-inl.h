@@ -471,6 +471,83 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
   }
 }
 
+// kW float (F) and int32 (I) lanes: the few operations the tiles' float steps take, at this
+// include's width, so both widths share those steps (tile_start, group_step, tile_end).
+struct Vec {
+#if MOEKIT_I8_VNNI
+  using F = __m512;
+  using I = __m512i;
+  MOEKIT_I8_ATTR static F zero() { return _mm512_setzero_ps(); }
+  MOEKIT_I8_ATTR static F set1(float v) { return _mm512_set1_ps(v); }
+  MOEKIT_I8_ATTR static I set1(std::int32_t v) { return _mm512_set1_epi32(v); }
+  MOEKIT_I8_ATTR static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  MOEKIT_I8_ATTR static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  MOEKIT_I8_ATTR static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  MOEKIT_I8_ATTR static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  MOEKIT_I8_ATTR static F load(const float* p) { return _mm512_loadu_ps(p); }
+  MOEKIT_I8_ATTR static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+#else
+  using F = __m256;
+  using I = __m256i;
+  MOEKIT_I8_ATTR static F zero() { return _mm256_setzero_ps(); }
+  MOEKIT_I8_ATTR static F set1(float v) { return _mm256_set1_ps(v); }
+  MOEKIT_I8_ATTR static I set1(std::int32_t v) { return _mm256_set1_epi32(v); }
+  MOEKIT_I8_ATTR static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  MOEKIT_I8_ATTR static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  MOEKIT_I8_ATTR static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  MOEKIT_I8_ATTR static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  MOEKIT_I8_ATTR static F load(const float* p) { return _mm256_loadu_ps(p); }
+  MOEKIT_I8_ATTR static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+#endif
+};
+
+// A tile's accumulators zeroed; with a scale per block of groups (kSb > 1) its output too, which
+// then takes each block's sums times d.
+template <int MR, int kSb>
+MOEKIT_I8_ATTR inline void tile_start(Vec::F (&acc)[MR], float* out) {
+  for (int i = 0; i < MR; ++i) acc[i] = Vec::zero();
+  if constexpr (kSb > 1)
+    for (int i = 0; i < MR; ++i) Vec::store(out + kW * i, acc[i]);
+}
+
+// Group g's float step for MR rows of A from row m (docs/numerics.md), t the group's exact int32
+// sums: acc = fma(float(t − off · Σa), ws · d, acc), then acc = fma(wb, d · Σa, acc) for types with
+// a min or bias; with a scale per block (kSb > 1) d is left out (xs is then Σa) and the block's
+// sums go into out times d after its last group.
+template <int MR, bool kOff, bool kBias, int kSb>
+MOEKIT_I8_ATTR inline void group_step(const Rows& a, std::int64_t m, const Panel& p, std::int64_t g,
+                                      const Vec::I (&t)[MR], Vec::F (&acc)[MR], float* out) {
+  const Vec::F ws = Vec::load(p.ws.data() + g * kW);
+  const Vec::F wb = kBias ? Vec::load(p.wb.data() + g * kW) : Vec::zero();
+  const float* d = a.d + g * a.Mp + m;
+  const float* xs = a.xs + g * a.Mp + m;
+  const std::int32_t* cq = a.cq + g * a.Mp + m;
+  for (int i = 0; i < MR; ++i) {
+    Vec::I s = t[i];
+    if constexpr (kOff) s = Vec::sub(s, Vec::set1(cq[i]));
+    if constexpr (kSb > 1) {  // the block's sums in acc, d after its last group
+      acc[i] = Vec::fmadd(Vec::cvt(s), ws, acc[i]);
+    } else {
+      acc[i] = Vec::fmadd(Vec::cvt(s), Vec::mul(ws, Vec::set1(d[i])), acc[i]);
+    }
+    if constexpr (kBias) acc[i] = Vec::fmadd(wb, Vec::set1(xs[i]), acc[i]);
+  }
+  if constexpr (kSb > 1) {
+    if ((g + 1) % kSb == 0)
+      for (int i = 0; i < MR; ++i) {
+        Vec::store(out + kW * i, Vec::fmadd(acc[i], Vec::set1(d[i]), Vec::load(out + kW * i)));
+        acc[i] = Vec::zero();
+      }
+  }
+}
+
+// The tile's result into out (with a scale per block it is there already).
+template <int MR, int kSb>
+MOEKIT_I8_ATTR inline void tile_end(const Vec::F (&acc)[MR], float* out) {
+  if constexpr (kSb == 1)
+    for (int i = 0; i < MR; ++i) Vec::store(out + kW * i, acc[i]);
+}
+
 #if MOEKIT_I8_VNNI
 // MR rows of A from row m (a multiple of 4) against one panel: out[i] the 16 columns of row
 // m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group.
@@ -479,9 +556,7 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
                          const char* pf_end) {
   static_assert(!kNibbles || kG == 32, "packed nibbles: a sub-block of 32 per group");
   __m512 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
-  if constexpr (kSb > 1)
-    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
+  tile_start<MR, kSb>(acc, out);
   const std::int8_t* q[MR / 4];
   for (int b = 0; b < MR / 4; ++b) q[b] = a.q + (m + 4 * b) * K;
   const std::uint8_t* codes = p.codes.data();
@@ -506,31 +581,9 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
         t[i] = _mm512_dpbusd_epi32(t[i], u, _mm512_set1_epi32(x));
       }
     }
-    const __m512 ws = _mm512_loadu_ps(p.ws.data() + g * 16);
-    const __m512 wb = kBias ? _mm512_loadu_ps(p.wb.data() + g * 16) : _mm512_setzero_ps();
-    const float* d = a.d + g * a.Mp + m;
-    const float* xs = a.xs + g * a.Mp + m;
-    const std::int32_t* cq = a.cq + g * a.Mp + m;
-    for (int i = 0; i < MR; ++i) {
-      __m512i s = t[i];
-      if constexpr (kOff) s = _mm512_sub_epi32(s, _mm512_set1_epi32(cq[i]));
-      if constexpr (kSb > 1) {  // the block's sums in acc, d after its last group
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, acc[i]);
-      } else {
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(d[i])), acc[i]);
-      }
-      if constexpr (kBias) acc[i] = _mm512_fmadd_ps(wb, _mm512_set1_ps(xs[i]), acc[i]);
-    }
-    if constexpr (kSb > 1) {
-      if ((g + 1) % kSb == 0)
-        for (int i = 0; i < MR; ++i) {
-          _mm512_storeu_ps(out + 16 * i, _mm512_fmadd_ps(acc[i], _mm512_set1_ps(d[i]), _mm512_loadu_ps(out + 16 * i)));
-          acc[i] = _mm512_setzero_ps();
-        }
-    }
+    group_step<MR, kOff, kBias, kSb>(a, m, p, g, t, acc, out);
   }
-  if constexpr (kSb == 1)
-    for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
+  tile_end<MR, kSb>(acc, out);
 }
 #else
 // MR rows of A from row m (a multiple of 4) against one panel of 8: out[i] the 8 columns of row
@@ -545,9 +598,7 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
   static_assert(MR == 4 && (kG / 4) % kSum16 == 0, "one block of 4 rows of A; whole int16 runs per group");
   constexpr int kPair = 2;
   __m256 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
-  if constexpr (kSb > 1)
-    for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+  tile_start<MR, kSb>(acc, out);
   const std::int8_t* q = a.q + m * K;
   const std::uint8_t* codes = p.codes.data();
   const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(static_cast<char>(0x80));
@@ -576,31 +627,9 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
         for (int r = 0; r < kPair; ++r) t[i0 + r] = _mm256_add_epi32(t[i0 + r], _mm256_madd_epi16(s16[r], ones));
       }
     }
-    const __m256 ws = _mm256_loadu_ps(p.ws.data() + g * 8);
-    const __m256 wb = kBias ? _mm256_loadu_ps(p.wb.data() + g * 8) : _mm256_setzero_ps();
-    const float* d = a.d + g * a.Mp + m;
-    const float* xs = a.xs + g * a.Mp + m;
-    const std::int32_t* cq = a.cq + g * a.Mp + m;
-    for (int i = 0; i < MR; ++i) {
-      __m256i s = t[i];
-      if constexpr (kOff) s = _mm256_sub_epi32(s, _mm256_set1_epi32(cq[i]));
-      if constexpr (kSb > 1) {  // the block's sums in acc, d after its last group
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), ws, acc[i]);
-      } else {
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ws, _mm256_set1_ps(d[i])), acc[i]);
-      }
-      if constexpr (kBias) acc[i] = _mm256_fmadd_ps(wb, _mm256_set1_ps(xs[i]), acc[i]);
-    }
-    if constexpr (kSb > 1) {
-      if ((g + 1) % kSb == 0)
-        for (int i = 0; i < MR; ++i) {
-          _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(acc[i], _mm256_set1_ps(d[i]), _mm256_loadu_ps(out + 8 * i)));
-          acc[i] = _mm256_setzero_ps();
-        }
-    }
+    group_step<MR, kOff, kBias, kSb>(a, m, p, g, t, acc, out);
   }
-  if constexpr (kSb == 1)
-    for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
+  tile_end<MR, kSb>(acc, out);
 }
 #endif
 
