@@ -48,8 +48,6 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(lookup)(const std::int8_t* table, _
   return _mm256_shuffle_epi8(t, codes);
 }
 
-// The 32 codes of a 32-block type's block `b` in element order (GgmlInt8<T>::kSigned: int8
-// values, else u8 ≤ 31).
 // A nibble type's (NibblePairs) split nibbles as its codes: through its table where it has one.
 template <class T>
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(nibble_codes)(__m256i nibbles) {
@@ -59,7 +57,10 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(nibble_codes)(__m256i nibbles) {
     return nibbles;
   }
 }
-// q4_0, q4_1, iq4_nl and MXFP4 (NibblePairs; MXFP4's table gives twice the e2m1 value plus 12).
+
+// The 32 codes of a 32-block type's block `b` in element order (GgmlInt8<T>::kSigned: int8
+// values, else u8 ≤ 31). q4_0, q4_1, iq4_nl and MXFP4 from NibblePairs (MXFP4's table gives
+// twice the e2m1 value plus 12); q5_0, q5_1 and q8_0 below.
 template <class T, std::enable_if_t<NibblePairs<T>::kYes, int> = 0>
 MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(codes32)(T, const std::uint8_t* b) {
   return MOEKIT_I8_NAME(nibble_codes)<T>(MOEKIT_I8_NAME(nibbles32)(b + NibblePairs<T>::kQs));
