@@ -224,40 +224,6 @@ MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, 
     ws[j] = d * static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32);
 }
 
-// The exact mode's decode of `blocks` blocks of one row into y (detail::ggml_dequant_rows): each
-// block unpacked as for a panel, then per group w = ws · float(u − off) (+ wb): ggml's
-// dequantize_row_* rounds the same product and sum (its scale · code, minus its min), with ws and
-// wb the same f32 products of the block's fields (unpack's terms), so the same bits.
-template <class T>
-MOEKIT_I8_ATTR void dequant(const std::uint8_t* row, std::int64_t blocks, float* y) {
-  using Tr = Traits<T>;
-  constexpr int kG = Tr::kG, kGroups = T::kBlock / kG;
-  alignas(32) std::uint8_t u[T::kBlock];
-  alignas(32) float ws[kGroups < 8 ? 8 : kGroups], wb[kGroups < 8 ? 8 : kGroups];
-  for (std::int64_t blk = 0; blk < blocks; ++blk, y += T::kBlock) {
-    unpack(T{}, row + blk * T::kBytes, u, ws, wb);
-    for (int g = 0; g < kGroups; ++g) {
-#if MOEKIT_I8_VNNI
-      const __m512i off = _mm512_set1_epi32(Tr::kOff);
-      for (int k = g * kG; k < g * kG + kG; k += 16) {
-        const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + k)));
-        __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c, off)), _mm512_set1_ps(ws[g]));
-        if constexpr (Tr::kBias) w = _mm512_add_ps(w, _mm512_set1_ps(wb[g]));
-        _mm512_storeu_ps(y + k, w);
-      }
-#else
-      const __m256i off = _mm256_set1_epi32(Tr::kOff);
-      for (int k = g * kG; k < g * kG + kG; k += 8) {
-        const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u + k)));
-        __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, off)), _mm256_set1_ps(ws[g]));
-        if constexpr (Tr::kBias) w = _mm256_add_ps(w, _mm256_set1_ps(wb[g]));
-        _mm256_storeu_ps(y + k, w);
-      }
-#endif
-    }
-  }
-}
-
 // Rows of B decoded for one panel, before the transpose: kW rows of u8 codes (row r at r · Kp,
 // inputs past K zero) and of terms (row r at r · gp, gp the groups rounded up to 16), rows past
 // the matrix zero.
@@ -471,8 +437,9 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
   }
 }
 
-// kW float (F) and int32 (I) lanes: the few operations the tiles' float steps take, at this
-// include's width, so both widths share those steps (tile_start, group_step, tile_end).
+// kW float (F) and int32 (I) lanes: the few operations the tiles' float steps and the exact
+// decode take, at this include's width, so both widths share those steps (dequant, tile_start,
+// group_step, tile_end).
 struct Vec {
 #if MOEKIT_I8_VNNI
   using F = __m512;
@@ -486,6 +453,10 @@ struct Vec {
   MOEKIT_I8_ATTR static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   MOEKIT_I8_ATTR static F load(const float* p) { return _mm512_loadu_ps(p); }
   MOEKIT_I8_ATTR static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  MOEKIT_I8_ATTR static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  MOEKIT_I8_ATTR static I widen(const std::uint8_t* p) {  // kW u8 as int32
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
 #else
   using F = __m256;
   using I = __m256i;
@@ -498,8 +469,33 @@ struct Vec {
   MOEKIT_I8_ATTR static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   MOEKIT_I8_ATTR static F load(const float* p) { return _mm256_loadu_ps(p); }
   MOEKIT_I8_ATTR static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  MOEKIT_I8_ATTR static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  MOEKIT_I8_ATTR static I widen(const std::uint8_t* p) {  // kW u8 as int32
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
 #endif
 };
+
+// The exact mode's decode of `blocks` blocks of one row into y (detail::ggml_dequant_rows): each
+// block unpacked as for a panel, then per group w = ws · float(u − off) (+ wb), kW weights a step:
+// ggml's dequantize_row_* rounds the same product and sum (its scale · code, minus its min), with
+// ws and wb the same f32 products of the block's fields (unpack's terms), so the same bits.
+template <class T>
+MOEKIT_I8_ATTR void dequant(const std::uint8_t* row, std::int64_t blocks, float* y) {
+  using Tr = Traits<T>;
+  constexpr int kG = Tr::kG, kGroups = T::kBlock / kG;
+  alignas(32) std::uint8_t u[T::kBlock];
+  alignas(32) float ws[kGroups < 8 ? 8 : kGroups], wb[kGroups < 8 ? 8 : kGroups];
+  for (std::int64_t blk = 0; blk < blocks; ++blk, y += T::kBlock) {
+    unpack(T{}, row + blk * T::kBytes, u, ws, wb);
+    for (int g = 0; g < kGroups; ++g)
+      for (int k = g * kG; k < g * kG + kG; k += kW) {
+        Vec::F w = Vec::mul(Vec::cvt(Vec::sub(Vec::widen(u + k), Vec::set1(Tr::kOff))), Vec::set1(ws[g]));
+        if constexpr (Tr::kBias) w = Vec::add(w, Vec::set1(wb[g]));
+        Vec::store(y + k, w);
+      }
+  }
+}
 
 // A tile's accumulators zeroed; with a scale per block of groups (kSb > 1) its output too, which
 // then takes each block's sums times d.
