@@ -27,6 +27,7 @@
 // from affine_int8-inl.h (bit-identical for 4-bit codes, to f32 rounding for 8-bit). Elsewhere
 // the same arithmetic in portable C++.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -487,22 +488,43 @@ struct NibblePairs<formats::ggml_mxfp4::Type> {
   static constexpr const std::int8_t* kTable = kMxfp4Shifted;
 };
 
+// The nibble types whose codes are u8 (no table, or MXFP4's shifted one), which the VNNI row
+// kernel takes four blocks at a time in a whole chunk of eight (ggml_int8-inl.h's quad32, A's
+// rows in quad_order).
+template <class T>
+struct QuadNibbles {
+  static constexpr bool kYes = NibblePairs<T>::kYes && !GgmlInt8<T>::kSigned;
+};
+
 #if MOEKIT_X86
+// Per `span` inputs of A's rows in [k0, k1) (whole spans), the `span` / 32 blocks' low-nibble
+// halves (elements 0-15 of each) side by side, then their high halves.
+void halves_order(QuantA& qa, std::int64_t k0, std::int64_t k1, std::int64_t span) {
+  std::int8_t tmp[128];
+  const std::int64_t blocks = span / 32;
+  for (std::int64_t m = 0; m < qa.M; ++m) {
+    std::int8_t* row = qa.q8.data() + m * qa.K;
+    for (std::int64_t k = k0; k + span <= k1; k += span) {
+      for (std::int64_t j = 0; j < blocks; ++j) {
+        std::memcpy(tmp + 16 * j, row + k + 32 * j, 16);
+        std::memcpy(tmp + 16 * (blocks + j), row + k + 32 * j + 16, 16);
+      }
+      std::memcpy(row + k, tmp, static_cast<std::size_t>(span));
+    }
+  }
+}
+
 // A's int8 codes (natural order) rearranged for pair32: per 64 inputs (two 32-blocks), elements
 // 0-15, 32-47, 16-31, 48-63 — each block's low-nibble half beside the other's, then the high
 // halves. A last lone block keeps its natural order.
-void pair_order(QuantA& qa) {
-  std::int8_t tmp[64];
-  for (std::int64_t m = 0; m < qa.M; ++m) {
-    std::int8_t* row = qa.q8.data() + m * qa.K;
-    for (std::int64_t k = 0; k + 64 <= qa.K; k += 64) {
-      std::memcpy(tmp, row + k, 16);
-      std::memcpy(tmp + 16, row + k + 32, 16);
-      std::memcpy(tmp + 32, row + k + 16, 16);
-      std::memcpy(tmp + 48, row + k + 48, 16);
-      std::memcpy(row + k, tmp, 64);
-    }
-  }
+void pair_order(QuantA& qa) { halves_order(qa, 0, qa.K, 64); }
+
+// The same for quad32 in the whole chunks of 256 inputs (eight blocks), per 128 (four blocks):
+// the four low-nibble halves, then the four high ones; past the last whole chunk pair_order's.
+void quad_order(QuantA& qa) {
+  const std::int64_t whole = qa.K / 256 * 256;
+  halves_order(qa, 0, whole, 128);
+  halves_order(qa, whole, qa.K, 64);
 }
 #endif
 
@@ -608,17 +630,18 @@ namespace panel_avx2 {
 #undef MOEKIT_I8_ATTR
 #undef MOEKIT_I8_NAME
 #undef MOEKIT_I8_VNNI
-#define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 #define MOEKIT_I8_NAME(f) f##_vnni
 #define MOEKIT_I8_VNNI 1
-#include "kernels/affine_int8-inl.h"
-#include "kernels/ggml_int8-inl.h"
-// GCC 12's false positive on _mm512_cvtepi32_ps (see the AMX kernel below).
+// GCC 12's false positive on _mm512_cvtepi32_ps and the other 512-bit intrinsics built on an
+// undefined vector (see the AMX kernel below).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+#include "kernels/affine_int8-inl.h"
+#include "kernels/ggml_int8-inl.h"
 namespace panel_vnni {
 #include "kernels/ggml_panel-inl.h"
 }  // namespace panel_vnni
@@ -923,8 +946,10 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa, T::kBlock);
   if constexpr (GgmlInt8<T>::kMin16) sums16(qa);
 #if MOEKIT_X86
+  if constexpr (QuadNibbles<T>::kYes)
+    if (path == Int8Path::avx512vnni) quad_order(qa);
   if constexpr (NibblePairs<T>::kYes)
-    if (path == Int8Path::avx512vnni || path == Int8Path::avx2) pair_order(qa);
+    if (path == Int8Path::avx2 || (path == Int8Path::avx512vnni && !QuadNibbles<T>::kYes)) pair_order(qa);
   if (path == Int8Path::avx512vnni) return ggml_rows_vnni<T>(qa, B, C, M, N);
   if (path == Int8Path::avx2) return ggml_rows_avx2<T>(qa, B, C, M, N);
 #endif

@@ -143,32 +143,127 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pair32)(const std::uint8_t* b, bool se
   }
 }
 
+#if MOEKIT_I8_VNNI
+// Four neighbouring 32-blocks of an unsigned nibble type (QuadNibbles) against MR rows of A in
+// the quad order (quad_order): the four blocks' 16 bytes of nibbles in one zmm, block j in
+// 128-bit lane j, split once — lo the low nibbles (elements 0-15), hi the high ones (16-31) —
+// through the type's table; C[i] lane j block j's four partial sums.
+template <class T, int MR>
+MOEKIT_I8_ATTR inline void quad32(const std::uint8_t* b, const std::int8_t* const (&a)[MR], std::int64_t k,
+                                  __m512i (&C)[MR]) {
+  constexpr int kQs = NibblePairs<T>::kQs, kB = T::kBytes;
+  const auto field = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + j * kB + kQs)); };
+  __m512i v = _mm512_castsi128_si512(field(0));
+  v = _mm512_inserti32x4(v, field(1), 1);
+  v = _mm512_inserti32x4(v, field(2), 2);
+  v = _mm512_inserti32x4(v, field(3), 3);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  if constexpr (NibblePairs<T>::kHasTable) {
+    const __m512i t = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(NibblePairs<T>::kTable)));
+    lo = _mm512_shuffle_epi8(t, lo);
+    hi = _mm512_shuffle_epi8(t, hi);
+  }
+  for (int i = 0; i < MR; ++i) {
+    const std::int8_t* x = a[i] + 32 * k;
+    C[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x)), hi,
+                               _mm512_loadu_si512(x + 64));
+  }
+}
+
+// Two quad32 results (blocks 0-3 in c's 128-bit lanes, 4-7 in d's) as the eight blocks' sums,
+// lane j block j.
+MOEKIT_I8_ATTR inline __m256i quad_sums8(__m512i c, __m512i d) {
+  const __m512i h = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));  // c02 d02 c13 d13
+  const __m512i s = _mm512_add_epi32(h, _mm512_unpackhi_epi64(h, h));                            // lane j: c_j, d_j
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, s));
+}
+
+// The 16-bit field at byte kAt of eight neighbouring blocks (fields8 for a whole chunk), from
+// z0 and z1, the 64 bytes from the first and the fifth block on: block j's field lies in 128-bit
+// lane j of its half (j · kBytes + kAt + 2 ≤ 16 (j + 1) for the nibble types' 17 to 20 bytes),
+// moved to the lane's first word and the four lanes' words of both halves gathered.
+template <class T, int kAt>
+MOEKIT_I8_ATTR inline __m128i quad_fields8(__m512i z0, __m512i z1) {
+  static_assert(3 * (T::kBytes - 16) + kAt + 2 <= 16, "block j's field in lane j");
+  alignas(64) static constexpr auto kToWord0 = [] {
+    std::array<std::int8_t, 64> idx{};
+    for (int j = 0; j < 4; ++j)
+      for (int b = 0; b < 16; ++b)
+        idx[16 * j + b] = static_cast<std::int8_t>(b < 2 ? j * (T::kBytes - 16) + kAt + b : -128);
+    return idx;
+  }();
+  const __m512i to_word0 = _mm512_load_si512(kToWord0.data());
+  const __m512i words = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 56, 48,
+                                         40, 32, 24, 16, 8, 0);
+  return _mm512_castsi512_si128(
+      _mm512_permutex2var_epi16(_mm512_shuffle_epi8(z0, to_word0), words, _mm512_shuffle_epi8(z1, to_word0)));
+}
+#endif
+
+// Groups [g, g + 8) of a nibble type's row (NibblePairs) a pair of blocks at a time (pair32: one
+// split for two blocks, and half the horizontal adds): S[i] the eight integer sums.
+template <class T, int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pairs8)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
+                                                  const std::int8_t* const (&a)[MR], __m256i (&S)[MR]) {
+  __m256i z[4][MR];
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    const std::int64_t k = g + 2 * p;
+    if (k < groups) {
+      MOEKIT_I8_NAME(pair32)<T, MR>(row + k * T::kBytes, k + 1 < groups, a, k, z[p]);
+    } else {
+      for (int i = 0; i < MR; ++i) z[p][i] = _mm256_setzero_si256();
+    }
+  }
+  // hadd(z0, z1): blocks 0 and 2 in the low half, 1 and 3 in the high one, two partial sums
+  // each; group_sums8<2> finishes them (blocks 0, 2, 4, 6 low, 1, 3, 5, 7 high).
+  for (int i = 0; i < MR; ++i) {
+    const __m256i h[4] = {_mm256_hadd_epi32(z[0][i], z[1][i]), _mm256_hadd_epi32(z[2][i], z[3][i]),
+                          _mm256_setzero_si256(), _mm256_setzero_si256()};
+    S[i] = MOEKIT_I8_NAME(group_sums8)<2>(h);
+  }
+}
+
+// Whether groups [g, g + 8) of a nibble type's row went four blocks at a time (quad32, S[i] the
+// eight integer sums): with VNNI, an unsigned nibble type (QuadNibbles), a whole chunk.
+template <class T, int MR>
+MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(quad8)([[maybe_unused]] const std::uint8_t* row,
+                                                 [[maybe_unused]] std::int64_t g, [[maybe_unused]] std::int64_t groups,
+                                                 [[maybe_unused]] const std::int8_t* const (&a)[MR],
+                                                 [[maybe_unused]] __m256i (&S)[MR], [[maybe_unused]] __m128i& scales,
+                                                 [[maybe_unused]] __m128i& biases) {
+#if MOEKIT_I8_VNNI
+  if constexpr (QuadNibbles<T>::kYes)
+    if (g + 8 <= groups) {
+      const std::uint8_t* b = row + g * T::kBytes;
+      __m512i c[MR], d[MR];
+      quad32<T, MR>(b, a, g, c);
+      quad32<T, MR>(b + 4 * T::kBytes, a, g + 4, d);
+      for (int i = 0; i < MR; ++i) S[i] = quad_sums8(c[i], d[i]);
+      const __m512i z0 = _mm512_loadu_si512(b), z1 = _mm512_loadu_si512(b + 4 * T::kBytes);  // within the chunk
+      scales = quad_fields8<T, 0>(z0, z1);
+      if constexpr (GgmlInt8<T>::kBias) biases = quad_fields8<T, 2>(z0, z1);
+      return true;
+    }
+#endif
+  return false;
+}
+
 // Groups [g, g + 8) of a 32-block type's row (`groups` in all): S[i] the eight integer sums
 // (before the offset), ws and wb the eight blocks' scales and biases (0 past the row). The nibble
-// types go a pair of blocks at a time (pair32: one split for two blocks, and half the horizontal
-// adds); the others a block at a time.
+// types go four blocks (quad8) or a pair (pairs8) at a time, the others a block at a time.
 template <class T, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
                                                    const std::int8_t* const (&a)[MR], __m256i (&S)[MR], __m256& ws,
                                                    __m256& wb) {
-  if constexpr (NibblePairs<T>::kYes) {
-    __m256i z[4][MR];
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      const std::int64_t k = g + 2 * p;
-      if (k < groups) {
-        MOEKIT_I8_NAME(pair32)<T, MR>(row + k * T::kBytes, k + 1 < groups, a, k, z[p]);
-      } else {
-        for (int i = 0; i < MR; ++i) z[p][i] = _mm256_setzero_si256();
-      }
-    }
-    // hadd(z0, z1): blocks 0 and 2 in the low half, 1 and 3 in the high one, two partial sums
-    // each; group_sums8<2> finishes them (blocks 0, 2, 4, 6 low, 1, 3, 5, 7 high).
-    for (int i = 0; i < MR; ++i) {
-      const __m256i h[4] = {_mm256_hadd_epi32(z[0][i], z[1][i]), _mm256_hadd_epi32(z[2][i], z[3][i]),
-                            _mm256_setzero_si256(), _mm256_setzero_si256()};
-      S[i] = MOEKIT_I8_NAME(group_sums8)<2>(h);
-    }
+  __m128i scales = _mm_setzero_si128(), biases = _mm_setzero_si128();
+  const bool quad = MOEKIT_I8_NAME(quad8)<T, MR>(row, g, groups, a, S, scales, biases);
+  if (quad) {
+    // S, the scales and the biases are in
+  } else if constexpr (NibblePairs<T>::kYes) {
+    MOEKIT_I8_NAME(pairs8)<T, MR>(row, g, groups, a, S);
   } else {
     __m256i h[MR][4];
 #pragma GCC unroll 4
@@ -180,7 +275,10 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std:
     }
     for (int i = 0; i < MR; ++i) S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
   }
-  const __m128i scales = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 0);
+  if (!quad) {
+    scales = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 0);
+    if constexpr (GgmlInt8<T>::kBias) biases = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 2);
+  }
   if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
     // e8m0 (the low byte; blocks past the row 0): 2^(e − 128), half the e8m0 scale since the codes
     // are twice the e2m1 value, as ggml_mxfp4::Scale writes it:
@@ -196,7 +294,6 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std:
     ws = _mm256_cvtph_ps(scales);
   }
   if constexpr (GgmlInt8<T>::kBias) {
-    const __m128i biases = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 2);
     wb = _mm256_cvtph_ps(biases);
   } else {
     wb = _mm256_setzero_ps();
