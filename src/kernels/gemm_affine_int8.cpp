@@ -28,6 +28,7 @@
 // the same arithmetic in portable C++.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -946,6 +947,8 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa, T::kBlock);
   if constexpr (GgmlInt8<T>::kMin16) sums16(qa);
 #if MOEKIT_X86
+  if constexpr (std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type>)
+    if (path == Int8Path::avx512vnni) sums16(qa);  // ggml_int8-inl.h's offset16
   if constexpr (QuadNibbles<T>::kYes)
     if (path == Int8Path::avx512vnni) quad_order(qa);
   if constexpr (NibblePairs<T>::kYes)

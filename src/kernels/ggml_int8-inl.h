@@ -351,30 +351,58 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std:
 }
 
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q4_k::Type, const std::uint8_t* row, std::int64_t g,
-                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
-                                                   __m256& wb) {
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q4_k::Type, [[maybe_unused]] const QuantA& qa,
+                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
+                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
+                                                   __m256& ws, __m256& wb) {
   MOEKIT_I8_NAME(chunk_k45)<false, MR>(row + g / 8 * formats::q4_k::Type::kBytes, g, a0, S, ws, wb);
 }
 
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q5_k::Type, const std::uint8_t* row, std::int64_t g,
-                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
-                                                   __m256& wb) {
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q5_k::Type, [[maybe_unused]] const QuantA& qa,
+                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
+                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
+                                                   __m256& ws, __m256& wb) {
   MOEKIT_I8_NAME(chunk_k45)<true, MR>(row + g / 8 * formats::q5_k::Type::kBytes, g, a0, S, ws, wb);
 }
 
-// Signed codes w of one group of 32 (|w| ≤ 32) against MR rows of A at a[i] + at: each 16
-// weights' pair sums times their integer scale (s0 the first 16, s1 the second) by `vpmaddwd`
-// (|pair| ≤ 2 · 32 · 127: no saturation): 8 int32 lanes per row.
-template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled16)(__m256i w, int s0, int s1, const std::int8_t* const (&a)[MR],
+// One group of 32 codes u (u8: the signed code plus kOff, u ≤ 63) against MR rows of A at a[i] +
+// at: each 16 weights' products times their integer scale (s0 the first 16, s1 the second), 8
+// int32 lanes per row. AVX2: the signed codes w = u − kOff (|w| ≤ 32), |w| times a with w's sign by
+// `vpmaddubsw` (|pair| ≤ 2 · 32 · 127: no saturation), the pairs times the scale by `vpmaddwd`.
+// VNNI: u times a by `vpdpbusd` (|lane| ≤ 4 · 63 · 127 < 2^15, so a lane is its own low int16)
+// times the scale by `vpmaddwd` against (scale, 0) — kOff · Σa left in, for offset16 to take off.
+template <int kOff, int MR>
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled16)(__m256i u, int s0, int s1, const std::int8_t* const (&a)[MR],
                                                     std::int64_t at, __m256i (&x)[MR]) {
-  const __m256i aw = _mm256_abs_epi8(w);
+#if MOEKIT_I8_VNNI
+  const __m256i scale =
+      _mm256_set_m128i(_mm_set1_epi32(static_cast<std::uint16_t>(s1)), _mm_set1_epi32(static_cast<std::uint16_t>(s0)));
+  for (int i = 0; i < MR; ++i)
+    x[i] = _mm256_madd_epi16(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, MOEKIT_I8_NAME(load256)(a[i] + at)), scale);
+#else
+  const __m256i w = _mm256_sub_epi8(u, _mm256_set1_epi8(kOff)), aw = _mm256_abs_epi8(w);
   const __m256i scale =
       _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(s1)), _mm_set1_epi16(static_cast<short>(s0)));
   for (int i = 0; i < MR; ++i)
     x[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(MOEKIT_I8_NAME(load256)(a[i] + at), w)), scale);
+#endif
+}
+
+// VNNI's scaled16 left kOff · Σa of each 16 inputs times its scale in S: taken off per block from
+// A's sums of 16 (QuantA::qsum16) and the block's 16 scales (sc16, int16) by one `vpmaddwd`.
+template <int kOff, int MR>
+requires(std::has_single_bit(unsigned{kOff})) MOEKIT_I8_ATTR
+    inline void MOEKIT_I8_NAME(offset16)([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
+                                         [[maybe_unused]] std::int64_t g, [[maybe_unused]] __m256i sc16,
+                                         [[maybe_unused]] __m256i (&S)[MR]) {
+#if MOEKIT_I8_VNNI
+  for (int i = 0; i < MR; ++i) {
+    const auto* sums = qa.qsum16.data() + (m + i) * (qa.K / 16) + 2 * g;  // group g's first 16
+    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+    S[i] = _mm256_sub_epi32(S[i], _mm256_slli_epi32(off, std::countr_zero(unsigned{kOff})));  // kOff: 4 or 32
+  }
+#endif
 }
 
 // The eight groups' lanes x[j] of a K-quant block summed per group (S[i], lane j group j).
@@ -387,14 +415,15 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(sums8)(const __m256i (&x)[8][MR], __m2
   }
 }
 
-// q6_K: codes q − 32 (signed 6-bit), int8 scales per 16, ws = d.
+// q6_K: codes q − 32 (signed 6-bit; scaled16 takes q), int8 scales per 16, ws = d.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, const std::uint8_t* row, std::int64_t g,
-                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
-                                                   __m256& wb) {
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, [[maybe_unused]] const QuantA& qa,
+                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
+                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
+                                                   __m256& ws, __m256& wb) {
   const std::uint8_t* b = row + g / 8 * formats::q6_k::Type::kBytes;
   const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
   __m256i x[8][MR];
   for (int n = 0; n < 2; ++n) {
     const __m256i l0 = MOEKIT_I8_NAME(load256)(b + 64 * n), l1 = MOEKIT_I8_NAME(load256)(b + 64 * n + 32);
@@ -411,23 +440,27 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, const st
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const int j = 4 * n + t;  // the group within the block
-      MOEKIT_I8_NAME(scaled16)<MR>(_mm256_sub_epi8(c[t], bias), sc[2 * j], sc[2 * j + 1], a0, 32 * (g + j), x[j]);
+      MOEKIT_I8_NAME(scaled16)<32, MR>(c[t], sc[2 * j], sc[2 * j + 1], a0, 32 * (g + j), x[j]);
     }
   }
   MOEKIT_I8_NAME(sums8)<MR>(x, S);
+  MOEKIT_I8_NAME(offset16)<32, MR>(qa, m, g,
+                                   _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), S);
   ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 208));
   wb = _mm256_setzero_ps();
 }
 
-// q3_K: codes (2 low bits + 4 · the hmask bit) − 4, scales per 16 minus 32, ws = d.
+// q3_K: codes (2 low bits + 4 · the hmask bit) − 4 (scaled16 takes them plus 4), scales per 16 minus 32,
+// ws = d.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, const std::uint8_t* row, std::int64_t g,
-                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
-                                                   __m256& wb) {
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, [[maybe_unused]] const QuantA& qa,
+                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
+                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
+                                                   __m256& ws, __m256& wb) {
   const std::uint8_t* b = row + g / 8 * formats::q3_k::Type::kBytes;
   std::int8_t sc[16];
   formats::q3_k::Type::Scales(b, sc);
-  const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+  const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
   const __m256i hm = MOEKIT_I8_NAME(load256)(b);
   __m256i x[8][MR];
   for (int n = 0; n < 2; ++n) {
@@ -437,11 +470,16 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, const st
       const int j = 4 * n + t;  // the group within the block; hmask bit j
       const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * t), low2);
       const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j), one), 2);
-      MOEKIT_I8_NAME(scaled16)<MR>(_mm256_sub_epi8(_mm256_or_si256(low, high), four), sc[2 * j] - 32,
-                                   sc[2 * j + 1] - 32, a0, 32 * (g + j), x[j]);
+      MOEKIT_I8_NAME(scaled16)<4, MR>(_mm256_or_si256(low, high), sc[2 * j] - 32, sc[2 * j + 1] - 32, a0, 32 * (g + j),
+                                      x[j]);
     }
   }
   MOEKIT_I8_NAME(sums8)<MR>(x, S);
+  MOEKIT_I8_NAME(offset16)<4, MR>(
+      qa, m, g,
+      _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))),
+                       _mm256_set1_epi16(32)),
+      S);
   ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 108));
   wb = _mm256_setzero_ps();
 }
@@ -449,9 +487,10 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, const st
 // iq4_xs: eight iq4_nl-like sub-blocks, each with a 6-bit scale minus 32 (times its group's sum),
 // ws = d.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::iq4_xs::Type, const std::uint8_t* row, std::int64_t g,
-                                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
-                                                   __m256& wb) {
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::iq4_xs::Type, [[maybe_unused]] const QuantA& qa,
+                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
+                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
+                                                   __m256& ws, __m256& wb) {
   const std::uint8_t* b = row + g / 8 * formats::iq4_xs::Type::kBytes;
   std::uint16_t high;
   std::memcpy(&high, b + 2, 2);
@@ -530,7 +569,7 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t 
     } else if constexpr (Tr::kMin16) {
       MOEKIT_I8_NAME(chunk_q2k)<MR>(qa, m, row, g, a, S, Mn, ws, wb);  // wb: wm
     } else {
-      MOEKIT_I8_NAME(chunk_k)<MR>(T{}, row, g, a, S, ws, wb);
+      MOEKIT_I8_NAME(chunk_k)<MR>(T{}, qa, m, row, g, a, S, ws, wb);
     }
     for (int i = 0; i < MR; ++i) {
       const std::size_t gi = static_cast<std::size_t>((m + i) * qa.gstride + g);
