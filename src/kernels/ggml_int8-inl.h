@@ -153,10 +153,10 @@ MOEKIT_I8_ATTR inline void quad32(const std::uint8_t* b, const std::int8_t* cons
                                   __m512i (&C)[MR]) {
   constexpr int kQs = NibblePairs<T>::kQs, kB = T::kBytes;
   const auto field = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + j * kB + kQs)); };
-  __m512i v = _mm512_castsi128_si512(field(0));
-  v = _mm512_inserti32x4(v, field(1), 1);
-  v = _mm512_inserti32x4(v, field(2), 2);
-  v = _mm512_inserti32x4(v, field(3), 3);
+  // Two 256-bit inserts and one 512-bit: cheaper than three 512-bit ones.
+  const __m256i f01 = _mm256_inserti128_si256(_mm256_castsi128_si256(field(0)), field(1), 1);
+  const __m256i f23 = _mm256_inserti128_si256(_mm256_castsi128_si256(field(2)), field(3), 1);
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(f01), f23, 1);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
   if constexpr (NibblePairs<T>::kHasTable) {
@@ -287,9 +287,14 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std:
     const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
     const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
     const __m256i bits = _mm256_blendv_epi8(tiny, normal, _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1)));
-    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<std::int64_t>(8, groups - g))),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    ws = _mm256_castsi256_ps(_mm256_and_si256(bits, live));
+    if (quad) {  // a whole chunk
+      ws = _mm256_castsi256_ps(bits);
+    } else {
+      const __m256i live =
+          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<std::int64_t>(8, groups - g))),
+                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      ws = _mm256_castsi256_ps(_mm256_and_si256(bits, live));
+    }
   } else {
     ws = _mm256_cvtph_ps(scales);
   }
