@@ -520,6 +520,19 @@ void halves_order(QuantA& qa, std::int64_t k0, std::int64_t k1, std::int64_t spa
 // halves. A last lone block keeps its natural order.
 void pair_order(QuantA& qa) { halves_order(qa, 0, qa.K, 64); }
 
+// A's codes for the VNNI row kernel's q4_K (ggml_int8-inl.h's chunk_k45): per 128 inputs (four
+// sub-blocks of 32) sub-blocks 0, 2, 1, 3 — the low nibbles of 64 bytes, then the high ones.
+void k4_order(QuantA& qa) {
+  std::int8_t tmp[128];
+  for (std::int64_t m = 0; m < qa.M; ++m) {
+    std::int8_t* row = qa.q8.data() + m * qa.K;
+    for (std::int64_t k = 0; k + 128 <= qa.K; k += 128) {
+      for (int j = 0; j < 4; ++j) std::memcpy(tmp + 32 * j, row + k + 32 * (j % 2 * 2 + j / 2), 32);
+      std::memcpy(row + k, tmp, 128);
+    }
+  }
+}
+
 // The same for quad32 in the whole chunks of 256 inputs (eight blocks), per 128 (four blocks):
 // the four low-nibble halves, then the four high ones; past the last whole chunk pair_order's.
 void quad_order(QuantA& qa) {
@@ -949,6 +962,8 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
 #if MOEKIT_X86
   if constexpr (std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type>)
     if (path == Int8Path::avx512vnni) sums16(qa);  // ggml_int8-inl.h's offset16
+  if constexpr (std::is_same_v<T, formats::q4_k::Type>)
+    if (path == Int8Path::avx512vnni) k4_order(qa);
   if constexpr (QuadNibbles<T>::kYes)
     if (path == Int8Path::avx512vnni) quad_order(qa);
   if constexpr (NibblePairs<T>::kYes)

@@ -200,6 +200,19 @@ MOEKIT_I8_ATTR inline __m128i quad_fields8(__m512i z0, __m512i z1) {
   return _mm512_castsi512_si128(
       _mm512_permutex2var_epi16(_mm512_shuffle_epi8(z0, to_word0), words, _mm512_shuffle_epi8(z1, to_word0)));
 }
+
+// q4_K's four vpdpbusd results of a block (x0: sub-blocks 0 and 2, x1: 1 and 3, x2: 4 and 6, x3:
+// 5 and 7, eight int32 lanes each) as the eight sub-blocks' sums, lane j sub-block j.
+MOEKIT_I8_ATTR inline __m256i k4_sums8(__m512i x0, __m512i x1, __m512i x2, __m512i x3) {
+  // p, q: per 128-bit lane two partial sums of each input's lanes, interleaved.
+  const __m512i p = _mm512_add_epi32(_mm512_unpacklo_epi32(x0, x1), _mm512_unpackhi_epi32(x0, x1));
+  const __m512i q = _mm512_add_epi32(_mm512_unpacklo_epi32(x2, x3), _mm512_unpackhi_epi32(x2, x3));
+  // r's lanes 0 and 1: sub-blocks 0, 1, 4, 5 (half their lanes each); lanes 2 and 3: 2, 3, 6, 7.
+  const __m512i r = _mm512_add_epi32(_mm512_unpacklo_epi64(p, q), _mm512_unpackhi_epi64(p, q));
+  const __m512i t = _mm512_add_epi32(r, _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
+}
 #endif
 
 // Groups [g, g + 8) of a nibble type's row (NibblePairs) a pair of blocks at a time (pair32: one
@@ -305,18 +318,15 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std:
   }
 }
 
-// q4_K / q5_K: a block's eight sub-block scales times their groups' sums, ws = d, wb = −dmin·m.
+// q4_K / q5_K: a block's eight sub-block scales times their groups' sums (S, lane j group j), ws = d,
+// wb = −dmin·m.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k_epilogue)(const std::uint8_t* b, __m256i (&h)[MR][4], __m256i (&S)[MR],
-                                                      __m256& ws, __m256& wb) {
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k_epilogue)(const std::uint8_t* b, __m256i (&S)[MR], __m256& ws, __m256& wb) {
   alignas(8) std::uint8_t sc[8], m[8];
   formats::ggml::scales_mins_k4(b + 4, sc, m);
   const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
   const __m256 mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
-  for (int i = 0; i < MR; ++i) {
-    const __m256i sums = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
-    S[i] = _mm256_mullo_epi32(sums, scv);
-  }
+  for (int i = 0; i < MR; ++i) S[i] = _mm256_mullo_epi32(S[i], scv);
   ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b));
   wb = _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), mv);
 }
@@ -341,6 +351,24 @@ template <bool kFifth, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std::int64_t g,
                                                      const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
                                                      __m256& wb) {
+#if MOEKIT_I8_VNNI
+  if constexpr (!kFifth) {  // q4_K: 64 bytes of nibbles a register, A in the k4 order (k4_order)
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512i x[4][MR];
+    for (int n = 0; n < 2; ++n) {
+      const __m512i v = _mm512_loadu_si512(b + 16 + 64 * n);
+      const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      for (int i = 0; i < MR; ++i) {
+        const std::int8_t* a = a0[i] + 32 * g + 128 * n;
+        x[2 * n][i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(a));
+        x[2 * n + 1][i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(a + 64));
+      }
+    }
+    for (int i = 0; i < MR; ++i) S[i] = k4_sums8(x[0][i], x[1][i], x[2][i], x[3][i]);
+    MOEKIT_I8_NAME(k_epilogue)<MR>(b, S, ws, wb);
+    return;
+  }
+#endif
   __m256i h[MR][4];
 #pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
@@ -352,7 +380,8 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std:
                                   MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), hi, MOEKIT_I8_NAME(load256)(a + 32)));
     }
   }
-  MOEKIT_I8_NAME(k_epilogue)<MR>(b, h, S, ws, wb);
+  for (int i = 0; i < MR; ++i) S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
+  MOEKIT_I8_NAME(k_epilogue)<MR>(b, S, ws, wb);
 }
 
 template <int MR>
