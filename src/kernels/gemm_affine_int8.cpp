@@ -961,7 +961,7 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   if constexpr (GgmlInt8<T>::kMin16) sums16(qa);
 #if MOEKIT_X86
   if constexpr (std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type>)
-    if (path == Int8Path::avx512vnni) sums16(qa);  // ggml_int8-inl.h's offset16
+    if (path == Int8Path::avx512vnni) sums16(qa);  // ggml_int8-inl.h's scaled_block
   if constexpr (std::is_same_v<T, formats::q4_k::Type>)
     if (path == Int8Path::avx512vnni) k4_order(qa);
   if constexpr (QuadNibbles<T>::kYes)

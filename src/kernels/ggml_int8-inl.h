@@ -201,16 +201,20 @@ MOEKIT_I8_ATTR inline __m128i quad_fields8(__m512i z0, __m512i z1) {
       _mm512_permutex2var_epi16(_mm512_shuffle_epi8(z0, to_word0), words, _mm512_shuffle_epi8(z1, to_word0)));
 }
 
-// q4_K's four vpdpbusd results of a block (x0: sub-blocks 0 and 2, x1: 1 and 3, x2: 4 and 6, x3:
-// 5 and 7, eight int32 lanes each) as the eight sub-blocks' sums, lane j sub-block j.
-MOEKIT_I8_ATTR inline __m256i k4_sums8(__m512i x0, __m512i x1, __m512i x2, __m512i x3) {
+// Four vpdpbusd results of a K-quant block, eight int32 lanes per group of 32, as the eight
+// groups' sums (lane j group j): x0 holds groups 0 and 2, x1 1 and 3, x2 4 and 6, x3 5 and 7
+// (q4_K's nibbles, kPairs false), or x_p groups 2p and 2p + 1 (kPairs).
+template <bool kPairs>
+MOEKIT_I8_ATTR inline __m256i sums8_512(__m512i x0, __m512i x1, __m512i x2, __m512i x3) {
   // p, q: per 128-bit lane two partial sums of each input's lanes, interleaved.
   const __m512i p = _mm512_add_epi32(_mm512_unpacklo_epi32(x0, x1), _mm512_unpackhi_epi32(x0, x1));
   const __m512i q = _mm512_add_epi32(_mm512_unpacklo_epi32(x2, x3), _mm512_unpackhi_epi32(x2, x3));
-  // r's lanes 0 and 1: sub-blocks 0, 1, 4, 5 (half their lanes each); lanes 2 and 3: 2, 3, 6, 7.
+  // r's lanes 0 and 1: the low halves of x0 .. x3 (half their lanes each); lanes 2 and 3: the high.
   const __m512i r = _mm512_add_epi32(_mm512_unpacklo_epi64(p, q), _mm512_unpackhi_epi64(p, q));
   const __m512i t = _mm512_add_epi32(r, _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(2, 3, 0, 1)));
-  const __m512i order = _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+  // t's dwords 0-3: x0 .. x3's low halves, 8-11: their high halves.
+  const __m512i order = kPairs ? _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0)
+                               : _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0);
   return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
 }
 #endif
@@ -364,7 +368,7 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std:
         x[2 * n + 1][i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_loadu_si512(a + 64));
       }
     }
-    for (int i = 0; i < MR; ++i) S[i] = k4_sums8(x[0][i], x[1][i], x[2][i], x[3][i]);
+    for (int i = 0; i < MR; ++i) S[i] = sums8_512<false>(x[0][i], x[1][i], x[2][i], x[3][i]);
     MOEKIT_I8_NAME(k_epilogue)<MR>(b, S, ws, wb);
     return;
   }
@@ -400,45 +404,6 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q5_k::Type, [[maybe_
   MOEKIT_I8_NAME(chunk_k45)<true, MR>(row + g / 8 * formats::q5_k::Type::kBytes, g, a0, S, ws, wb);
 }
 
-// One group of 32 codes u (u8: the signed code plus kOff, u ≤ 63) against MR rows of A at a[i] +
-// at: each 16 weights' products times their integer scale (s0 the first 16, s1 the second), 8
-// int32 lanes per row. AVX2: the signed codes w = u − kOff (|w| ≤ 32), |w| times a with w's sign by
-// `vpmaddubsw` (|pair| ≤ 2 · 32 · 127: no saturation), the pairs times the scale by `vpmaddwd`.
-// VNNI: u times a by `vpdpbusd` (|lane| ≤ 4 · 63 · 127 < 2^15, so a lane is its own low int16)
-// times the scale by `vpmaddwd` against (scale, 0) — kOff · Σa left in, for offset16 to take off.
-template <int kOff, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled16)(__m256i u, int s0, int s1, const std::int8_t* const (&a)[MR],
-                                                    std::int64_t at, __m256i (&x)[MR]) {
-#if MOEKIT_I8_VNNI
-  const __m256i scale =
-      _mm256_set_m128i(_mm_set1_epi32(static_cast<std::uint16_t>(s1)), _mm_set1_epi32(static_cast<std::uint16_t>(s0)));
-  for (int i = 0; i < MR; ++i)
-    x[i] = _mm256_madd_epi16(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, MOEKIT_I8_NAME(load256)(a[i] + at)), scale);
-#else
-  const __m256i w = _mm256_sub_epi8(u, _mm256_set1_epi8(kOff)), aw = _mm256_abs_epi8(w);
-  const __m256i scale =
-      _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(s1)), _mm_set1_epi16(static_cast<short>(s0)));
-  for (int i = 0; i < MR; ++i)
-    x[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(MOEKIT_I8_NAME(load256)(a[i] + at), w)), scale);
-#endif
-}
-
-// VNNI's scaled16 left kOff · Σa of each 16 inputs times its scale in S: taken off per block from
-// A's sums of 16 (QuantA::qsum16) and the block's 16 scales (sc16, int16) by one `vpmaddwd`.
-template <int kOff, int MR>
-requires(std::has_single_bit(unsigned{kOff})) MOEKIT_I8_ATTR
-    inline void MOEKIT_I8_NAME(offset16)([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
-                                         [[maybe_unused]] std::int64_t g, [[maybe_unused]] __m256i sc16,
-                                         [[maybe_unused]] __m256i (&S)[MR]) {
-#if MOEKIT_I8_VNNI
-  for (int i = 0; i < MR; ++i) {
-    const auto* sums = qa.qsum16.data() + (m + i) * (qa.K / 16) + 2 * g;  // group g's first 16
-    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
-    S[i] = _mm256_sub_epi32(S[i], _mm256_slli_epi32(off, std::countr_zero(unsigned{kOff})));  // kOff: 4 or 32
-  }
-#endif
-}
-
 // The eight groups' lanes x[j] of a K-quant block summed per group (S[i], lane j group j).
 template <int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(sums8)(const __m256i (&x)[8][MR], __m256i (&S)[MR]) {
@@ -449,7 +414,56 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(sums8)(const __m256i (&x)[8][MR], __m2
   }
 }
 
-// q6_K: codes q − 32 (signed 6-bit; scaled16 takes q), int8 scales per 16, ws = d.
+// A K-quant block with a scale per 16 weights against MR rows of A from input 32 · g: c[j] group
+// j's 32 codes as u8 (the signed code plus kOff, u ≤ 63), sc8 the 16 scales (int8); S[i]
+// lane j group j's Σ_h scale_h Σ_k (u_k − kOff) · a_k. AVX2: the signed codes w = u − kOff
+// (|w| ≤ 32), |w| times a with w's sign by `vpmaddubsw` (|pair| ≤ 2 · 32 · 127: no saturation),
+// the pairs times the scale by `vpmaddwd`, the groups' lanes summed (sums8). VNNI: two groups a
+// register, u times a by `vpdpbusd` (|lane| ≤ 4 · 63 · 127 < 2^15, so a lane is its own low int16)
+// times its 16's scale by `vpmaddwd` against (scale, 0), the groups' lanes summed (sums8_512), and
+// kOff · Σa of each 16 times its scale taken off per block from A's sums of 16 (QuantA::qsum16) by
+// one `vpmaddwd`.
+template <int kOff, int MR>
+requires(std::has_single_bit(unsigned{kOff})) MOEKIT_I8_ATTR
+    inline void MOEKIT_I8_NAME(scaled_block)([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
+                                             std::int64_t g, const __m256i (&c)[8], __m128i sc8,
+                                             const std::int8_t* const (&a0)[MR], __m256i (&S)[MR]) {
+#if MOEKIT_I8_VNNI
+  const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+  const __m512i s32 = _mm512_cvtepu16_epi32(sc16);  // (scale, 0) per 16
+  const __m512i quarter = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
+  __m512i x[4][MR];
+  for (int p = 0; p < 4; ++p) {
+    const __m512i cz = _mm512_inserti64x4(_mm512_castsi256_si512(c[2 * p]), c[2 * p + 1], 1);
+    const __m512i scale = _mm512_permutexvar_epi32(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * p)), s32);
+    for (int i = 0; i < MR; ++i)
+      x[p][i] = _mm512_madd_epi16(
+          _mm512_dpbusd_epi32(_mm512_setzero_si512(), cz, _mm512_loadu_si512(a0[i] + 32 * (g + 2 * p))), scale);
+  }
+  for (int i = 0; i < MR; ++i) {
+    S[i] = sums8_512<true>(x[0][i], x[1][i], x[2][i], x[3][i]);
+    const auto* sums = qa.qsum16.data() + (m + i) * (qa.K / 16) + 2 * g;  // group g's first 16
+    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+    S[i] = _mm256_sub_epi32(S[i], _mm256_slli_epi32(off, std::countr_zero(unsigned{kOff})));  // kOff: 4 or 32
+  }
+#else
+  alignas(16) std::int8_t sc[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(sc), sc8);
+  __m256i x[8][MR];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    const __m256i w = _mm256_sub_epi8(c[j], _mm256_set1_epi8(kOff)), aw = _mm256_abs_epi8(w);
+    const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(sc[2 * j + 1])),
+                                           _mm_set1_epi16(static_cast<short>(sc[2 * j])));
+    for (int i = 0; i < MR; ++i)
+      x[j][i] = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(aw, _mm256_sign_epi8(MOEKIT_I8_NAME(load256)(a0[i] + 32 * (g + j)), w)), scale);
+  }
+  MOEKIT_I8_NAME(sums8)<MR>(x, S);
+#endif
+}
+
+// q6_K: codes q − 32 (signed 6-bit; scaled_block takes q), int8 scales per 16, ws = d.
 template <int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, [[maybe_unused]] const QuantA& qa,
                                                    [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
@@ -458,33 +472,24 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, [[maybe_
   const std::uint8_t* b = row + g / 8 * formats::q6_k::Type::kBytes;
   const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
   const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
-  __m256i x[8][MR];
+  __m256i c[8];
   for (int n = 0; n < 2; ++n) {
     const __m256i l0 = MOEKIT_I8_NAME(load256)(b + 64 * n), l1 = MOEKIT_I8_NAME(load256)(b + 64 * n + 32);
     const __m256i qh = MOEKIT_I8_NAME(load256)(b + 128 + 32 * n);
-    const __m256i c[4] = {
-        _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4)),
-        _mm256_or_si256(_mm256_and_si256(l1, low4),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4)),
-    };
-#pragma GCC unroll 4
-    for (int t = 0; t < 4; ++t) {
-      const int j = 4 * n + t;  // the group within the block
-      MOEKIT_I8_NAME(scaled16)<32, MR>(c[t], sc[2 * j], sc[2 * j + 1], a0, 32 * (g + j), x[j]);
-    }
+    c[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4));
+    c[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4));
+    c[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), low2), 4));
+    c[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4));
   }
-  MOEKIT_I8_NAME(sums8)<MR>(x, S);
-  MOEKIT_I8_NAME(offset16)<32, MR>(qa, m, g,
-                                   _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), S);
+  MOEKIT_I8_NAME(scaled_block)<32, MR>(qa, m, g, c, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)), a0, S);
   ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 208));
   wb = _mm256_setzero_ps();
 }
 
-// q3_K: codes (2 low bits + 4 · the hmask bit) − 4 (scaled16 takes them plus 4), scales per 16 minus 32,
+// q3_K: codes (2 low bits + 4 · the hmask bit) − 4 (scaled_block takes them plus 4), scales per 16 minus 32,
 // ws = d.
 template <int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, [[maybe_unused]] const QuantA& qa,
@@ -492,11 +497,9 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, [[maybe_
                                                    std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
                                                    __m256& ws, __m256& wb) {
   const std::uint8_t* b = row + g / 8 * formats::q3_k::Type::kBytes;
-  std::int8_t sc[16];
-  formats::q3_k::Type::Scales(b, sc);
   const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
   const __m256i hm = MOEKIT_I8_NAME(load256)(b);
-  __m256i x[8][MR];
+  __m256i c[8];
   for (int n = 0; n < 2; ++n) {
     const __m256i qs = MOEKIT_I8_NAME(load256)(b + 32 + 32 * n);
 #pragma GCC unroll 4
@@ -504,16 +507,14 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, [[maybe_
       const int j = 4 * n + t;  // the group within the block; hmask bit j
       const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * t), low2);
       const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, j), one), 2);
-      MOEKIT_I8_NAME(scaled16)<4, MR>(_mm256_or_si256(low, high), sc[2 * j] - 32, sc[2 * j + 1] - 32, a0, 32 * (g + j),
-                                      x[j]);
+      c[j] = _mm256_or_si256(low, high);
     }
   }
-  MOEKIT_I8_NAME(sums8)<MR>(x, S);
-  MOEKIT_I8_NAME(offset16)<4, MR>(
-      qa, m, g,
-      _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))),
-                       _mm256_set1_epi16(32)),
-      S);
+  const auto sw = formats::q3_k::Type::Words(b);  // the scales in registers, minus 32
+  const __m128i sc8 = _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(sw.w[0]), static_cast<int>(sw.w[1]),
+                                                  static_cast<int>(sw.w[2]), static_cast<int>(sw.w[3])),
+                                   _mm_set1_epi8(32));
+  MOEKIT_I8_NAME(scaled_block)<4, MR>(qa, m, g, c, sc8, a0, S);
   ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 108));
   wb = _mm256_setzero_ps();
 }

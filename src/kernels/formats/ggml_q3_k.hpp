@@ -14,16 +14,19 @@ struct Type {
   static constexpr bool kInt8 = true;
   // The 16 6-bit scales (biased by 32): low 4 bits from bytes 96-103 (nibbles), high 2 bits from
   // bytes 104-107.
-  static void Scales(const std::uint8_t* b, std::int8_t* scales) {
-    std::uint32_t aux[4];
-    std::memcpy(aux, b + 96, 12);
-    const std::uint32_t tmp = aux[2], kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu;
-    aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-    aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-    aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-    aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
-    std::memcpy(scales, aux, 16);
+  // As four words, scales 4j .. 4j + 3 in word j's bytes (kept in registers by the x86 kernels).
+  struct ScaleWords {
+    std::uint32_t w[4];
+  };
+  static ScaleWords Words(const std::uint8_t* b) {
+    std::uint32_t in[3];
+    std::memcpy(in, b + 96, 12);
+    const std::uint32_t kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu;
+    return {{(in[0] & kmask2) | (((in[2] >> 0) & kmask1) << 4), (in[1] & kmask2) | (((in[2] >> 2) & kmask1) << 4),
+             ((in[0] >> 4) & kmask2) | (((in[2] >> 4) & kmask1) << 4),
+             ((in[1] >> 4) & kmask2) | (((in[2] >> 6) & kmask1) << 4)}};
   }
+  static void Scales(const std::uint8_t* b, std::int8_t* scales) { std::memcpy(scales, Words(b).w, 16); }
   static void Block(const std::uint8_t* b, float* y) {
     const std::uint8_t* hm = b;
     const std::uint8_t* q = b + 32;
