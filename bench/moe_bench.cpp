@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/moekit.hpp"
 #include "synth/random_layer.hpp"
@@ -270,6 +271,48 @@ void BM_GemmAffine(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * R * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
+// The int8 fast mode's row kernel on ggml's block types (GGUF decode: an expert with 1 or 2 rows of
+// A): one 768 x 2048 matrix of random blocks (about 0.5-1.7 MB: L2 / L3), so the kernel's own rate
+// per byte, which at 2 threads must stay above the DRAM's for decode to be memory bound.
+void BM_GgmlRows(benchmark::State& state) {
+  // Each type with its block bytes and where its f16 scales (or MXFP4's e8m0) lie: random codes,
+  // plausible scales (no NaN, Inf or subnormal products to slow the float steps).
+  struct Kind {
+    Element element;
+    int bytes, fields[2];
+  };
+  static constexpr Kind kKinds[] = {{Element::q4_k, 144, {0, 2}},    {Element::q6_k, 210, {208, -1}},
+                                    {Element::q3_k, 110, {108, -1}}, {Element::q8_0, 34, {0, -1}},
+                                    {Element::q4_0, 18, {0, -1}},    {Element::ggml_mxfp4, 17, {0, -1}}};
+  const Kind& kind = kKinds[state.range(0)];
+  const Element e = kind.element;
+  const std::int64_t R = state.range(1), N = 768, K = 2048;
+  const WeightFormat f = WeightFormat::ggml(e);
+  const std::int64_t ld = kernels::formats::traits(e).row_elements(f, K);  // bytes
+  std::mt19937 rng(11);
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
+  for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+  for (std::size_t blk = 0; blk < bytes.size(); blk += static_cast<std::size_t>(kind.bytes))
+    for (const int at : kind.fields) {
+      if (at < 0) continue;
+      if (e == Element::ggml_mxfp4) {
+        bytes[blk] = static_cast<std::uint8_t>(121 + rng() % 6);  // 2^-6 .. 2^-1
+      } else {
+        const std::uint16_t h = static_cast<std::uint16_t>(0x1C00 + rng() % 0x800);  // f16 in [2^-8, 2^-6)
+        std::memcpy(&bytes[blk + static_cast<std::size_t>(at)], &h, 2);
+      }
+    }
+  Tensor x = randn({R, K}, rng, 1.0f), c({R, N}, DType::f32);
+  kernels::WeightMatrix B{bytes.data(), DType::u8, ld, kernels::WeightLayout::rows, f};
+  B.int8_activations = true;
+  for (auto _ : state) {
+    kernels::gemm_nt({x.data_as<float>(), K}, B, {c.data_as<float>(), N}, R, N, K, kernels::Threads::caller);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.SetLabel(kernels::formats::traits(e).describe(f));
+  state.counters["GB/s"] = benchmark::Counter(1.0 * N * ld * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 // The machine's limits, measured in the same run.
 void BM_SgemmPeak(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
@@ -363,6 +406,7 @@ void BM_PoolRoundTrip(benchmark::State& state) {
 
 BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 3, 32}, {0, 4, 8, 3}, {0}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 4, 8}, {4, 8}, {1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_GgmlRows)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 2}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_PoolRoundTrip)->Arg(0)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PoolRoundTrip)->Arg(50)->Arg(1000)->Iterations(3000)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
