@@ -498,17 +498,17 @@ struct QuadNibbles {
 };
 
 #if MOEKIT_X86
-// Per `span` inputs of A's rows in [k0, k1) (whole spans), the `span` / 32 blocks' low-nibble
-// halves (elements 0-15 of each) side by side, then their high halves.
-void halves_order(QuantA& qa, std::int64_t k0, std::int64_t k1, std::int64_t span) {
+// Per `span` inputs of A's rows in [k0, k1) (whole spans), cut in pieces of `piece` inputs: the
+// even pieces side by side, then the odd ones (the orders the x86 row kernels unpack in).
+void evens_then_odds(QuantA& qa, std::int64_t k0, std::int64_t k1, std::int64_t span, std::int64_t piece) {
   std::int8_t tmp[128];
-  const std::int64_t blocks = span / 32;
+  const std::int64_t half = span / piece / 2;
   for (std::int64_t m = 0; m < qa.M; ++m) {
     std::int8_t* row = qa.q8.data() + m * qa.K;
     for (std::int64_t k = k0; k + span <= k1; k += span) {
-      for (std::int64_t j = 0; j < blocks; ++j) {
-        std::memcpy(tmp + 16 * j, row + k + 32 * j, 16);
-        std::memcpy(tmp + 16 * (blocks + j), row + k + 32 * j + 16, 16);
+      for (std::int64_t j = 0; j < half; ++j) {
+        std::memcpy(tmp + piece * j, row + k + piece * 2 * j, static_cast<std::size_t>(piece));
+        std::memcpy(tmp + piece * (half + j), row + k + piece * (2 * j + 1), static_cast<std::size_t>(piece));
       }
       std::memcpy(row + k, tmp, static_cast<std::size_t>(span));
     }
@@ -518,28 +518,19 @@ void halves_order(QuantA& qa, std::int64_t k0, std::int64_t k1, std::int64_t spa
 // A's int8 codes (natural order) rearranged for pair32: per 64 inputs (two 32-blocks), elements
 // 0-15, 32-47, 16-31, 48-63 — each block's low-nibble half beside the other's, then the high
 // halves. A last lone block keeps its natural order.
-void pair_order(QuantA& qa) { halves_order(qa, 0, qa.K, 64); }
-
-// A's codes for the VNNI row kernel's q4_K (ggml_int8-inl.h's chunk_k45): per 128 inputs (four
-// sub-blocks of 32) sub-blocks 0, 2, 1, 3 — the low nibbles of 64 bytes, then the high ones.
-void k4_order(QuantA& qa) {
-  std::int8_t tmp[128];
-  for (std::int64_t m = 0; m < qa.M; ++m) {
-    std::int8_t* row = qa.q8.data() + m * qa.K;
-    for (std::int64_t k = 0; k + 128 <= qa.K; k += 128) {
-      for (int j = 0; j < 4; ++j) std::memcpy(tmp + 32 * j, row + k + 32 * (j % 2 * 2 + j / 2), 32);
-      std::memcpy(row + k, tmp, 128);
-    }
-  }
-}
+void pair_order(QuantA& qa) { evens_then_odds(qa, 0, qa.K, 64, 16); }
 
 // The same for quad32 in the whole chunks of 256 inputs (eight blocks), per 128 (four blocks):
 // the four low-nibble halves, then the four high ones; past the last whole chunk pair_order's.
 void quad_order(QuantA& qa) {
   const std::int64_t whole = qa.K / 256 * 256;
-  halves_order(qa, 0, whole, 128);
-  halves_order(qa, whole, qa.K, 64);
+  evens_then_odds(qa, 0, whole, 128, 16);
+  evens_then_odds(qa, whole, qa.K, 64, 16);
 }
+
+// A's codes for the VNNI row kernel's q4_K (ggml_int8-inl.h's chunk_k45): per 128 inputs (four
+// sub-blocks of 32) sub-blocks 0, 2, 1, 3 — the low nibbles of 64 bytes, then the high ones.
+void k4_order(QuantA& qa) { evens_then_odds(qa, 0, qa.K, 128, 32); }
 #endif
 
 // How far ahead of the row it computes the x86 kernels fetch B's bytes (ggml_rows).
