@@ -424,10 +424,11 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(sums8)(const __m256i (&x)[8][MR], __m2
 // kOff · Σa of each 16 times its scale taken off per block from A's sums of 16 (QuantA::qsum16) by
 // one `vpmaddwd`.
 template <int kOff, int MR>
-requires(std::has_single_bit(unsigned{kOff})) MOEKIT_I8_ATTR
-    inline void MOEKIT_I8_NAME(scaled_block)([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
-                                             std::int64_t g, const __m256i (&c)[8], __m128i sc8,
-                                             const std::int8_t* const (&a0)[MR], __m256i (&S)[MR]) {
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled_block)([[maybe_unused]] const QuantA& qa,
+                                                        [[maybe_unused]] std::int64_t m, std::int64_t g,
+                                                        const __m256i (&c)[8], __m128i sc8,
+                                                        const std::int8_t* const (&a0)[MR], __m256i (&S)[MR]) {
+  static_assert(std::has_single_bit(unsigned{kOff}), "the offset taken off by a shift");
 #if MOEKIT_I8_VNNI
   const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
   const __m512i s32 = _mm512_cvtepu16_epi32(sc16);  // (scale, 0) per 16
@@ -444,7 +445,7 @@ requires(std::has_single_bit(unsigned{kOff})) MOEKIT_I8_ATTR
     S[i] = sums8_512<true>(x[0][i], x[1][i], x[2][i], x[3][i]);
     const auto* sums = qa.qsum16.data() + (m + i) * (qa.K / 16) + 2 * g;  // group g's first 16
     const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
-    S[i] = _mm256_sub_epi32(S[i], _mm256_slli_epi32(off, std::countr_zero(unsigned{kOff})));  // kOff: 4 or 32
+    S[i] = _mm256_sub_epi32(S[i], _mm256_slli_epi32(off, std::countr_zero(unsigned{kOff})));
   }
 #else
   alignas(16) std::int8_t sc[16];
