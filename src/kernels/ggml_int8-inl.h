@@ -217,6 +217,29 @@ MOEKIT_I8_ATTR inline __m256i sums8_512(__m512i x0, __m512i x1, __m512i x2, __m5
                                : _mm512_setr_epi32(0, 1, 8, 9, 2, 3, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0);
   return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
 }
+
+// q8_0's whole chunk of eight blocks against MR rows of A, two blocks a register: the signed codes
+// plus 128 (u8) by `vpdpbusd` (|lane| ≤ 4 · 255 · 127), then 128 · Σa of each block taken off
+// (QuantA::qsum): S[i] the eight blocks' Σ q · a, lane j block j.
+template <int MR>
+MOEKIT_I8_ATTR inline void q8_wide8(const QuantA& qa, std::int64_t m, const std::uint8_t* row, std::int64_t g,
+                                    const std::int8_t* const (&a)[MR], __m256i (&S)[MR]) {
+  constexpr int kB = formats::q8_0::Type::kBytes;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i x[4][MR];
+  for (int p = 0; p < 4; ++p) {
+    const std::uint8_t* b = row + (g + 2 * p) * kB + 2;  // the codes behind the f16 scale
+    const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kB));
+    const __m512i u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1), flip);
+    for (int i = 0; i < MR; ++i)
+      x[p][i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(a[i] + 32 * (g + 2 * p)));
+  }
+  for (int i = 0; i < MR; ++i) {
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.qsum.data() + (m + i) * qa.gstride + g));
+    S[i] = _mm256_sub_epi32(sums8_512<true>(x[0][i], x[1][i], x[2][i], x[3][i]), _mm256_slli_epi32(qs, 7));
+  }
+}
 #endif
 
 // Groups [g, g + 8) of a nibble type's row (NibblePairs) a pair of blocks at a time (pair32: one
@@ -272,13 +295,22 @@ MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(quad8)([[maybe_unused]] const std::uin
 // (before the offset), ws and wb the eight blocks' scales and biases (0 past the row). The nibble
 // types go four blocks (quad8) or a pair (pairs8) at a time, the others a block at a time.
 template <class T, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
+MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
+                                                   const std::uint8_t* row, std::int64_t g, std::int64_t groups,
                                                    const std::int8_t* const (&a)[MR], __m256i (&S)[MR], __m256& ws,
                                                    __m256& wb) {
   __m128i scales = _mm_setzero_si128(), biases = _mm_setzero_si128();
   const bool quad = MOEKIT_I8_NAME(quad8)<T, MR>(row, g, groups, a, S, scales, biases);
-  if (quad) {
-    // S, the scales and the biases are in
+  bool sums = quad;  // S is in (quad8: the scales and biases too)
+#if MOEKIT_I8_VNNI
+  if constexpr (std::is_same_v<T, formats::q8_0::Type>)
+    if (g + 8 <= groups) {
+      q8_wide8<MR>(qa, m, row, g, a, S);
+      sums = true;
+    }
+#endif
+  if (sums) {
+    // nothing more to sum
   } else if constexpr (NibblePairs<T>::kYes) {
     MOEKIT_I8_NAME(pairs8)<T, MR>(row, g, groups, a, S);
   } else {
@@ -601,7 +633,7 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t 
     [[maybe_unused]] __m256i Mn[MR];
     __m256 ws, wb;
     if constexpr (T::kBlock == 32) {
-      MOEKIT_I8_NAME(chunk32)<T, MR>(row, g, qa.groups, a, S, ws, wb);
+      MOEKIT_I8_NAME(chunk32)<T, MR>(qa, m, row, g, qa.groups, a, S, ws, wb);
     } else if constexpr (Tr::kMin16) {
       MOEKIT_I8_NAME(chunk_q2k)<MR>(qa, m, row, g, a, S, Mn, ws, wb);  // wb: wm
     } else {
