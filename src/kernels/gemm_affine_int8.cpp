@@ -951,16 +951,23 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa, T::kBlock);
   if constexpr (GgmlInt8<T>::kMin16) sums16(qa);
 #if MOEKIT_X86
-  if constexpr (std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type>)
-    if (path == Int8Path::avx512vnni) sums16(qa);  // ggml_int8-inl.h's scaled_block
-  if constexpr (std::is_same_v<T, formats::q4_k::Type>)
-    if (path == Int8Path::avx512vnni) k4_order(qa);
-  if constexpr (QuadNibbles<T>::kYes)
-    if (path == Int8Path::avx512vnni) quad_order(qa);
-  if constexpr (NibblePairs<T>::kYes)
-    if (path == Int8Path::avx2 || (path == Int8Path::avx512vnni && !QuadNibbles<T>::kYes)) pair_order(qa);
-  if (path == Int8Path::avx512vnni) return ggml_rows_vnni<T>(qa, B, C, M, N);
-  if (path == Int8Path::avx2) return ggml_rows_avx2<T>(qa, B, C, M, N);
+  // A's codes in the order each x86 row kernel reads them (ggml_int8-inl.h), and the sums of 16
+  // that VNNI's scaled_block takes its offsets from.
+  if (path == Int8Path::avx512vnni) {
+    if constexpr (std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type>) sums16(qa);
+    if constexpr (std::is_same_v<T, formats::q4_k::Type>) {
+      k4_order(qa);
+    } else if constexpr (QuadNibbles<T>::kYes) {
+      quad_order(qa);
+    } else if constexpr (NibblePairs<T>::kYes) {
+      pair_order(qa);
+    }
+    return ggml_rows_vnni<T>(qa, B, C, M, N);
+  }
+  if (path == Int8Path::avx2) {
+    if constexpr (NibblePairs<T>::kYes) pair_order(qa);
+    return ggml_rows_avx2<T>(qa, B, C, M, N);
+  }
 #endif
   ggml_kernel_scalar<T>(qa, B, C, M, N);
 }

@@ -291,6 +291,24 @@ MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(quad8)([[maybe_unused]] const std::uin
   return false;
 }
 
+// Whether groups [g, g + 8) of q8_0's row went two blocks a register (q8_wide8, S[i] the eight
+// integer sums): with VNNI, a whole chunk.
+template <class T, int MR>
+MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(wide8)([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
+                                                 [[maybe_unused]] const std::uint8_t* row,
+                                                 [[maybe_unused]] std::int64_t g, [[maybe_unused]] std::int64_t groups,
+                                                 [[maybe_unused]] const std::int8_t* const (&a)[MR],
+                                                 [[maybe_unused]] __m256i (&S)[MR]) {
+#if MOEKIT_I8_VNNI
+  if constexpr (std::is_same_v<T, formats::q8_0::Type>)
+    if (g + 8 <= groups) {
+      q8_wide8<MR>(qa, m, row, g, a, S);
+      return true;
+    }
+#endif
+  return false;
+}
+
 // Groups [g, g + 8) of a 32-block type's row (`groups` in all): S[i] the eight integer sums
 // (before the offset), ws and wb the eight blocks' scales and biases (0 past the row). The nibble
 // types go four blocks (quad8) or a pair (pairs8) at a time, the others a block at a time.
@@ -300,15 +318,8 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)([[maybe_unused]] const QuantA
                                                    const std::int8_t* const (&a)[MR], __m256i (&S)[MR], __m256& ws,
                                                    __m256& wb) {
   __m128i scales = _mm_setzero_si128(), biases = _mm_setzero_si128();
-  const bool quad = MOEKIT_I8_NAME(quad8)<T, MR>(row, g, groups, a, S, scales, biases);
-  bool sums = quad;  // S is in (quad8: the scales and biases too)
-#if MOEKIT_I8_VNNI
-  if constexpr (std::is_same_v<T, formats::q8_0::Type>)
-    if (g + 8 <= groups) {
-      q8_wide8<MR>(qa, m, row, g, a, S);
-      sums = true;
-    }
-#endif
+  const bool quad = MOEKIT_I8_NAME(quad8)<T, MR>(row, g, groups, a, S, scales, biases);  // S, scales, biases
+  const bool sums = quad || MOEKIT_I8_NAME(wide8)<T, MR>(qa, m, row, g, groups, a, S);   // S
   if (sums) {
     // nothing more to sum
   } else if constexpr (NibblePairs<T>::kYes) {
