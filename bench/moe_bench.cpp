@@ -285,7 +285,8 @@ void BM_GgmlRows(benchmark::State& state) {
   };
   static constexpr Kind kKinds[] = {{Element::q4_k, 144, {0, 2}},    {Element::q6_k, 210, {208, -1}},
                                     {Element::q3_k, 110, {108, -1}}, {Element::q8_0, 34, {0, -1}},
-                                    {Element::q4_0, 18, {0, -1}},    {Element::ggml_mxfp4, 17, {0, -1}}};
+                                    {Element::q4_0, 18, {0, -1}},    {Element::ggml_mxfp4, 17, {0, -1}},
+                                    {Element::q5_k, 176, {0, 2}}};
   const Kind& kind = kKinds[state.range(0)];
   const Element e = kind.element;
   const std::int64_t R = state.range(1), N = 768, K = 2048;
@@ -408,7 +409,7 @@ void BM_PoolRoundTrip(benchmark::State& state) {
 
 BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 3, 32}, {0, 4, 8, 3}, {0}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 4, 8}, {4, 8}, {1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_GgmlRows)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 2, 32}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_GgmlRows)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 2, 32}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_PoolRoundTrip)->Arg(0)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PoolRoundTrip)->Arg(50)->Arg(1000)->Iterations(3000)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

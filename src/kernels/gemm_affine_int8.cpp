@@ -528,7 +528,7 @@ void quad_order(QuantA& qa) {
   evens_then_odds(qa, whole, qa.K, 64, 16);
 }
 
-// A's codes for the VNNI row kernel's q4_K (ggml_int8-inl.h's chunk_k45): per 128 inputs (four
+// A's codes for the VNNI row kernel's q4_K and q5_K (ggml_int8-inl.h's chunk_k45): per 128 inputs (four
 // sub-blocks of 32) sub-blocks 0, 2, 1, 3 — the low nibbles of 64 bytes, then the high ones.
 void k4_order(QuantA& qa) { evens_then_odds(qa, 0, qa.K, 128, 32); }
 #endif
@@ -955,7 +955,7 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
   // that VNNI's scaled_block takes its offsets from.
   if (path == Int8Path::avx512vnni) {
     if constexpr (std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type>) sums16(qa);
-    if constexpr (std::is_same_v<T, formats::q4_k::Type>) {
+    if constexpr (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>) {
       k4_order(qa);
     } else if constexpr (QuadNibbles<T>::kYes) {
       quad_order(qa);

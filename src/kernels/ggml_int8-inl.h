@@ -393,18 +393,38 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k45_codes)(const std::uint8_t* b, int 
   }
 }
 
+#if MOEKIT_I8_VNNI
+// 16-bit lanes: c0 in the low 256 bits, c1 in the high (per-half shift counts).
+MOEKIT_I8_ATTR inline __m512i halves16(int c0, int c1) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(c0)), _mm256_set1_epi16(static_cast<short>(c1)), 1);
+}
+#endif
+
 // q4_K / q5_K: sub-blocks 2p and 2p + 1 against MR rows (k45_codes).
 template <bool kFifth, int MR>
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std::int64_t g,
                                                      const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
                                                      __m256& wb) {
 #if MOEKIT_I8_VNNI
-  if constexpr (!kFifth) {  // q4_K: 64 bytes of nibbles a register, A in the k4 order (k4_order)
+  {  // 64 bytes of nibbles a register, A in the k4 order (k4_order)
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512i x[4][MR];
+    // q5_K: the 32 bytes of fifth bits in both halves; sub-block j's bit to bit 4 of each byte by
+    // a 16-bit shift (no bit crosses into bit 4 of the other byte), merged into the nibbles.
+    [[maybe_unused]] __m512i qh2, bit4;
+    if constexpr (kFifth) {
+      qh2 = _mm512_broadcast_i64x4(MOEKIT_I8_NAME(load256)(b + 16));
+      bit4 = _mm512_set1_epi8(0x10);
+    }
     for (int n = 0; n < 2; ++n) {
-      const __m512i v = _mm512_loadu_si512(b + 16 + 64 * n);
-      const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      const __m512i v = _mm512_loadu_si512(b + (kFifth ? 48 : 16) + 64 * n);
+      __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      if constexpr (kFifth) {  // lo holds sub-blocks 4n and 4n + 2, hi 4n + 1 and 4n + 3
+        const __m512i flo = n == 0 ? _mm512_sllv_epi16(qh2, halves16(4, 2)) : _mm512_srlv_epi16(qh2, halves16(0, 2));
+        const __m512i fhi = n == 0 ? _mm512_sllv_epi16(qh2, halves16(3, 1)) : _mm512_srlv_epi16(qh2, halves16(1, 3));
+        lo = _mm512_ternarylogic_epi32(lo, flo, bit4, 0xF8);  // lo | (flo & bit4)
+        hi = _mm512_ternarylogic_epi32(hi, fhi, bit4, 0xF8);
+      }
       for (int i = 0; i < MR; ++i) {
         const std::int8_t* a = a0[i] + 32 * g + 128 * n;
         x[2 * n][i] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(a));
