@@ -92,6 +92,7 @@ void expert_pre_activations(const ExpertWeights& w, std::int64_t e, const kernel
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
   const kernels::Bf16Activations xb = rounded(w, xin, r, D);
+  const kernels::ReuseQuantizedRows once;  // the int8 mode quantizes xin once for up and gate
   project(w, w.up, e, xin, xb, r, {up, F}, threads);
   if (has(w.up_bias)) kernels::add_row_bias(up, r, F, w.up_bias.data_as<const float>() + e * F);
   if (w.gate.defined()) {

@@ -309,6 +309,20 @@ Bf16Activations round_to_bf16(const RowSource& A, std::int64_t rows, std::int64_
 void gemm_nt_bf16(const Bf16Activations& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                   std::int64_t N, std::int64_t K, Threads threads = Threads::pool);
 
+/// While one is alive on this thread, the int8 fast mode's many-row path on ggml's block types
+/// keeps the rows of A it quantized (and laid out for the panel kernel) and takes them again for
+/// the next call on the same rows — the same RowSource pointers, M, K and block type — instead
+/// of quantizing them again: an expert's up and gate projections read the same rows. The caller
+/// promises that A's values do not change while the scope is open; rows quantized in one scope
+/// are never taken in another. Scopes nest.
+class ReuseQuantizedRows {
+ public:
+  ReuseQuantizedRows() noexcept;
+  ~ReuseQuantizedRows();
+  ReuseQuantizedRows(const ReuseQuantizedRows&) = delete;
+  ReuseQuantizedRows& operator=(const ReuseQuantizedRows&) = delete;
+};
+
 /// The SIMD target the kernels dispatch to on this CPU ("AVX3", "AVX2", "SSE4", "NEON", ...),
 /// for benchmark headers.
 const char* simd_target_name();

@@ -983,20 +983,37 @@ constexpr std::int64_t kGgmlPanelMinRows = 5;
 bool ggml_panels_allowed() noexcept { return best_path() != detail::Int8Path::portable; }
 
 #if MOEKIT_X86
-// The fast mode on a ggml type for many rows (ggml_panel-inl.h): A quantized once as ggml_int8
-// quantizes it (QuantA), its per-group terms for T's group, then B's rows a panel at a time (16 rows with
-// AVX512-VNNI, 8 with AVX2), split over the pool in whole panels where `threads` asks for it.
+// Which rows of A a call reads, and in which ReuseQuantizedRows scope (epoch 0: none).
+struct RowsKey {
+  std::uint64_t epoch = 0;
+  const float* data = nullptr;
+  std::int64_t ld = 0;
+  const std::int32_t* index = nullptr;
+  const float* scale = nullptr;
+  std::int64_t M = 0, K = 0;
+  bool operator==(const RowsKey&) const = default;
+};
+
+// The open ReuseQuantizedRows scopes on this thread, and the epoch of the outermost: a new one
+// per scope, so rows prepared in an earlier scope are never taken again.
+thread_local int reuse_depth = 0;
+thread_local std::uint64_t reuse_epoch = 0;
+
+RowsKey rows_key(const RowSource& A, std::int64_t M, std::int64_t K) {
+  return {reuse_depth > 0 ? reuse_epoch : 0, A.data, A.ld, A.index, A.scale, M, K};
+}
+
+// A quantized as ggml_int8 quantizes it (QuantA) and laid out for the panel kernels (Rows):
+// codes, and per group of T's kG inputs d, d·Σa (Σa where the tile applies d per block) and
+// off·Σa.
 template <class T>
-void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-                 std::int64_t K, Threads threads, bool vnni) {
+void prepare_rows(const RowSource& A, std::int64_t M, std::int64_t K, std::int64_t Mp, std::vector<std::int8_t>& q,
+                  std::vector<float>& d, std::vector<float>& xs, std::vector<std::int32_t>& cq) {
   using Tr = panel_avx2::Traits<T>;  // its group and offset: the same for both widths
+  const std::int64_t groups = K / Tr::kG;
   QuantA& qa = thread_quant_a();
   quantize_a(A, M, K, 32, 8, true, true, qa, T::kBlock);
   if constexpr (Tr::kG == 16) sums16(qa);
-  const std::int64_t Mp = (M + 3) / 4 * 4, groups = K / Tr::kG;
-  thread_local std::vector<std::int8_t> q;
-  thread_local std::vector<float> d, xs;
-  thread_local std::vector<std::int32_t> cq;
   q.assign(static_cast<std::size_t>(Mp * K), 0);
   d.assign(static_cast<std::size_t>(Mp * groups), 0.0f);
   xs.assign(d.size(), 0.0f);
@@ -1015,6 +1032,26 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
       cq[at] = Tr::kOff * sum;
     }
   }
+}
+
+// The fast mode on a ggml type for many rows (ggml_panel-inl.h): A prepared once (prepare_rows;
+// inside a ReuseQuantizedRows scope, once for every call on the same rows and type), then B's
+// rows a panel at a time (16 rows with AVX512-VNNI, 8 with AVX2), split over the pool in whole
+// panels where `threads` asks for it.
+template <class T>
+void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
+                 std::int64_t K, Threads threads, bool vnni) {
+  const std::int64_t Mp = (M + 3) / 4 * 4;
+  thread_local std::vector<std::int8_t> q;
+  thread_local std::vector<float> d, xs;
+  thread_local std::vector<std::int32_t> cq;
+  thread_local RowsKey last;  // the rows q, d, xs and cq hold
+  const RowsKey key = rows_key(A, M, K);
+  if (key.epoch == 0 || !(key == last)) {
+    last = {};  // until the rows are whole again
+    prepare_rows<T>(A, M, K, Mp, q, d, xs, cq);
+  }
+  last = key;
   const Rows rows{q.data(), d.data(), xs.data(), cq.data(), Mp};
   const std::int64_t width = vnni ? panel_vnni::kW : panel_avx2::kW;
   const auto run = [&](std::int64_t b0, std::int64_t b1) {
@@ -1105,6 +1142,18 @@ void detail::gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const 
   amx8_split(aq, B, C, N, threads);
 #else
   (void)A, (void)B, (void)C, (void)K, (void)threads, (void)path;
+#endif
+}
+
+ReuseQuantizedRows::ReuseQuantizedRows() noexcept {
+#if MOEKIT_X86
+  if (reuse_depth++ == 0) ++reuse_epoch;
+#endif
+}
+
+ReuseQuantizedRows::~ReuseQuantizedRows() {
+#if MOEKIT_X86
+  --reuse_depth;
 #endif
 }
 

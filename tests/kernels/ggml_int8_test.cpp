@@ -414,6 +414,43 @@ TEST(GgmlInt8, ReadsNoBytePastTheMatrix) {
 // gathers (q4_K's and q6_K's scales for 16 rows at once): the pack takes its terms through the
 // stage instead, with the same bits as the same rows side by side. The rows sit 144 MB apart in a
 // reserved, mostly untouched mapping.
+// Inside a ReuseQuantizedRows scope the panel kernel quantizes the same rows once for several
+// matrices (an expert's up and gate) with the same bits as without; rows whose values changed
+// between scopes, or another M, are quantized again.
+TEST(GgmlInt8, ReusedRowsGiveTheSameBits) {
+  if (!panels()) GTEST_SKIP() << "no AVX2: more than kInt8MaxRows rows run exactly";
+  std::mt19937 rng(47);
+  for_each_type([&](auto type) {
+    using T = typename decltype(type)::Block;
+    const std::int64_t N = 21, K = 512, ld = K / T::kBlock * T::kBytes;
+    std::vector<std::uint8_t> b1(static_cast<std::size_t>(N * ld)), b2(b1.size());
+    for (auto& v : b1) v = static_cast<std::uint8_t>(rng() & 0x3F);  // finite scales
+    for (auto& v : b2) v = static_cast<std::uint8_t>(rng() & 0x3F);
+    const kernels::WeightMatrix B1 = matrix(type.element, b1.data(), ld), B2 = matrix(type.element, b2.data(), ld);
+    auto x = inputs(13, K, 53);
+    std::vector<float> x_new(x);
+    for (auto& v : x_new) v = -2.0f * v;
+    const auto want1 = fast_gemm(B1, x, 13, N, K), want2 = fast_gemm(B2, x, 13, N, K);
+    const auto want9 = fast_gemm(B2, x, 9, N, K), want_new = fast_gemm(B2, x_new, 13, N, K);
+    const auto same = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+      int bad = 0;
+      for (std::size_t i = 0; i < want.size(); ++i)
+        if (!same_bits(got[i], want[i]) && bad++ < 3)
+          ADD_FAILURE() << T::kName << " " << what << " [" << i << "]: " << got[i] << ", want " << want[i];
+    };
+    {
+      const kernels::ReuseQuantizedRows once;
+      same(fast_gemm(B1, x, 13, N, K), want1, "first matrix");
+      same(fast_gemm(B2, x, 13, N, K), want2, "second matrix, the rows taken again");
+      same(fast_gemm(B2, x, 9, N, K), want9, "fewer rows");
+      same(fast_gemm(B2, x, 13, N, K), want2, "the rows again");
+    }
+    x = x_new;  // new values at the same address, the last call's rows
+    const kernels::ReuseQuantizedRows again;
+    same(fast_gemm(B2, x, 13, N, K), want_new, "a new scope after the values changed");
+  });
+}
+
 TEST(GgmlInt8, PanelKernelTakesRowsFarApart) {
   if (panel_paths().empty()) GTEST_SKIP() << "no panel kernel on this CPU";
   const std::int64_t stride = std::int64_t{144} << 20, N = 13, K = 1024;  // a ragged panel
