@@ -410,10 +410,6 @@ TEST(GgmlInt8, ReadsNoBytePastTheMatrix) {
   });
 }
 
-// Rows of B so far apart that 15 row strides overflow the int32 offsets of the direct pack's
-// gathers (q4_K's and q6_K's scales for 16 rows at once): the pack takes its terms through the
-// stage instead, with the same bits as the same rows side by side. The rows sit 144 MB apart in a
-// reserved, mostly untouched mapping.
 // Inside a ReuseQuantizedRows scope the panel kernel quantizes the same rows once for several
 // matrices (an expert's up and gate) with the same bits as without; rows whose values changed
 // between scopes, or another M, are quantized again.
@@ -451,6 +447,10 @@ TEST(GgmlInt8, ReusedRowsGiveTheSameBits) {
   });
 }
 
+// Rows of B so far apart that 15 row strides overflow the int32 offsets of the direct pack's
+// gathers (q4_K's and q6_K's scales for 16 rows at once): the pack takes its terms through the
+// stage instead, with the same bits as the same rows side by side. The rows sit 144 MB apart in a
+// reserved, mostly untouched mapping.
 TEST(GgmlInt8, PanelKernelTakesRowsFarApart) {
   if (panel_paths().empty()) GTEST_SKIP() << "no panel kernel on this CPU";
   const std::int64_t stride = std::int64_t{144} << 20, N = 13, K = 1024;  // a ragged panel
