@@ -11,7 +11,9 @@
 namespace moekit::kernels {
 
 /// The LDTILECFG operand (palette 1) with all eight tiles 16 rows of 64 bytes: both kernels use
-/// 2 × 2 blocks of such tiles (4 accumulators, 2 weight tiles, 2 activation tiles).
+/// 2 × 2 blocks of such tiles (4 accumulators, 2 weight tiles, 2 activation tiles). Kept as a
+/// `static constexpr` object: GCC's _tile_loadconfig names only the operand's first 8 bytes, so
+/// the stores that build a local configuration may be dropped.
 struct alignas(64) AmxTileConfig {
   std::uint8_t palette = 1;
   std::uint8_t start_row = 0;
@@ -19,7 +21,7 @@ struct alignas(64) AmxTileConfig {
   std::uint16_t colsb[16] = {};
   std::uint8_t rows[16] = {};
 
-  static AmxTileConfig full() {
+  static constexpr AmxTileConfig full() {
     AmxTileConfig c;
     for (int t = 0; t < 8; ++t) {
       c.rows[t] = 16;

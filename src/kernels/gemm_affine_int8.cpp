@@ -889,7 +889,7 @@ MOEKIT_AMX8 void amx8_block(const AmxQuantA& qa, const CodeRows* w, const Weight
 template <int kBits>
 MOEKIT_AMX8 void amx8_run(const AmxQuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t N,
                           std::int64_t q0, std::int64_t q1, std::int64_t c0, std::int64_t c1) {
-  const AmxTileConfig config = AmxTileConfig::full();
+  static constexpr AmxTileConfig config = AmxTileConfig::full();
   _tile_loadconfig(&config);
   const auto* codes = static_cast<const std::uint8_t*>(B.data);
   const std::int64_t stride = B.ld * 4;

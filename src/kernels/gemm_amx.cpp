@@ -133,7 +133,7 @@ MOEKIT_AMX void block(const WeightTile* w, const std::uint16_t* const* x, std::i
 MOEKIT_AMX void detail::gemm_nt_bf16_amx(const Bf16Activations& A, const WeightMatrix& B, const Output& C,
                                          std::int64_t M, std::int64_t N, std::int64_t K) {
   if (M <= 0 || N <= 0) return;
-  const AmxTileConfig config = AmxTileConfig::full();
+  static constexpr AmxTileConfig config = AmxTileConfig::full();
   _tile_loadconfig(&config);
   const auto* b = static_cast<const std::uint16_t*>(B.data);
   const auto* a = static_cast<const std::uint16_t*>(A.data);
