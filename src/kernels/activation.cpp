@@ -17,19 +17,33 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// σ(v), vectorised, for SwiGLU: e = exp(-|v|) ∈ [0, 1] (Highway's Exp, ≤ 1 ULP, never asked past
-// its range), σ = 1 / (1 + e) for v ≥ 0 and e / (1 + e) below. An e below FLT_MIN (v < -87.3,
-// where Exp's denormals are inexact) is taken as 0: σ = 0 there, as torch's 1 / (1 + exp(-x))
-// and the scalar form give (exp(-v) overflows); σ(+∞) = 1, σ(-∞) = 0; σ(NaN) = 0, and the NaN
-// reaches the result through the v that multiplies σ.
+// σ(v), vectorised, for SwiGLU: e = exp(-|v|) ∈ [0, 1] (Highway's Exp, ≤ 1 ULP), σ = 1 / (1 + e)
+// for v ≥ 0 and e / (1 + e) below. An e below FLT_MIN (|v| past 87.34) is taken as 0: σ = 0
+// there, as torch's 1 / (1 + exp(-x)) and the scalar form give (exp(-v) overflows); σ(+∞) = 1,
+// σ(-∞) = 0; σ(NaN) = 0, and the NaN reaches the result through the v that multiplies σ.
+// Exp is never asked for a denormal result: x86 computes those with microcode assists, which
+// made a vector holding one 5-6 times slower (large gate pre-activations, docs/performance.md),
+// and they are flushed to 0 anyway. A vector whose |v| are all ≤ 87 (exp(-87) is normal: every
+// activation of a trained model) takes Exp as it is. Any other vector takes Exp on |v| capped at
+// 87, a second Exp for the lanes in (87, 87.5] (whose e may still be normal) when it holds one,
+// and e = 0 past 87.5 (exp(-87.5) ≈ 0.85 FLT_MIN), for ±∞ and for NaN. The same bits as Exp on
+// every |v| with the denormals flushed afterwards (compared on every float on the AVX3 and AVX2
+// targets, on |v| in [80, 110], ±∞ and NaN on SSE4 and the scalar one), and Exp's argument stays
+// in its range (it converts it to an integer, which for NaN or -∞ is undefined behaviour on
+// Highway's scalar target).
 HWY_INLINE VF Sigmoid(DF d, VF v) {
   const VF one = hn::Set(d, 1.0f);
-  // Exp's argument kept in [-104, 0]: |v| ≥ 104, ±∞ and NaN go in as -104 (e then flushes to 0
-  // below; a NaN v still gives NaN through the v · σ that follows). Exp converts its argument to
-  // an integer, which for NaN or -∞ is undefined behaviour on Highway's scalar target.
-  const VF a = hn::Abs(v), bound = hn::Set(d, 104.0f);
-  const VF x = hn::Exp(d, hn::Neg(hn::IfThenElse(hn::Lt(a, bound), a, bound)));
-  const VF e = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, std::numeric_limits<float>::min())), x);
+  const VF a = hn::Abs(v), normal = hn::Set(d, 87.0f);
+  const auto low = hn::Le(a, normal);  // false for NaN
+  VF e;
+  if (HWY_LIKELY(hn::AllTrue(d, low))) {
+    e = hn::Exp(d, hn::Neg(a));  // all normal: exp(-87) ≈ 1.4 FLT_MIN
+  } else {
+    const auto near = hn::And(hn::Gt(a, normal), hn::Le(a, hn::Set(d, 87.5f)));  // e may be normal
+    VF x = hn::Exp(d, hn::Neg(hn::IfThenElse(low, a, normal)));
+    if (!hn::AllFalse(d, near)) x = hn::IfThenElse(near, hn::Exp(d, hn::Neg(hn::IfThenElse(near, a, normal))), x);
+    e = hn::IfThenElseZero(hn::And(hn::Or(low, near), hn::Ge(x, hn::Set(d, std::numeric_limits<float>::min()))), x);
+  }
   return hn::Div(hn::IfThenElse(hn::Ge(v, hn::Zero(d)), one, e), hn::Add(one, e));
 }
 

@@ -61,6 +61,31 @@ TEST(Activation, SwigluWithinFourUlpOfTheExactValueOnEveryTarget) {
   });
 }
 
+// Every float with |gate| in [86, 89]: where exp(-|gate|) turns denormal (past 87.34) and the
+// two thresholds the vector σ splits its work at (87 and 87.5). up = 1e30 lifts silu's tiny
+// negative side into normal floats, so σ itself is checked: within 4 ULP where exp(gate) is
+// normal, 0 allowed only where it is not (to Exp's error of 1 ULP).
+TEST(Activation, SwigluAcrossTheDenormalEdgeOnEveryTarget) {
+  std::vector<float> gate;
+  for (float v = 86.0f; v <= 89.0f; v = std::nextafter(v, 100.0f)) {
+    gate.push_back(v);
+    gate.push_back(-v);
+  }
+  const std::vector<float> up(gate.size(), 1e30f);
+  const double flt_min = std::numeric_limits<float>::min();
+  testing::for_each_target([&](std::int64_t) {
+    std::vector<float> h(gate.size());
+    kernels::apply_body(BodyKind::swiglu, 0, 0, gate.data(), up.data(), h.data(),
+                        static_cast<std::int64_t>(gate.size()));
+    for (std::size_t i = 0; i < gate.size(); ++i) {
+      const double g = gate[i], e = std::exp(-std::fabs(g));
+      if (g < 0 && e < flt_min * (1.0 + 0x1p-22) && h[i] == 0.0f) continue;  // flushed, as torch's
+      const float want = static_cast<float>(g * (g >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e)) * up[i]);
+      ASSERT_LE(ulps(h[i], want), 4) << "gate " << gate[i] << ": " << h[i] << " vs " << want;
+    }
+  });
+}
+
 TEST(Activation, SwigluEdgesAsTheScalarFormOnEveryTarget) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   // gate, up, expected h (NaN: any NaN)
