@@ -614,13 +614,13 @@ bool with_ggml_type(Element element, const Fn& fn) {
 #if MOEKIT_X86
 // A's rows for the panel kernels (ggml_panel-inl.h): int8 codes in blocks of 4 rows, each
 // [K / 4][4 rows][4 inputs] (so one tile's rows are a few pointers and small offsets), and per
-// group of kG inputs d, d·Σa and off·Σa as [groups][Mp]; Mp the rows rounded up to 4, the
-// padding zero.
+// group of kG inputs d, d·Σa and −off·Σa (where a group's int32 sums start) as [groups][Mp]; Mp
+// the rows rounded up to 4, the padding zero.
 struct Rows {
   const std::int8_t* q = nullptr;
   const float* d = nullptr;
   const float* xs = nullptr;
-  const std::int32_t* cq = nullptr;
+  const std::int32_t* t0 = nullptr;
   std::int64_t Mp = 0;
 };
 
@@ -1005,10 +1005,10 @@ RowsKey rows_key(const RowSource& A, std::int64_t M, std::int64_t K) {
 
 // A quantized as ggml_int8 quantizes it (QuantA) and laid out for the panel kernels (Rows):
 // codes, and per group of T's kG inputs d, d·Σa (Σa where the tile applies d per block) and
-// off·Σa.
+// −off·Σa.
 template <class T>
 void prepare_rows(const RowSource& A, std::int64_t M, std::int64_t K, std::int64_t Mp, std::vector<std::int8_t>& q,
-                  std::vector<float>& d, std::vector<float>& xs, std::vector<std::int32_t>& cq) {
+                  std::vector<float>& d, std::vector<float>& xs, std::vector<std::int32_t>& t0) {
   using Tr = panel_avx2::Traits<T>;  // its group and offset: the same for both widths
   const std::int64_t groups = K / Tr::kG;
   QuantA& qa = thread_quant_a();
@@ -1017,7 +1017,7 @@ void prepare_rows(const RowSource& A, std::int64_t M, std::int64_t K, std::int64
   q.assign(static_cast<std::size_t>(Mp * K), 0);
   d.assign(static_cast<std::size_t>(Mp * groups), 0.0f);
   xs.assign(d.size(), 0.0f);
-  cq.assign(d.size(), 0);
+  t0.assign(d.size(), 0);
   for (std::int64_t m = 0; m < M; ++m) {
     const std::int8_t* row = qa.q8.data() + m * K;
     std::int8_t* block = q.data() + (m / 4) * 4 * K + (m % 4) * 4;  // Rows's layout
@@ -1029,7 +1029,7 @@ void prepare_rows(const RowSource& A, std::int64_t M, std::int64_t K, std::int64
       d[at] = qa.d[gi];
       // With a scale per block of 256 (Tr::kSb > 1) the tile applies d once per block: xs is Σq.
       xs[at] = Tr::kSb > 1 ? static_cast<float>(sum) : Tr::kG == 32 ? qa.xsum[gi] : qa.d[gi] * static_cast<float>(sum);
-      cq[at] = Tr::kOff * sum;
+      t0[at] = -Tr::kOff * sum;
     }
   }
 }
@@ -1044,15 +1044,15 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
   const std::int64_t Mp = (M + 3) / 4 * 4;
   thread_local std::vector<std::int8_t> q;
   thread_local std::vector<float> d, xs;
-  thread_local std::vector<std::int32_t> cq;
-  thread_local RowsKey last;  // the rows q, d, xs and cq hold
+  thread_local std::vector<std::int32_t> t0;
+  thread_local RowsKey last;  // the rows q, d, xs and t0 hold
   const RowsKey key = rows_key(A, M, K);
   if (key.epoch == 0 || !(key == last)) {
     last = {};  // until the rows are whole again
-    prepare_rows<T>(A, M, K, Mp, q, d, xs, cq);
+    prepare_rows<T>(A, M, K, Mp, q, d, xs, t0);
   }
   last = key;
-  const Rows rows{q.data(), d.data(), xs.data(), cq.data(), Mp};
+  const Rows rows{q.data(), d.data(), xs.data(), t0.data(), Mp};
   const std::int64_t width = vnni ? panel_vnni::kW : panel_avx2::kW;
   const auto run = [&](std::int64_t b0, std::int64_t b1) {
     if (vnni) return panel_vnni::run<T>(rows, M, Mp, B, C, b0 * width, std::min(N, b1 * width), K);

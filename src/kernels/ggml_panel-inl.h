@@ -507,24 +507,21 @@ MOEKIT_I8_ATTR inline void tile_start(Vec::F (&acc)[MR], float* out) {
 }
 
 // Group g's float step for MR rows of A from row m (docs/numerics.md), t the group's exact int32
-// sums: acc = fma(float(t − off · Σa), ws · d, acc), then acc = fma(wb, d · Σa, acc) for types with
-// a min or bias; with a scale per block (kSb > 1) d is left out (xs is then Σa) and the block's
-// sums go into out times d after its last group.
-template <int MR, bool kOff, bool kBias, int kSb>
+// sums t = Σ u·a − off·Σa (the tile starts them at Rows::t0): acc = fma(float(t), ws · d, acc),
+// then acc = fma(wb, d · Σa, acc) for types with a min or bias; with a scale per block (kSb > 1) d
+// is left out (xs is then Σa) and the block's sums go into out times d after its last group.
+template <int MR, bool kBias, int kSb>
 MOEKIT_I8_ATTR inline void group_step(const Rows& a, std::int64_t m, const Panel& p, std::int64_t g,
                                       const Vec::I (&t)[MR], Vec::F (&acc)[MR], float* out) {
   const Vec::F ws = Vec::load(p.ws.data() + g * kW);
   const Vec::F wb = kBias ? Vec::load(p.wb.data() + g * kW) : Vec::zero();
   const float* d = a.d + g * a.Mp + m;
   const float* xs = a.xs + g * a.Mp + m;
-  const std::int32_t* cq = a.cq + g * a.Mp + m;
   for (int i = 0; i < MR; ++i) {
-    Vec::I s = t[i];
-    if constexpr (kOff) s = Vec::sub(s, Vec::set1(cq[i]));
     if constexpr (kSb > 1) {  // the block's sums in acc, d after its last group
-      acc[i] = Vec::fmadd(Vec::cvt(s), ws, acc[i]);
+      acc[i] = Vec::fmadd(Vec::cvt(t[i]), ws, acc[i]);
     } else {
-      acc[i] = Vec::fmadd(Vec::cvt(s), Vec::mul(ws, Vec::set1(d[i])), acc[i]);
+      acc[i] = Vec::fmadd(Vec::cvt(t[i]), Vec::mul(ws, Vec::set1(d[i])), acc[i]);
     }
     if constexpr (kBias) acc[i] = Vec::fmadd(wb, Vec::set1(xs[i]), acc[i]);
   }
@@ -545,6 +542,15 @@ MOEKIT_I8_ATTR inline void tile_end(const Vec::F (&acc)[MR], float* out) {
 }
 
 #if MOEKIT_I8_VNNI
+// A register zeroed by the xor idiom, which Intel's renamer resolves without an execution port.
+// Left to itself GCC copies one register it keeps at zero, a 512-bit move per sum and group on
+// the ports the `vpdpbusd` need (docs/performance.md).
+MOEKIT_I8_ATTR inline __m512i zeroed() {
+  __m512i z;
+  asm volatile("vpxord %0, %0, %0" : "=v"(z));  // volatile: not merged into one register
+  return z;
+}
+
 // MR rows of A from row m (a multiple of 4) against one panel: out[i] the 16 columns of row
 // m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group.
 template <int MR, int kG, bool kOff, bool kBias, int kSb, bool kNibbles>
@@ -559,8 +565,9 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
   for (std::int64_t g = 0; g < K / kG; ++g) {
     for (int l = 0; l < kPrefetchLines; ++l)
       if (pf + 64 * (kPrefetchLines * g + l) < pf_end) _mm_prefetch(pf + 64 * (kPrefetchLines * g + l), _MM_HINT_T0);
-    __m512i t[MR];
-    for (int i = 0; i < MR; ++i) t[i] = _mm512_setzero_si512();
+    __m512i t[MR];  // from −off·Σa: the offset's share taken by a broadcast load, not an ALU op
+    const std::int32_t* t0 = a.t0 + g * a.Mp + m;
+    for (int i = 0; i < MR; ++i) t[i] = kOff ? _mm512_set1_epi32(t0[i]) : zeroed();
 #pragma GCC unroll 8
     for (int j = 0; j < kG / 4; ++j) {
       const std::int64_t at = (g * kG / 4 + j) * 64;
@@ -577,7 +584,7 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
         t[i] = _mm512_dpbusd_epi32(t[i], u, _mm512_set1_epi32(x));
       }
     }
-    group_step<MR, kOff, kBias, kSb>(a, m, p, g, t, acc, out);
+    group_step<MR, kBias, kSb>(a, m, p, g, t, acc, out);
   }
   tile_end<MR, kSb>(acc, out);
 }
@@ -601,8 +608,9 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
   for (std::int64_t g = 0; g < K / kG; ++g) {
     for (int l = 0; l < kPrefetchLines; ++l)
       if (pf + 64 * (kPrefetchLines * g + l) < pf_end) _mm_prefetch(pf + 64 * (kPrefetchLines * g + l), _MM_HINT_T0);
-    __m256i t[MR];
-    for (int i = 0; i < MR; ++i) t[i] = _mm256_setzero_si256();
+    __m256i t[MR];  // from −off·Σa (as the VNNI tile)
+    const std::int32_t* t0 = a.t0 + g * a.Mp + m;
+    for (int i = 0; i < MR; ++i) t[i] = kOff ? _mm256_set1_epi32(t0[i]) : _mm256_setzero_si256();
     for (int i0 = 0; i0 < MR; i0 += kPair) {
       for (int j0 = 0; j0 < kG / 4; j0 += kSum16) {
         __m256i s16[kPair];
@@ -623,11 +631,27 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
         for (int r = 0; r < kPair; ++r) t[i0 + r] = _mm256_add_epi32(t[i0 + r], _mm256_madd_epi16(s16[r], ones));
       }
     }
-    group_step<MR, kOff, kBias, kSb>(a, m, p, g, t, acc, out);
+    group_step<MR, kBias, kSb>(a, m, p, g, t, acc, out);
   }
   tile_end<MR, kSb>(acc, out);
 }
 #endif
+
+// `rows` ≤ kW outputs of row m of C from v[0, rows), columns n, n + 1, ..: store()'s arithmetic
+// (times the row's scale, plus what C holds when it accumulates), kW at a time.
+MOEKIT_I8_ATTR inline void store_row(const Output& C, std::int64_t m, std::int64_t n, std::int64_t rows,
+                                     const float* v) {
+#if MOEKIT_I8_VNNI
+  const auto mask = static_cast<__mmask16>((1u << rows) - 1u);
+  float* c = C.data + m * C.ld + n;
+  __m512 x = _mm512_maskz_loadu_ps(mask, v);
+  if (C.row_scale) x = _mm512_mul_ps(x, _mm512_set1_ps(C.row_scale[m]));
+  if (C.accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c), x);
+  _mm512_mask_storeu_ps(c, mask, x);
+#else
+  for (std::int64_t r = 0; r < rows; ++r) store(C, m, n + r, v[r]);
+#endif
+}
 
 // Every row of A (a.q has Mp ≥ M rows, a multiple of 4) against B's rows [n0, n1), a panel of
 // kW at a time, rows of A 12 (then 8 or 4; AVX2: 4) at a time.
@@ -664,8 +688,7 @@ MOEKIT_I8_ATTR void run(const Rows& a, std::int64_t M, std::int64_t Mp, const We
       mr = 4;
       tile<4, Tr::kG, kOff, Tr::kBias, Tr::kSb, kSigned, Tr::kSum16>(a, m, panel, K, out, next, next_end);
 #endif
-      for (std::int64_t i = 0; i < mr && m + i < M; ++i)
-        for (std::int64_t r = 0; r < rows; ++r) store(C, m + i, n + r, out[kW * i + r]);
+      for (std::int64_t i = 0; i < mr && m + i < M; ++i) store_row(C, m + i, n, rows, out + kW * i);
       m += mr;
     }
   }

@@ -316,12 +316,14 @@ TEST(GgmlInt8, PanelKernelAgreesWithTheDecodeKernel) {
       const kernels::WeightMatrix B = matrix(type.element, c.bytes.data(), c.ld);
       std::vector<float> W(static_cast<std::size_t>(c.N * c.K));
       kernels::dequantize_rows(B, 0, c.N, c.K, W.data());
-      for (const std::int64_t M : {std::int64_t{9}, std::int64_t{22}}) {
+      // AVX512-VNNI's tiles of 12, 8 and 4 rows (M 5: an 8; 14: a 12 and a 4), AVX2's of 4.
+      for (const std::int64_t M : {std::int64_t{5}, std::int64_t{9}, std::int64_t{14}, std::int64_t{22}}) {
         const auto x = inputs(M, c.K, 17 + static_cast<std::uint32_t>(M));
         const auto want = fast(B, x, M, c.N, c.K, Int8Path::portable);
-        std::vector<std::vector<float>> widths;  // each panel path's, then gemm_nt's
+        std::vector<std::vector<float>> widths;  // each panel path's
         for (const Int8Path path : panel_paths()) widths.push_back(panel(B, x, M, c.N, c.K, path));
-        widths.push_back(fast_gemm(B, x, M, c.N, c.K));
+        // gemm_nt's too where it takes the panel kernel for M rows (with AVX2 alone, 5 take the row kernel).
+        if (M > kernels::detail::int8_row_kernel_max_rows(B)) widths.push_back(fast_gemm(B, x, M, c.N, c.K));
         for (std::size_t w = 1; w < widths.size(); ++w) {
           int bad = 0;
           for (std::size_t i = 0; i < want.size(); ++i)
@@ -347,6 +349,40 @@ TEST(GgmlInt8, PanelKernelAgreesWithTheDecodeKernel) {
                             << got[i] << ", decode kernel " << want[i];
           }
       }
+    }
+  });
+}
+
+// The panel kernel's output rows as store() writes an element: times the row's scale, added to
+// what C holds when it accumulates, only the N columns of each row (C's rows are wider), the same
+// bits as the plain result scaled and added after; N = 37: two full panels and a ragged one.
+TEST(GgmlInt8, PanelKernelScalesAndAccumulatesItsRows) {
+  if (panel_paths().empty()) GTEST_SKIP() << "no panel kernel on this CPU";
+  std::mt19937 rng(53);
+  const std::int64_t M = 11, N = 37, K = 512, ldc = N + 5;
+  std::vector<float> scale(static_cast<std::size_t>(M)), before(static_cast<std::size_t>(M * ldc));
+  for (auto& v : scale) v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+  for (auto& v : before) v = std::uniform_real_distribution<float>(-3.0f, 3.0f)(rng);
+  for_each_type([&](auto type) {
+    using T = typename decltype(type)::Block;
+    const std::int64_t ld = K / T::kBlock * T::kBytes;
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
+    for (auto& b : bytes) b = static_cast<std::uint8_t>(rng() & 0x3F);  // finite scales
+    const kernels::WeightMatrix B = matrix(type.element, bytes.data(), ld);
+    const auto x = inputs(M, K, 59);
+    for (const Int8Path path : panel_paths()) {
+      const auto plain = panel(B, x, M, N, K, path);
+      std::vector<float> y = before;
+      kernels::detail::gemm_nt_int8_many(kernels::RowSource{x.data(), K}, B,
+                                         kernels::Output{y.data(), ldc, scale.data(), true}, M, N, K,
+                                         kernels::Threads::pool, path);
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t n = 0; n < ldc; ++n) {
+          const std::size_t i = static_cast<std::size_t>(m * ldc + n);
+          const float want = n < N ? before[i] + plain[static_cast<std::size_t>(m * N + n)] * scale[m] : before[i];
+          ASSERT_TRUE(same_bits(y[i], want)) << T::kName << " " << kernels::detail::int8_path_name(path) << " (" << m
+                                             << ", " << n << "): " << y[i] << " against " << want;
+        }
     }
   });
 }
