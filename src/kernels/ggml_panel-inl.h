@@ -649,7 +649,13 @@ MOEKIT_I8_ATTR inline void store_row(const Output& C, std::int64_t m, std::int64
   if (C.accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c), x);
   _mm512_mask_storeu_ps(c, mask, x);
 #else
-  for (std::int64_t r = 0; r < rows; ++r) store(C, m, n + r, v[r]);
+  const __m256i mask =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rows)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  float* c = C.data + m * C.ld + n;
+  __m256 x = _mm256_maskload_ps(v, mask);
+  if (C.row_scale) x = _mm256_mul_ps(x, _mm256_set1_ps(C.row_scale[m]));
+  if (C.accumulate) x = _mm256_add_ps(_mm256_maskload_ps(c, mask), x);
+  _mm256_maskstore_ps(c, mask, x);
 #endif
 }
 
