@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/activation.hpp"
 #include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/moekit.hpp"
@@ -316,6 +317,26 @@ void BM_GgmlRows(benchmark::State& state) {
   state.counters["GB/s"] = benchmark::Counter(1.0 * N * ld * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
+// SwiGLU over one expert's pre-activations at T = 512 (32 rows × F = 768), gate ~ N(0, σ) with σ
+// = range(0): 4 as a trained model's, 100 so that a quarter of the gates pass |87| (where exp's
+// result turns denormal).
+void BM_Swiglu(benchmark::State& state) {
+  const std::int64_t n = 32 * 768;
+  std::mt19937 rng(13);
+  std::normal_distribution<float> g(0.0f, static_cast<float>(state.range(0))), u(0.0f, 1.0f);
+  std::vector<float> gate(static_cast<std::size_t>(n)), up(gate.size()), h(gate.size());
+  for (std::size_t i = 0; i < gate.size(); ++i) {
+    gate[i] = g(rng);
+    up[i] = u(rng);
+  }
+  for (auto _ : state) {
+    kernels::apply_body(BodyKind::swiglu, 0.0f, 0.0f, gate.data(), up.data(), h.data(), n);
+    benchmark::DoNotOptimize(h.data());
+  }
+  state.counters["time per element"] = benchmark::Counter(
+      1e9 / static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
 // The machine's limits, measured in the same run.
 void BM_SgemmPeak(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
@@ -410,6 +431,7 @@ void BM_PoolRoundTrip(benchmark::State& state) {
 BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 3, 32}, {0, 4, 8, 3}, {0}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_GemmAffine)->ArgsProduct({{1, 2, 4, 8}, {4, 8}, {1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_GgmlRows)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 2, 32}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_Swiglu)->Arg(4)->Arg(100)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_PoolRoundTrip)->Arg(0)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PoolRoundTrip)->Arg(50)->Arg(1000)->Iterations(3000)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DramRead)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
