@@ -551,8 +551,40 @@ MOEKIT_I8_ATTR inline __m512i zeroed() {
   return z;
 }
 
+// Group g of a tile (below): its int32 sums, then its float step. kOdd, for packed nibbles:
+// its codes are the high ones. The steps address the codes and A from per-group bases with
+// constant offsets, so the loop holds no index arithmetic (scalar ops that would take the vector
+// ports' slots).
+template <int MR, int kG, bool kOff, bool kBias, int kSb, bool kNibbles, bool kOdd>
+MOEKIT_I8_ATTR inline void tile_group(const Rows& a, std::int64_t m, const Panel& p,
+                                      const std::int8_t* const (&q)[MR / 4], std::int64_t g, __m512 (&acc)[MR],
+                                      float* out, const char* pf, const char* pf_end) {
+  for (int l = 0; l < kPrefetchLines; ++l)
+    if (pf + 64 * (kPrefetchLines * g + l) < pf_end) _mm_prefetch(pf + 64 * (kPrefetchLines * g + l), _MM_HINT_T0);
+  __m512i t[MR];  // from −off·Σa: the offset's share taken by a broadcast load, not an ALU op
+  const std::int32_t* t0 = a.t0 + g * a.Mp + m;
+  for (int i = 0; i < MR; ++i) t[i] = kOff ? _mm512_set1_epi32(t0[i]) : zeroed();
+  // The group's 64-byte code vectors (packed nibbles: the pair's, which the other group shares)
+  // and its 16 bytes of A per row block and step.
+  const std::uint8_t* cg = p.codes.data() + (kNibbles ? g / 2 * 8 : g * (kG / 4)) * 64;
+  const std::int8_t* ag[MR / 4];
+  for (int b = 0; b < MR / 4; ++b) ag[b] = q[b] + g * kG * 4;
+#pragma GCC unroll 8
+  for (int j = 0; j < kG / 4; ++j) {
+    __m512i u = _mm512_loadu_si512(cg + j * 64);
+    if constexpr (kNibbles) u = _mm512_and_si512(kOdd ? _mm512_srli_epi32(u, 4) : u, _mm512_set1_epi8(0x0F));
+    for (int i = 0; i < MR; ++i) {
+      std::int32_t x;
+      std::memcpy(&x, ag[i / 4] + j * 16 + 4 * (i % 4), 4);
+      t[i] = _mm512_dpbusd_epi32(t[i], u, _mm512_set1_epi32(x));
+    }
+  }
+  group_step<MR, kBias, kSb>(a, m, p, g, t, acc, out);
+}
+
 // MR rows of A from row m (a multiple of 4) against one panel: out[i] the 16 columns of row
-// m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group.
+// m + i; meanwhile the lines of [pf, pf_end) fetched, kPrefetchLines per group. Packed nibbles:
+// even groups the low ones, odd groups the high (K / 32 is even), a pair per iteration.
 template <int MR, int kG, bool kOff, bool kBias, int kSb, bool kNibbles>
 MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int64_t K, float* out, const char* pf,
                          const char* pf_end) {
@@ -561,30 +593,10 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
   tile_start<MR, kSb>(acc, out);
   const std::int8_t* q[MR / 4];
   for (int b = 0; b < MR / 4; ++b) q[b] = a.q + (m + 4 * b) * K;
-  const std::uint8_t* codes = p.codes.data();
-  for (std::int64_t g = 0; g < K / kG; ++g) {
-    for (int l = 0; l < kPrefetchLines; ++l)
-      if (pf + 64 * (kPrefetchLines * g + l) < pf_end) _mm_prefetch(pf + 64 * (kPrefetchLines * g + l), _MM_HINT_T0);
-    __m512i t[MR];  // from −off·Σa: the offset's share taken by a broadcast load, not an ALU op
-    const std::int32_t* t0 = a.t0 + g * a.Mp + m;
-    for (int i = 0; i < MR; ++i) t[i] = kOff ? _mm512_set1_epi32(t0[i]) : zeroed();
-#pragma GCC unroll 8
-    for (int j = 0; j < kG / 4; ++j) {
-      const std::int64_t at = (g * kG / 4 + j) * 64;
-      __m512i u;
-      if constexpr (kNibbles) {  // group g's nibbles: the low ones of even g, the high of odd
-        const __m512i v = _mm512_loadu_si512(codes + ((g / 2) * 8 + j) * 64);
-        u = _mm512_and_si512(g % 2 == 0 ? v : _mm512_srli_epi32(v, 4), _mm512_set1_epi8(0x0F));
-      } else {
-        u = _mm512_loadu_si512(codes + at);
-      }
-      for (int i = 0; i < MR; ++i) {
-        std::int32_t x;
-        std::memcpy(&x, q[i / 4] + at / 4 + 4 * (i % 4), 4);
-        t[i] = _mm512_dpbusd_epi32(t[i], u, _mm512_set1_epi32(x));
-      }
-    }
-    group_step<MR, kBias, kSb>(a, m, p, g, t, acc, out);
+  for (std::int64_t g = 0; g < K / kG; g += kNibbles ? 2 : 1) {
+    tile_group<MR, kG, kOff, kBias, kSb, kNibbles, false>(a, m, p, q, g, acc, out, pf, pf_end);
+    if constexpr (kNibbles)
+      tile_group<MR, kG, kOff, kBias, kSb, kNibbles, true>(a, m, p, q, g + 1, acc, out, pf, pf_end);
   }
   tile_end<MR, kSb>(acc, out);
 }
