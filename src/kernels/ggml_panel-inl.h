@@ -437,9 +437,9 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
   }
 }
 
-// kW float (F) and int32 (I) lanes: the few operations the tiles' float steps and the exact
-// decode take, at this include's width, so both widths share those steps (dequant, tile_start,
-// group_step, tile_end).
+// kW float (F) and int32 (I) lanes: the few operations the tiles' float steps, their output
+// rows and the exact decode take, at this include's width, so both widths share those steps
+// (dequant, tile_start, group_step, tile_end, store_row).
 struct Vec {
 #if MOEKIT_I8_VNNI
   using F = __m512;
@@ -457,6 +457,10 @@ struct Vec {
   MOEKIT_I8_ATTR static I widen(const std::uint8_t* p) {  // kW u8 as int32
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  // The first n ≤ kW lanes, the others 0 (not read) / not written.
+  MOEKIT_I8_ATTR static __mmask16 first(std::int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  MOEKIT_I8_ATTR static F load_n(const float* p, std::int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
+  MOEKIT_I8_ATTR static void store_n(float* p, F v, std::int64_t n) { _mm512_mask_storeu_ps(p, first(n), v); }
 #else
   using F = __m256;
   using I = __m256i;
@@ -473,6 +477,12 @@ struct Vec {
   MOEKIT_I8_ATTR static I widen(const std::uint8_t* p) {  // kW u8 as int32
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
+  // The first n ≤ kW lanes, the others 0 (not read) / not written.
+  MOEKIT_I8_ATTR static I first(std::int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  MOEKIT_I8_ATTR static F load_n(const float* p, std::int64_t n) { return _mm256_maskload_ps(p, first(n)); }
+  MOEKIT_I8_ATTR static void store_n(float* p, F v, std::int64_t n) { _mm256_maskstore_ps(p, first(n), v); }
 #endif
 };
 
@@ -653,22 +663,11 @@ MOEKIT_I8_ATTR void tile(const Rows& a, std::int64_t m, const Panel& p, std::int
 // (times the row's scale, plus what C holds when it accumulates), kW at a time.
 MOEKIT_I8_ATTR inline void store_row(const Output& C, std::int64_t m, std::int64_t n, std::int64_t rows,
                                      const float* v) {
-#if MOEKIT_I8_VNNI
-  const auto mask = static_cast<__mmask16>((1u << rows) - 1u);
   float* c = C.data + m * C.ld + n;
-  __m512 x = _mm512_maskz_loadu_ps(mask, v);
-  if (C.row_scale) x = _mm512_mul_ps(x, _mm512_set1_ps(C.row_scale[m]));
-  if (C.accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, c), x);
-  _mm512_mask_storeu_ps(c, mask, x);
-#else
-  const __m256i mask =
-      _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(rows)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  float* c = C.data + m * C.ld + n;
-  __m256 x = _mm256_maskload_ps(v, mask);
-  if (C.row_scale) x = _mm256_mul_ps(x, _mm256_set1_ps(C.row_scale[m]));
-  if (C.accumulate) x = _mm256_add_ps(_mm256_maskload_ps(c, mask), x);
-  _mm256_maskstore_ps(c, mask, x);
-#endif
+  Vec::F x = Vec::load_n(v, rows);
+  if (C.row_scale) x = Vec::mul(x, Vec::set1(C.row_scale[m]));
+  if (C.accumulate) x = Vec::add(Vec::load_n(c, rows), x);
+  Vec::store_n(c, x, rows);
 }
 
 // Every row of A (a.q has Mp ≥ M rows, a multiple of 4) against B's rows [n0, n1), a panel of
