@@ -24,9 +24,9 @@ using VF = hn::Vec<DF>;
 // Exp is never asked for a denormal result: x86 computes those with microcode assists, which
 // made a vector holding one 5-6 times slower (large gate pre-activations, docs/performance.md),
 // and they are flushed to 0 anyway. A vector whose |v| are all ≤ 87 (exp(-87) is normal; the
-// common case by far for a trained model's gates) takes Exp as it is. Any other vector takes Exp on |v| capped at
-// 87, a second Exp for the lanes in (87, 87.5] (whose e may still be normal) when it holds one,
-// and e = 0 past 87.5 (exp(-87.5) ≈ 0.85 FLT_MIN), for ±∞ and for NaN. The same bits as Exp on
+// common case by far for a trained model's gates) takes Exp as it is. Any other vector takes Exp
+// on |v| capped at 87, a second Exp for the lanes in (87, 87.5] (whose e may still be normal)
+// when it holds one, and e = 0 past 87.5 (exp(-87.5) ≈ 0.85 FLT_MIN), for ±∞ and for NaN. The same bits as Exp on
 // every |v| with the denormals flushed afterwards (compared on every float on the AVX3 and AVX2
 // targets, on |v| in [80, 110], ±∞ and NaN on SSE4 and the scalar one), and Exp's argument stays
 // in its range (it converts it to an integer, which for NaN or -∞ is undefined behaviour on
