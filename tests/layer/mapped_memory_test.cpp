@@ -13,15 +13,7 @@
 
 #include "layer/checkpoint_builder.hpp"
 #include "moekit/model.hpp"
-
-// Sanitizers keep shadow memory beside every touched page: RSS then says nothing about mapping.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define MOEKIT_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define MOEKIT_TEST_ASAN 1
-#endif
-#endif
+#include "util/sanitizers.hpp"
 
 namespace moekit {
 namespace {
@@ -118,9 +110,9 @@ void write_big_checkpoint(const std::filesystem::path& dir, std::int64_t E, std:
 }
 
 TEST(MappedMemory, LoadingMapsAndAForwardTouchesOnlyItsExperts) {
-#ifdef MOEKIT_TEST_ASAN
-  GTEST_SKIP() << "RSS is not meaningful under a sanitizer (shadow memory, quarantine)";
-#endif
+  // Sanitizers keep shadow memory beside every touched page: RSS then says nothing about mapping.
+  if (testing::kAddressSanitizer || testing::kThreadSanitizer)
+    GTEST_SKIP() << "RSS is not meaningful under a sanitizer (shadow memory, quarantine)";
   // 3 x 64 x 512 x 256 x 4 B = 96 MiB of expert weights; one expert is 1.5 MiB.
   constexpr std::int64_t E = 64, D = 512, F = 256, T = 4;
   TempDir tmp("mapped_memory");
@@ -166,9 +158,9 @@ TEST(MappedMemory, LoadingMapsAndAForwardTouchesOnlyItsExperts) {
 // bytes of the experts a forward touches, plus O(T · D)): loading adds next to nothing, and a
 // forward of a few tokens adds the touched experts' FP8 bytes, the router and the decode scratch.
 TEST(MappedMemory, Fp8ReleaseTouchesOnlyItsExpertsBytes) {
-#ifdef MOEKIT_TEST_ASAN
-  GTEST_SKIP() << "RSS is not meaningful under a sanitizer (shadow memory, quarantine)";
-#endif
+  // Sanitizers keep shadow memory beside every touched page: RSS then says nothing about mapping.
+  if (testing::kAddressSanitizer || testing::kThreadSanitizer)
+    GTEST_SKIP() << "RSS is not meaningful under a sanitizer (shadow memory, quarantine)";
   // 3 x 64 x 1024 x 512 B = 96 MiB of FP8 experts; one expert is 1.5 MiB.
   constexpr std::int64_t E = 64, D = 1024, F = 512, T = 4;
   TempDir tmp("mapped_memory_fp8");
