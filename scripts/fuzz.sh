@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (preset "fuzz": clang, ASan + UBSan) and fuzzes the safetensors and
-# .npy parsers for a bounded time. FUZZ_SECONDS (default 60) sets the time; FUZZ_JOBS (default 1)
-# the number of parallel fuzzing jobs. A crash leaves its input in build-fuzz/fuzz-artifacts/ and
-# makes this script fail.
+# Builds the libFuzzer targets and fuzzes the safetensors / .npy parsers and the GGUF reader and
+# loader for a bounded time, the two fuzzers side by side (one core each).
+#   FUZZ_PRESET   the preset that builds them: "fuzz" (default: their own build, build-fuzz/) or
+#                 "asan" (inside the ASan + UBSan build, build-asan/, as CI does; fuzz/CMakeLists.txt)
+#   FUZZ_SECONDS  the time per fuzzer (default 60)
+#   FUZZ_JOBS     parallel fuzzing jobs per fuzzer (default 1)
+# A crash leaves its input in <build>/fuzz-artifacts/ and makes this script fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+preset="${FUZZ_PRESET:-fuzz}"
 seconds="${FUZZ_SECONDS:-60}"
 jobs="${FUZZ_JOBS:-1}"
+case "$preset" in
+  fuzz | asan) build="build-$preset" ;;
+  *) echo "fuzz.sh: FUZZ_PRESET='$preset' (accepted: fuzz, asan)" >&2; exit 2 ;;
+esac
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 1; }
 if ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 &&
@@ -15,13 +23,13 @@ if ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/
   exit 1
 fi
 
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz --target safetensors_fuzz gguf_fuzz
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset" --target safetensors_fuzz gguf_fuzz
 
-work=build-fuzz/fuzz-work
+work="$build/fuzz-work"
 seeds="$work/seeds"
 corpus="$work/corpus"
-artifacts=build-fuzz/fuzz-artifacts
+artifacts="$build/fuzz-artifacts"
 mkdir -p "$seeds" "$corpus" "$artifacts"
 
 # Seed 1: a valid safetensors file with one F32 tensor of 2 elements and metadata. The header is
@@ -51,24 +59,35 @@ dict="{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"
 MOEKIT_FUZZ_WRITE_SEED="$seeds/quantized_block.safetensors" \
   MOEKIT_FUZZ_WRITE_MXFP4_SEED="$seeds/mxfp4_block.safetensors" \
   MOEKIT_FUZZ_WRITE_FP8_SEED="$seeds/fp8_block.safetensors" \
-  MOEKIT_FUZZ_WRITE_INT4_SEED="$seeds/int4_block.safetensors" build-fuzz/bin/safetensors_fuzz -runs=0 >/dev/null 2>&1
+  MOEKIT_FUZZ_WRITE_INT4_SEED="$seeds/int4_block.safetensors" "$build"/bin/safetensors_fuzz -runs=0 >/dev/null 2>&1
 [ -s "$seeds/quantized_block.safetensors" ] || { echo "fuzz.sh: no quantized seed" >&2; exit 1; }
 [ -s "$seeds/mxfp4_block.safetensors" ] || { echo "fuzz.sh: no mxfp4 seed" >&2; exit 1; }
-
-parallel=()
-if [ "$jobs" -gt 1 ]; then parallel=(-fork="$jobs"); fi
-echo "fuzz.sh: fuzzing safetensors_fuzz for ${seconds}s"
-ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
-  build-fuzz/bin/safetensors_fuzz -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 -timeout=10 \
-  "${parallel[@]}" -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" "$seeds"
 
 # The GGUF reader and loader: valid blocks written by the fuzzer itself as seeds.
 gguf_seeds="$work/gguf-seeds"
 gguf_corpus="$work/gguf-corpus"
 mkdir -p "$gguf_seeds" "$gguf_corpus"
-MOEKIT_FUZZ_WRITE_GGUF_SEEDS="$gguf_seeds" build-fuzz/bin/gguf_fuzz -runs=0 >/dev/null 2>&1
+MOEKIT_FUZZ_WRITE_GGUF_SEEDS="$gguf_seeds" "$build"/bin/gguf_fuzz -runs=0 >/dev/null 2>&1
 [ -s "$gguf_seeds/qwen3moe.gguf" ] || { echo "fuzz.sh: no GGUF seed" >&2; exit 1; }
-echo "fuzz.sh: fuzzing gguf_fuzz for ${seconds}s"
-ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
-  build-fuzz/bin/gguf_fuzz -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
-  "${parallel[@]}" -artifact_prefix="$artifacts/gguf-" -print_final_stats=1 "$gguf_corpus" "$gguf_seeds"
+
+parallel=()
+if [ "$jobs" -gt 1 ]; then parallel=(-fork="$jobs"); fi
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+echo "fuzz.sh: fuzzing safetensors_fuzz and gguf_fuzz for ${seconds}s each, side by side ($build)"
+"$build"/bin/safetensors_fuzz -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 -timeout=10 \
+  "${parallel[@]}" -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" "$seeds" \
+  >"$work/safetensors.log" 2>&1 &
+safetensors=$!
+"$build"/bin/gguf_fuzz -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -timeout=10 \
+  "${parallel[@]}" -artifact_prefix="$artifacts/gguf-" -print_final_stats=1 "$gguf_corpus" "$gguf_seeds" \
+  >"$work/gguf.log" 2>&1 &
+gguf=$!
+failed=0
+for name in safetensors gguf; do
+  rc=0
+  wait "${!name}" || rc=$?
+  echo "== fuzz.sh: ${name}_fuzz (exit $rc)"
+  cat "$work/$name.log"
+  ((rc == 0)) || failed=1
+done
+exit "$failed"
