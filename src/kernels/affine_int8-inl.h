@@ -63,14 +63,6 @@ MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(group_sums8)(const __m256i (&h)[4])
   }
 }
 
-// Whether A's activations are int16 (QuantA::q16: 8-bit codes on AVX2) or int8 (q8). Only that
-// one of the two is filled, so only its row pointers are formed: offsetting the other, empty
-// one's null data() is undefined behaviour (clang's UBSan reports it).
-template <Codes kCodes>
-constexpr bool MOEKIT_I8_NAME(wide)() {
-  return kCodes == Codes::affine8 && !MOEKIT_I8_VNNI;
-}
-
 // The int32 lanes of one unit of B's row against MR rows of A: `codes` the unit's first code
 // byte, a[i] (int8) or q[i] (int16: 8-bit codes on AVX2) row i's activations at the unit's first
 // input; kUnit inputs (0: `unit` of them, a counted loop). 4-bit codes go 64 at a time (QuantA's
@@ -131,8 +123,10 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_at)(const std::uint8_t* row, cons
   const std::int64_t n = kUnit > 0 ? kUnit : unit;
   const std::int8_t* au[MR] = {};
   const std::int16_t* qu[MR] = {};
+  // Only the activations in use (int16_activations) are non-empty: offsetting the other's null
+  // data() would be undefined behaviour (clang's UBSan reports it).
   for (int i = 0; i < MR; ++i) {
-    if constexpr (MOEKIT_I8_NAME(wide) < kCodes > ()) {
+    if constexpr (int16_activations(kCodes, MOEKIT_I8_VNNI)) {
       qu[i] = q[i] + u * n;
     } else {
       au[i] = a[i] + u * n;
@@ -158,8 +152,8 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(row_dot)(const QuantA& qa, std::int64_t m, co
   const std::int64_t units = qa.K / unit;
   const std::int8_t* a[MR] = {};
   const std::int16_t* q[MR] = {};
-  for (int i = 0; i < MR; ++i) {
-    if constexpr (MOEKIT_I8_NAME(wide) < kCodes > ()) {
+  for (int i = 0; i < MR; ++i) {  // the activations in use only (unit_at)
+    if constexpr (int16_activations(kCodes, MOEKIT_I8_VNNI)) {
       q[i] = qa.q16.data() + (m + i) * qa.K;
     } else {
       a[i] = qa.q8.data() + (m + i) * qa.K;

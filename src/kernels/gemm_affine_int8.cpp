@@ -59,6 +59,10 @@ namespace {
 // or signed 4-bit (e2m1, int4: a nibble's integer from a table, a scale per group, no bias).
 enum class Codes { affine4, affine8, signed4 };
 
+// Whether the x86 kernels take A's activations as int16 (QuantA::q16: 8-bit codes without VNNI)
+// rather than int8 (q8). Only that one of the two arrays is filled.
+constexpr bool int16_activations(Codes codes, bool vnni) { return codes == Codes::affine8 && !vnni; }
+
 Codes codes_of(const WeightFormat& f) {
   if (f.element == Element::affine) return f.bits == 4 ? Codes::affine4 : Codes::affine8;
   return Codes::signed4;

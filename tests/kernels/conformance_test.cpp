@@ -395,7 +395,8 @@ void check_int8_amx(const Row& row, const Case& c, std::mt19937& rng) {
   kernels::detail::gemm_nt_affine_int8_kernel(A, fast_w, out(want), M, N, K, Int8Path::portable);
   kernels::detail::gemm_nt_affine_int8_kernel(A, fast_w, out(got), M, N, K, Int8Path::amx);
   ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "amx vs portable";
-  if (M <= kernels::kInt8MaxRows) return;
+  // gemm_nt takes AMX past kInt8MaxRows rows, unless MOEKIT_INT8_PATH names another path.
+  if (M <= kernels::kInt8MaxRows || !kernels::detail::amx_int8_takes(fast_w)) return;
   const int before = num_threads();
   for (const int t : {1, 2, 3}) {
     set_num_threads(t);
