@@ -1,0 +1,146 @@
+// How close the int8 fast mode's AVX512-VNNI panel tile (src/kernels/ggml_panel-inl.h) runs to
+// the port limit of its own instructions, on the CPU at hand: the question to answer before any
+// more work on GGUF prefill (docs/performance.md, "How close the VNNI panel tile runs to its
+// instructions' limit").
+//
+// One panel of 16 rows of B (K = 2048) is packed once; then, alternated round by round so that a
+// noisy host disturbs each the same way, and keeping each one's fastest round:
+//   tile     the kernel's 12-row tile over it (12 rows of A's int8 codes, every group's float step),
+//   pack     the kernel's pack of the panel, per 12-row tile's worth of groups,
+//   vpdpbusd the tile's 96 `vpdpbusd` per group alone, in registers: the bound of the
+//            instruction that does the work, whatever else the tile adds.
+// Figures are in cycles per group of 32 inputs (12 rows × 16 columns × 32 inputs = 6144
+// multiply-adds), at the clock a chain of dependent `imul` (3 cycles each) measures.
+//
+// The kernel lives in an unnamed namespace of gemm_affine_int8.cpp, so this file includes that
+// translation unit whole; the library it links then contributes nothing of that file.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "kernels/gemm_affine_int8.cpp"  // NOLINT(bugprone-suspicious-include)
+
+namespace moekit::kernels {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The core clock in Hz: a chain of dependent 64-bit multiplies, 3 cycles each on every x86 core
+// since Sandy Bridge and Zen 1 (fastest of a few tries).
+double clock_hz() {
+  double best = 1e9;
+  for (int r = 0; r < 5; ++r) {
+    std::uint64_t x = 3, n = 100000000;
+    const auto t = Clock::now();
+    asm volatile("1: imul %0, %0\n imul %0, %0\n imul %0, %0\n imul %0, %0\n sub $4, %1\n jnz 1b" : "+r"(x), "+r"(n));
+    best = std::min(best, seconds_since(t));
+  }
+  return 3.0 * 100000000 / best;
+}
+
+#define MOEKIT_DP12                                                                                             \
+  "vpdpbusd %%zmm30, %%zmm31, %%zmm0\n vpdpbusd %%zmm30, %%zmm31, %%zmm1\n vpdpbusd %%zmm30, %%zmm31, %%zmm2\n" \
+  "vpdpbusd %%zmm30, %%zmm31, %%zmm3\n vpdpbusd %%zmm30, %%zmm31, %%zmm4\n vpdpbusd %%zmm30, %%zmm31, %%zmm5\n" \
+  "vpdpbusd %%zmm30, %%zmm31, %%zmm6\n vpdpbusd %%zmm30, %%zmm31, %%zmm7\n vpdpbusd %%zmm30, %%zmm31, %%zmm8\n" \
+  "vpdpbusd %%zmm30, %%zmm31, %%zmm9\n vpdpbusd %%zmm30, %%zmm31, %%zmm10\n vpdpbusd %%zmm30, %%zmm31, %%zmm11\n"
+
+// One group's 96 `vpdpbusd` on 12 independent accumulators, nothing else.
+__attribute__((target("avx512f,avx512vnni"))) void dp_only(std::int64_t groups) {
+  for (std::int64_t g = 0; g < groups; ++g)
+    asm volatile(MOEKIT_DP12 MOEKIT_DP12 MOEKIT_DP12 MOEKIT_DP12 MOEKIT_DP12 MOEKIT_DP12 MOEKIT_DP12 MOEKIT_DP12 ::
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                       "xmm11");
+}
+#undef MOEKIT_DP12
+
+struct Kind {
+  const char* name;
+  Element element;
+  int bytes, fields[2];  // block bytes; where its f16 scales lie (−1: none)
+};
+
+// The figures for one type: cycles per group of the tile, of its share of the pack and of the
+// `vpdpbusd` alone.
+template <class T>
+void measure(const Kind& kind, double hz, int rounds) {
+  using Tr = panel_vnni::Traits<T>;
+  constexpr std::int64_t K = 2048, N = 16, M = 12, kGroups32 = K / 32;
+  const WeightFormat f = WeightFormat::ggml(kind.element);
+  const std::int64_t ld = formats::traits(kind.element).row_elements(f, K);  // bytes
+  std::mt19937 rng(11);
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
+  for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+  for (std::size_t blk = 0; blk < bytes.size(); blk += static_cast<std::size_t>(kind.bytes))
+    for (const int at : kind.fields) {
+      if (at < 0) continue;
+      if (kind.element == Element::ggml_mxfp4) {
+        bytes[blk] = static_cast<std::uint8_t>(121 + rng() % 6);  // 2^-6 .. 2^-1
+      } else {
+        const auto h = static_cast<std::uint16_t>(0x1C00 + rng() % 0x800);  // f16 in [2^-8, 2^-6)
+        std::memcpy(&bytes[blk + static_cast<std::size_t>(at)], &h, 2);
+      }
+    }
+  const WeightMatrix B{bytes.data(), DType::u8, ld, WeightLayout::rows, f};
+  panel_vnni::Stage stage;
+  panel_vnni::Panel panel;
+  panel_vnni::pack<T>(B, 0, N, K, stage, panel);
+
+  // 12 rows of A as the kernel holds them: int8 codes in blocks of 4 rows, per group (of the
+  // type's kG) the row's scale, its sum of codes and the sums' start −off·Σa.
+  const std::int64_t groups = K / Tr::kG;
+  std::vector<std::int8_t> q(static_cast<std::size_t>(M * K));
+  for (auto& v : q) v = static_cast<std::int8_t>(static_cast<int>(rng() % 255) - 127);
+  std::vector<float> d(static_cast<std::size_t>(groups * M), 0.01f), xs(d.size(), 3.0f);
+  std::vector<std::int32_t> t0(d.size(), -Tr::kOff * 40);
+  const Rows a{q.data(), d.data(), xs.data(), t0.data(), M};
+  alignas(64) float out[12 * panel_vnni::kW];
+
+  constexpr int kReps = 200;
+  auto time = [&](auto&& body) {
+    const auto t = Clock::now();
+    for (int i = 0; i < kReps; ++i) {
+      asm volatile("" : : "r"(&panel), "r"(&a), "r"(out) : "memory");  // each call computes anew
+      body();
+    }
+    return seconds_since(t) * hz / kReps / kGroups32;
+  };
+  double tile = 1e30, pack = 1e30, dp = 1e30;
+  for (int r = 0; r < rounds; ++r) {
+    tile = std::min(tile, time([&] {
+                      panel_vnni::tile<12, Tr::kG, Tr::kOff != 0, Tr::kBias, Tr::kSb, Tr::kNibbles>(a, 0, panel, K, out,
+                                                                                                    nullptr, nullptr);
+                    }));
+    pack = std::min(pack, time([&] { panel_vnni::pack<T>(B, 0, N, K, stage, panel); }));
+    dp = std::min(dp, time([&] { dp_only(kGroups32); }));
+  }
+  std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", kind.name, tile, pack, dp, tile / dp);
+}
+
+int run(int rounds) {
+  if (!cpu_features().avx512_vnni) {
+    std::printf("this CPU has no AVX512-VNNI: the panel tile measured here does not run on it\n");
+    return 0;
+  }
+  const double hz = clock_hz();
+  std::printf(
+      "clock %.2f GHz (dependent imul); fastest of %d alternated rounds; cycles per group of "
+      "32 inputs × 12 rows × 16 columns\n\n",
+      hz / 1e9, rounds);
+  std::printf("| type | tile | pack (one panel) | vpdpbusd alone | tile / vpdpbusd |\n|---|---|---|---|---|\n");
+  measure<formats::q4_k::Type>({"q4_K", Element::q4_k, 144, {0, 2}}, hz, rounds);
+  measure<formats::q6_k::Type>({"q6_K", Element::q6_k, 210, {208, -1}}, hz, rounds);
+  measure<formats::q8_0::Type>({"q8_0", Element::q8_0, 34, {0, -1}}, hz, rounds);
+  measure<formats::ggml_mxfp4::Type>({"MXFP4", Element::ggml_mxfp4, 17, {0, -1}}, hz, rounds);
+  return 0;
+}
+
+}  // namespace
+}  // namespace moekit::kernels
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 100;
+  return moekit::kernels::run(rounds);
+}
