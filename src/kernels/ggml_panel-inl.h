@@ -10,8 +10,10 @@
 // 4) rows at once. So a block is decoded once per call, not once per row or two of A as in the
 // row kernel. With VNNI, q4_K and q6_K go straight from the 16 rows into the panel (their packed
 // bytes transposed — q4_K's nibbles then kept packed, split in the tile; q6_K's split at once —
-// their scales gathered for 16 rows at once); otherwise blocks are unpacked a row at a time into
-// a stage, then transposed. Per row m and group g of kG inputs
+// their scales gathered for 16 rows at once), and so do the 32-block types whose codes are bytes
+// or a nibble pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4: their code bytes transposed as stored, then
+// made codes 16 rows at a time); otherwise blocks are unpacked a row at a time into a stage, then
+// transposed. Per row m and group g of kG inputs
 // (Traits<T>::kG, 32 or 16):
 //   t   = Σ_k u_k · a_k                              (exact int32, u the u8 code)
 //   acc = fma(float(t − off·Σa), ws · d[m,g], acc)   (off: the codes' shift into u8)
@@ -47,8 +49,13 @@ struct Traits {
   static constexpr int kSb = T::kBlock / kG;
   // Whether pack takes its blocks straight from the 16 rows (direct() below) rather than a row
   // at a time through the stage.
+  // With VNNI: q4_K, q6_K and the 32-block types whose codes are bytes or a nibble pair (q8_0,
+  // q4_0, q4_1, iq4_nl, MXFP4; direct32).
+  static constexpr bool kDirect32 =
+      MOEKIT_I8_VNNI && T::kBlock == 32 && (std::is_same_v<T, formats::q8_0::Type> || NibblePairs<T>::kYes);
   static constexpr bool kDirect =
-      MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>);
+      kDirect32 ||
+      (MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>));
   // Whether the panel keeps the packed nibbles as stored (q4_K with VNNI: a dword's low nibbles
   // are 4 inputs of a sub-block, its high nibbles the same 4 of the next one), split in the tile:
   // half the bytes stored by the pack and read by the tiles, and a panel that stays in L1.
@@ -347,6 +354,96 @@ MOEKIT_I8_ATTR inline void direct(formats::q6_k::Type, const std::uint8_t* const
   }
 }
 
+// A 32-block type's codes as unpack() makes them, from 16 rows' raw bytes at once: q8_0's bytes
+// (moved into u8 by their offset of 128), or a nibble type's low and high nibbles through its
+// table (NibblePairs). `v` holds one dword of 16 rows; the nibble types give two code dwords.
+template <class T>
+MOEKIT_I8_ATTR inline __m512i signed_to_u8(__m512i v) {
+  return GgmlInt8<T>::kSigned ? _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))) : v;
+}
+template <class T>
+MOEKIT_I8_ATTR inline __m512i nibble_codes16(__m512i nibbles) {
+  if constexpr (NibblePairs<T>::kHasTable) {
+    const __m512i t = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(NibblePairs<T>::kTable)));
+    nibbles = _mm512_shuffle_epi8(t, nibbles);
+  }
+  return signed_to_u8<T>(nibbles);
+}
+
+// A 32-block type's per-block terms for 16 rows from a dword gathered at each block's start
+// (rows outside `live` 0): ws the f16 scale (MXFP4: its e8m0, T::Scale's bits), wb the f16 bias
+// of the types with one (their second half-word).
+template <class T>
+MOEKIT_I8_ATTR inline void terms32(__m512i h, __mmask16 live, float* ws, float* wb) {
+  __m512 d;
+  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+    const __m512i e = _mm512_and_si512(h, _mm512_set1_epi32(0xFF));
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);  // e < 2: subnormal
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __mmask16 is_normal = _mm512_cmpge_epu32_mask(e, _mm512_set1_epi32(2));
+    d = _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_normal, small, normal));
+  } else {
+    d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h));
+  }
+  _mm512_storeu_ps(ws, _mm512_maskz_mov_ps(live, d));
+  if constexpr (Traits<T>::kBias)
+    _mm512_storeu_ps(wb, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)))));
+}
+
+// Every block of 16 rows of a 32-block type straight into the panel (Traits::kDirect): the rows'
+// code bytes transposed as they are, a dword of each row per vector — q8_0's 32 bytes of two
+// blocks per row, a nibble type's 16 bytes of four — then made codes on the 16 rows at once
+// (a q8_0 dword is 4 inputs; a nibble dword i holds inputs 4i .. 4i + 3 low and 16 + 4i .. high),
+// the terms gathered a dword per row and block. Blocks past the row's last read nothing.
+template <class T>
+MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[16], const std::uint8_t* base, __m512i at,
+                                    __mmask16 live, std::int64_t blocks, Panel& p) {
+  constexpr bool kQ8 = std::is_same_v<T, formats::q8_0::Type>;
+  constexpr int kPer = kQ8 ? 2 : 4;  // blocks per transpose
+  constexpr int kQs = [] {           // the codes' offset in the block
+    if constexpr (kQ8) {
+      return 2;
+    } else {
+      return NibblePairs<T>::kQs;
+    }
+  }();
+  const __m512i zero = _mm512_setzero_si512();
+  for (std::int64_t blk = 0; blk < blocks; ++blk)
+    terms32<T>(_mm512_mask_i32gather_epi32(zero, live, at, base + blk * T::kBytes, 1), live, p.ws.data() + blk * 16,
+               p.wb.data() + blk * 16);
+  for (std::int64_t blk = 0; blk < blocks; blk += kPer) {
+    const int n = static_cast<int>(std::min<std::int64_t>(kPer, blocks - blk));
+    __m512i v[16];
+    for (int r = 0; r < 16; ++r) {
+      const std::uint8_t* b = row[r] + blk * T::kBytes + kQs;
+      if constexpr (kQ8) {
+        const __m256i hi = n > 1 ? MOEKIT_I8_NAME(load256)(b + T::kBytes) : _mm256_setzero_si256();
+        v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(MOEKIT_I8_NAME(load256)(b)), hi, 1);
+      } else {
+        v[r] = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+        for (int k = 1; k < n; ++k) {
+          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k * T::kBytes));
+          v[r] = k == 1   ? _mm512_inserti32x4(v[r], q, 1)
+                 : k == 2 ? _mm512_inserti32x4(v[r], q, 2)
+                          : _mm512_inserti32x4(v[r], q, 3);
+        }
+      }
+    }
+    transpose16(v);
+    std::uint8_t* c = p.codes.data() + blk * 8 * 64;  // step blk · 8: 4 inputs × 16 rows each
+    if constexpr (kQ8) {
+      for (int j = 0; j < 8 * n; ++j) _mm512_storeu_si512(c + j * 64, signed_to_u8<T>(v[j]));
+    } else {
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+      for (int j = 0; j < 4 * n; ++j) {  // block j / 4, dword i = j % 4
+        std::uint8_t* s = c + (j / 4 * 8 + j % 4) * 64;
+        _mm512_storeu_si512(s, nibble_codes16<T>(_mm512_and_si512(v[j], low4)));
+        _mm512_storeu_si512(s + 4 * 64, nibble_codes16<T>(_mm512_and_si512(_mm512_srli_epi32(v[j], 4), low4)));
+      }
+    }
+  }
+}
+
 #else
 // kW rows of kW dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
 // dword j · kW + r.
@@ -405,7 +502,11 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
                                             _mm512_set1_epi32(static_cast<int>(stride)));
       const auto live = static_cast<__mmask16>((1u << rows) - 1u);
       const auto* base = static_cast<const std::uint8_t*>(B.data) + n0 * stride;
-      for (std::int64_t blk = 0; blk < blocks; ++blk) direct(T{}, row, base, at, live, blk, p);
+      if constexpr (Traits<T>::kDirect32) {
+        direct32<T>(row, base, at, live, blocks, p);
+      } else {
+        for (std::int64_t blk = 0; blk < blocks; ++blk) direct(T{}, row, base, at, live, blk, p);
+      }
       return;
     }
   }
