@@ -1,16 +1,17 @@
-// How close the int8 fast mode's AVX512-VNNI panel tile (src/kernels/ggml_panel-inl.h) runs to
-// the port limit of its own instructions, on the CPU at hand: the question to answer before any
-// more work on GGUF prefill (docs/performance.md, "How close the VNNI panel tile runs to its
-// instructions' limit").
+// How close the int8 fast mode's panel tiles (src/kernels/ggml_panel-inl.h) run to the port limit
+// of the instruction that does their work, on the CPU at hand: the question to answer before any
+// more work on GGUF prefill (docs/performance.md, "How close the panel tiles run to their
+// instructions' limit"). Both widths where the CPU has them: AVX512-VNNI (16 columns, 12 rows of
+// A per tile, `vpdpbusd`) and AVX2 (8 columns, 4 rows, `vpmaddubsw`).
 //
-// One panel of 16 rows of B (K = 2048) is packed once; then, alternated round by round so that a
-// noisy host disturbs each the same way, and keeping each one's fastest round:
-//   tile     the kernel's 12-row tile over it (12 rows of A's int8 codes, every group's float step),
-//   pack     the kernel's pack of the panel, per 12-row tile's worth of groups,
-//   vpdpbusd the tile's 96 `vpdpbusd` per group alone, in registers: the bound of the
-//            instruction that does the work, whatever else the tile adds.
-// Figures are in cycles per group of 32 inputs (12 rows × 16 columns × 32 inputs = 6144
-// multiply-adds), at the clock a chain of dependent `imul` (3 cycles each) measures.
+// One panel (K = 2048) is packed once; then, alternated round by round so that a noisy host
+// disturbs each the same way, and keeping each one's fastest round:
+//   tile   the kernel's tile over it (its rows of A's int8 codes, every group's float step),
+//   pack   the kernel's pack of the panel, per tile's worth of groups,
+//   alone  the tile's multiplies alone (VNNI: 96 `vpdpbusd` per group; AVX2: 32 `vpmaddubsw`),
+//          in registers: the bound of the instruction that does the work.
+// Figures are in cycles per group of 32 inputs (VNNI 12 rows × 16 columns, AVX2 4 × 8), at the
+// clock a chain of dependent `imul` (3 cycles each) measures.
 //
 // The kernel lives in an unnamed namespace of gemm_affine_int8.cpp, so this file includes that
 // translation unit whole; the library it links then contributes nothing of that file.
@@ -56,18 +57,76 @@ __attribute__((target("avx512f,avx512vnni"))) void dp_only(std::int64_t groups) 
 }
 #undef MOEKIT_DP12
 
+#define MOEKIT_MB8                                                                                                    \
+  "vpmaddubsw %%ymm14, %%ymm15, %%ymm0\n vpmaddubsw %%ymm14, %%ymm15, %%ymm1\n vpmaddubsw %%ymm14, %%ymm15, %%ymm2\n" \
+  "vpmaddubsw %%ymm14, %%ymm15, %%ymm3\n vpmaddubsw %%ymm14, %%ymm15, %%ymm4\n vpmaddubsw %%ymm14, %%ymm15, %%ymm5\n" \
+  "vpmaddubsw %%ymm14, %%ymm15, %%ymm6\n vpmaddubsw %%ymm14, %%ymm15, %%ymm7\n"
+
+// One AVX2 group's 32 `vpmaddubsw` (4 rows × 8 steps), nothing else.
+__attribute__((target("avx2"))) void maddubs_only(std::int64_t groups) {
+  for (std::int64_t g = 0; g < groups; ++g)
+    asm volatile(MOEKIT_MB8 MOEKIT_MB8 MOEKIT_MB8 MOEKIT_MB8 ::
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7");
+}
+#undef MOEKIT_MB8
+
+// The two widths of the panel kernel: their namespace's pack and tile, the tile's rows of A, and
+// the multiplies alone.
+struct Vnni {
+  static constexpr const char* kName = "AVX512-VNNI";
+  static constexpr int kRows = 12;
+  template <class T>
+  using Traits = panel_vnni::Traits<T>;
+  using Stage = panel_vnni::Stage;
+  using Panel = panel_vnni::Panel;
+  static constexpr int kW = panel_vnni::kW;
+  static bool runs() { return cpu_features().avx512_vnni; }
+  template <class T>
+  static void pack(const WeightMatrix& B, std::int64_t K, Stage& s, Panel& p) {
+    panel_vnni::pack<T>(B, 0, kW, K, s, p);
+  }
+  template <class T>
+  static void tile(const Rows& a, const Panel& p, std::int64_t K, float* out) {
+    using Tr = Traits<T>;
+    panel_vnni::tile<kRows, Tr::kG, Tr::kOff != 0, Tr::kBias, Tr::kSb, Tr::kNibbles>(a, 0, p, K, out, nullptr, nullptr);
+  }
+  static void alone(std::int64_t groups) { dp_only(groups); }
+};
+struct Avx2 {
+  static constexpr const char* kName = "AVX2";
+  static constexpr int kRows = 4;
+  template <class T>
+  using Traits = panel_avx2::Traits<T>;
+  using Stage = panel_avx2::Stage;
+  using Panel = panel_avx2::Panel;
+  static constexpr int kW = panel_avx2::kW;
+  static bool runs() { return cpu_features().avx2_fma; }
+  template <class T>
+  static void pack(const WeightMatrix& B, std::int64_t K, Stage& s, Panel& p) {
+    panel_avx2::pack<T>(B, 0, kW, K, s, p);
+  }
+  template <class T>
+  static void tile(const Rows& a, const Panel& p, std::int64_t K, float* out) {
+    using Tr = Traits<T>;
+    constexpr bool kSigned = Tr::kOff == 128;  // run()'s choice for AVX2
+    panel_avx2::tile<kRows, Tr::kG, Tr::kOff != 0 && !kSigned, Tr::kBias, Tr::kSb, kSigned, Tr::kSum16>(
+        a, 0, p, K, out, nullptr, nullptr);
+  }
+  static void alone(std::int64_t groups) { maddubs_only(groups); }
+};
+
 struct Kind {
   const char* name;
   Element element;
   int bytes, fields[2];  // block bytes; where its f16 scales lie (−1: none)
 };
 
-// The figures for one type: cycles per group of the tile, of its share of the pack and of the
-// `vpdpbusd` alone.
-template <class T>
+// The figures for one type on width W: cycles per group of the tile, of the pack and of the
+// multiplies alone.
+template <class W, class T>
 void measure(const Kind& kind, double hz, int rounds) {
-  using Tr = panel_vnni::Traits<T>;
-  constexpr std::int64_t K = 2048, N = 16, M = 12, kGroups32 = K / 32;
+  using Tr = typename W::template Traits<T>;
+  constexpr std::int64_t K = 2048, N = W::kW, M = W::kRows, kGroups32 = K / 32;
   const WeightFormat f = WeightFormat::ggml(kind.element);
   const std::int64_t ld = formats::traits(kind.element).row_elements(f, K);  // bytes
   std::mt19937 rng(11);
@@ -84,11 +143,11 @@ void measure(const Kind& kind, double hz, int rounds) {
       }
     }
   const WeightMatrix B{bytes.data(), DType::u8, ld, WeightLayout::rows, f};
-  panel_vnni::Stage stage;
-  panel_vnni::Panel panel;
-  panel_vnni::pack<T>(B, 0, N, K, stage, panel);
+  typename W::Stage stage;
+  typename W::Panel panel;
+  W::template pack<T>(B, K, stage, panel);
 
-  // 12 rows of A as the kernel holds them: int8 codes in blocks of 4 rows, per group (of the
+  // The tile's rows of A as the kernel holds them: int8 codes in blocks of 4 rows, per group (of the
   // type's kG) the row's scale, its sum of codes and the sums' start −off·Σa.
   const std::int64_t groups = K / Tr::kG;
   std::vector<std::int8_t> q(static_cast<std::size_t>(M * K));
@@ -96,7 +155,7 @@ void measure(const Kind& kind, double hz, int rounds) {
   std::vector<float> d(static_cast<std::size_t>(groups * M), 0.01f), xs(d.size(), 3.0f);
   std::vector<std::int32_t> t0(d.size(), -Tr::kOff * 40);
   const Rows a{q.data(), d.data(), xs.data(), t0.data(), M};
-  alignas(64) float out[12 * panel_vnni::kW];
+  alignas(64) float out[W::kRows * W::kW];
 
   constexpr int kReps = 200;
   auto time = [&](auto&& body) {
@@ -109,31 +168,32 @@ void measure(const Kind& kind, double hz, int rounds) {
   };
   double tile = 1e30, pack = 1e30, dp = 1e30;
   for (int r = 0; r < rounds; ++r) {
-    tile = std::min(tile, time([&] {
-                      panel_vnni::tile<12, Tr::kG, Tr::kOff != 0, Tr::kBias, Tr::kSb, Tr::kNibbles>(a, 0, panel, K, out,
-                                                                                                    nullptr, nullptr);
-                    }));
-    pack = std::min(pack, time([&] { panel_vnni::pack<T>(B, 0, N, K, stage, panel); }));
-    dp = std::min(dp, time([&] { dp_only(kGroups32); }));
+    tile = std::min(tile, time([&] { W::template tile<T>(a, panel, K, out); }));
+    pack = std::min(pack, time([&] { W::template pack<T>(B, K, stage, panel); }));
+    dp = std::min(dp, time([&] { W::alone(kGroups32); }));
   }
   std::printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", kind.name, tile, pack, dp, tile / dp);
 }
 
-int run(int rounds) {
-  if (!cpu_features().avx512_vnni) {
-    std::printf("this CPU has no AVX512-VNNI: the panel tile measured here does not run on it\n");
-    return 0;
+template <class W>
+void table(double hz, int rounds) {
+  if (!W::runs()) {
+    std::printf("\n%s: not on this CPU\n", W::kName);
+    return;
   }
+  std::printf("\n%s: cycles per group of 32 inputs × %d rows × %d columns\n\n", W::kName, W::kRows, W::kW);
+  std::printf("| type | tile | pack (one panel) | multiplies alone | tile / alone |\n|---|---|---|---|---|\n");
+  measure<W, formats::q4_k::Type>({"q4_K", Element::q4_k, 144, {0, 2}}, hz, rounds);
+  measure<W, formats::q6_k::Type>({"q6_K", Element::q6_k, 210, {208, -1}}, hz, rounds);
+  measure<W, formats::q8_0::Type>({"q8_0", Element::q8_0, 34, {0, -1}}, hz, rounds);
+  measure<W, formats::ggml_mxfp4::Type>({"MXFP4", Element::ggml_mxfp4, 17, {0, -1}}, hz, rounds);
+}
+
+int run(int rounds) {
   const double hz = clock_hz();
-  std::printf(
-      "clock %.2f GHz (dependent imul); fastest of %d alternated rounds; cycles per group of "
-      "32 inputs × 12 rows × 16 columns\n\n",
-      hz / 1e9, rounds);
-  std::printf("| type | tile | pack (one panel) | vpdpbusd alone | tile / vpdpbusd |\n|---|---|---|---|---|\n");
-  measure<formats::q4_k::Type>({"q4_K", Element::q4_k, 144, {0, 2}}, hz, rounds);
-  measure<formats::q6_k::Type>({"q6_K", Element::q6_k, 210, {208, -1}}, hz, rounds);
-  measure<formats::q8_0::Type>({"q8_0", Element::q8_0, 34, {0, -1}}, hz, rounds);
-  measure<formats::ggml_mxfp4::Type>({"MXFP4", Element::ggml_mxfp4, 17, {0, -1}}, hz, rounds);
+  std::printf("clock %.2f GHz (dependent imul); fastest of %d alternated rounds\n", hz / 1e9, rounds);
+  table<Vnni>(hz, rounds);
+  table<Avx2>(hz, rounds);
   return 0;
 }
 
