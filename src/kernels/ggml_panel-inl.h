@@ -10,10 +10,10 @@
 // 4) rows at once. So a block is decoded once per call, not once per row or two of A as in the
 // row kernel. With VNNI, q4_K and q6_K go straight from the 16 rows into the panel (their packed
 // bytes transposed — q4_K's nibbles then kept packed, split in the tile; q6_K's split at once —
-// their scales gathered for 16 rows at once), and so do the 32-block types whose codes are bytes
-// or a nibble pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4: their code bytes transposed as stored, then
-// made codes 16 rows at a time); otherwise blocks are unpacked a row at a time into a stage, then
-// transposed. Per row m and group g of kG inputs
+// their scales gathered for 16 rows at once). At both widths so do the 32-block types whose codes
+// are bytes or a nibble pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4: their code bytes transposed as
+// stored, then made codes kW rows at a time). Other blocks are unpacked a row at a time into a
+// stage, then transposed. Per row m and group g of kG inputs
 // (Traits<T>::kG, 32 or 16):
 //   t   = Σ_k u_k · a_k                              (exact int32, u the u8 code)
 //   acc = fma(float(t − off·Σa), ws · d[m,g], acc)   (off: the codes' shift into u8)
@@ -49,10 +49,9 @@ struct Traits {
   static constexpr int kSb = T::kBlock / kG;
   // Whether pack takes its blocks straight from the 16 rows (direct() below) rather than a row
   // at a time through the stage.
-  // With VNNI: q4_K, q6_K and the 32-block types whose codes are bytes or a nibble pair (q8_0,
-  // q4_0, q4_1, iq4_nl, MXFP4; direct32).
-  static constexpr bool kDirect32 =
-      MOEKIT_I8_VNNI && T::kBlock == 32 && (std::is_same_v<T, formats::q8_0::Type> || NibblePairs<T>::kYes);
+  // q4_K and q6_K with VNNI; at both widths the 32-block types whose codes are bytes or a nibble
+  // pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4; direct32).
+  static constexpr bool kDirect32 = T::kBlock == 32 && (std::is_same_v<T, formats::q8_0::Type> || NibblePairs<T>::kYes);
   static constexpr bool kDirect =
       kDirect32 ||
       (MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>));
@@ -445,13 +444,9 @@ MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[16], const 
 }
 
 #else
-// kW rows of kW dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
-// dword j · kW + r.
-MOEKIT_I8_ATTR inline void transpose_rows(const void* src, std::int64_t stride, void* dst) {
-  const auto* in = static_cast<const char*>(src);
-  auto* out = static_cast<char*>(dst);
-  __m256i v[8], w[8];
-  for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + r * stride));
+// 8 rows of 8 dwords transposed in registers: afterwards v[j] holds dword j of rows 0 .. 7.
+MOEKIT_I8_ATTR inline void transpose8(__m256i (&v)[8]) {
+  __m256i w[8];
   for (int r = 0; r < 8; r += 2) {
     w[r] = _mm256_unpacklo_epi32(v[r], v[r + 1]);
     w[r + 1] = _mm256_unpackhi_epi32(v[r], v[r + 1]);
@@ -467,12 +462,96 @@ MOEKIT_I8_ATTR inline void transpose_rows(const void* src, std::int64_t stride, 
     w[c] = _mm256_permute2x128_si256(v[c], v[4 + c], 0x20);
     w[4 + c] = _mm256_permute2x128_si256(v[c], v[4 + c], 0x31);
   }
-  for (int j = 0; j < 8; ++j) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * j), w[j]);
+  for (int j = 0; j < 8; ++j) v[j] = w[j];
+}
+
+// kW rows of kW dwords (row r at src + r · stride bytes) transposed: dword j of row r to dst's
+// dword j · kW + r.
+MOEKIT_I8_ATTR inline void transpose_rows(const void* src, std::int64_t stride, void* dst) {
+  const auto* in = static_cast<const char*>(src);
+  auto* out = static_cast<char*>(dst);
+  __m256i v[8];
+  for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + r * stride));
+  transpose8(v);
+  for (int j = 0; j < 8; ++j) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * j), v[j]);
+}
+
+// A 32-block type's codes as unpack() makes them, from 8 rows' raw bytes at once (the VNNI
+// section's signed_to_u8 and nibble_codes16 at this width).
+template <class T>
+MOEKIT_I8_ATTR inline __m256i signed_to_u8(__m256i v) {
+  return GgmlInt8<T>::kSigned ? _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))) : v;
+}
+template <class T>
+MOEKIT_I8_ATTR inline __m256i nibble_codes8(__m256i nibbles) {
+  return signed_to_u8<T>(MOEKIT_I8_NAME(nibble_codes) < T > (nibbles));
+}
+
+// Every block of 8 rows of a 32-block type straight into the panel (Traits::kDirect32): the
+// rows' code bytes transposed as they are — q8_0's 32 bytes of a block per row, a nibble type's
+// 16 bytes of two — then made codes on the 8 rows at once (as the VNNI direct32), the terms
+// read a row at a time (unpack's). row[r] the rows, a zero row past the matrix (whose terms are
+// then 0 as the stage's).
+template <class T>
+MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[8], std::int64_t rows, std::int64_t blocks,
+                                    Panel& p) {
+  constexpr bool kQ8 = std::is_same_v<T, formats::q8_0::Type>;
+  constexpr int kPer = kQ8 ? 1 : 2;  // blocks per transpose
+  constexpr int kQs = [] {
+    if constexpr (kQ8) {
+      return 2;
+    } else {
+      return NibblePairs<T>::kQs;
+    }
+  }();
+  for (std::int64_t blk = 0; blk < blocks; ++blk)
+    for (std::int64_t r = 0; r < 8; ++r) {
+      float* ws = p.ws.data() + blk * 8 + r;
+      float* wb = p.wb.data() + blk * 8 + r;
+      if (r >= rows) {
+        *ws = *wb = 0.0f;
+        continue;
+      }
+      const std::uint8_t* b = row[r] + blk * T::kBytes;
+      if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+        *ws = T::Scale(b[0]);
+      } else {
+        *ws = MOEKIT_I8_NAME(half)(b);
+      }
+      *wb = Traits<T>::kBias ? MOEKIT_I8_NAME(half)(b + 2) : 0.0f;
+    }
+  for (std::int64_t blk = 0; blk < blocks; blk += kPer) {
+    const int n = static_cast<int>(std::min<std::int64_t>(kPer, blocks - blk));
+    __m256i v[8];
+    for (int r = 0; r < 8; ++r) {
+      const std::uint8_t* b = row[r] + blk * T::kBytes + kQs;
+      if constexpr (kQ8) {
+        v[r] = MOEKIT_I8_NAME(load256)(b);
+      } else {
+        const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+        v[r] = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(lo),
+            n > 1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + T::kBytes)) : _mm_setzero_si128(), 1);
+      }
+    }
+    transpose8(v);
+    std::uint8_t* c = p.codes.data() + blk * 8 * 32;  // step blk · 8: 4 inputs × 8 rows each
+    if constexpr (kQ8) {
+      for (int j = 0; j < 8; ++j) put(c + j * 32, signed_to_u8<T>(v[j]));
+    } else {
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      for (int j = 0; j < 4 * n; ++j) {  // block j / 4, dword i = j % 4
+        std::uint8_t* s = c + (j / 4 * 8 + j % 4) * 32;
+        put(s, nibble_codes8<T>(_mm256_and_si256(v[j], low4)));
+        put(s + 4 * 32, nibble_codes8<T>(_mm256_and_si256(_mm256_srli_epi32(v[j], 4), low4)));
+      }
+    }
+  }
 }
 #endif
 
-// Rows [n0, n0 + rows) of B (rows ≤ kW) into `p`: straight from the rows (Traits::kDirect, while
-// 15 row strides fit the gathers' int32 offsets), else each row's blocks unpacked into the stage,
+// Rows [n0, n0 + rows) of B (rows ≤ kW) into `p`: straight from the rows (Traits::kDirect; with
+// VNNI while 15 row strides fit the gathers' int32 offsets), else each row's blocks unpacked into the stage,
 // then codes and terms transposed kW × kW dwords at a time.
 template <class T>
 MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, Stage& s,
@@ -484,14 +563,14 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
   p.ws.resize(static_cast<std::size_t>(kW * gp));
   p.wb.resize(p.ws.size());
   const std::int64_t stride = row_stride_bytes(B);
-#if MOEKIT_I8_VNNI
   if constexpr (Traits<T>::kDirect) {
-    // Rows past the matrix read a zero row (codes 0) and gather nothing (scales 0).
+    // Rows past the matrix read a zero row (codes 0) and no terms (0).
     thread_local std::vector<std::uint8_t> zero;
     zero.assign(static_cast<std::size_t>(stride), 0);
-    const std::uint8_t* row[16];
-    for (std::int64_t r = 0; r < 16; ++r)
+    const std::uint8_t* row[kW];
+    for (std::int64_t r = 0; r < kW; ++r)
       row[r] = r < rows ? static_cast<const std::uint8_t*>(B.data) + (n0 + r) * stride : zero.data();
+#if MOEKIT_I8_VNNI
     if (15 * stride > std::numeric_limits<std::int32_t>::max()) {
       // The packed nibbles still straight from the rows (the tile reads no other layout); the
       // terms, which the gathers cannot reach, through the stage below.
@@ -509,8 +588,11 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
       }
       return;
     }
-  }
+#else
+    direct32<T>(row, rows, blocks, p);  // (kDirect is kDirect32 at this width)
+    return;
 #endif
+  }
   constexpr bool kCodes = !Traits<T>::kNibbles;  // the codes through the stage too
   s.codes.resize(static_cast<std::size_t>(kW * Kp));
   s.ws.resize(p.ws.size());
