@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "ggml_blocks.hpp"
 #include "kernels/activation.hpp"
 #include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
@@ -278,34 +279,15 @@ void BM_GemmAffine(benchmark::State& state) {
 // 0.5-1.7 MB: L2 / L3), so the kernels' own rate per byte, which for decode at 2 threads must stay
 // above the DRAM's for decode to be memory bound.
 void BM_GgmlRows(benchmark::State& state) {
-  // Each type with its block bytes and where its f16 scales (or MXFP4's e8m0) lie: random codes,
-  // plausible scales (no NaN, Inf or subnormal products to slow the float steps).
-  struct Kind {
-    Element element;
-    int bytes, fields[2];
-  };
-  static constexpr Kind kKinds[] = {{Element::q4_k, 144, {0, 2}},    {Element::q6_k, 210, {208, -1}},
-                                    {Element::q3_k, 110, {108, -1}}, {Element::q8_0, 34, {0, -1}},
-                                    {Element::q4_0, 18, {0, -1}},    {Element::ggml_mxfp4, 17, {0, -1}},
-                                    {Element::q5_k, 176, {0, 2}}};
-  const Kind& kind = kKinds[state.range(0)];
+  static constexpr const bench::GgmlKind* kKinds[] = {&bench::kQ4K,  &bench::kQ6K,   &bench::kQ3K, &bench::kQ8_0,
+                                                      &bench::kQ4_0, &bench::kMxfp4, &bench::kQ5K};
+  const bench::GgmlKind& kind = *kKinds[state.range(0)];
   const Element e = kind.element;
   const std::int64_t R = state.range(1), N = 768, K = 2048;
   const WeightFormat f = WeightFormat::ggml(e);
-  const std::int64_t ld = kernels::formats::traits(e).row_elements(f, K);  // bytes
-  std::mt19937 rng(11);
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
-  for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
-  for (std::size_t blk = 0; blk < bytes.size(); blk += static_cast<std::size_t>(kind.bytes))
-    for (const int at : kind.fields) {
-      if (at < 0) continue;
-      if (e == Element::ggml_mxfp4) {
-        bytes[blk] = static_cast<std::uint8_t>(121 + rng() % 6);  // 2^-6 .. 2^-1
-      } else {
-        const std::uint16_t h = static_cast<std::uint16_t>(0x1C00 + rng() % 0x800);  // f16 in [2^-8, 2^-6)
-        std::memcpy(&bytes[blk + static_cast<std::size_t>(at)], &h, 2);
-      }
-    }
+  std::int64_t ld = 0;
+  const std::vector<std::uint8_t> bytes = bench::random_ggml_rows(kind, N, K, ld);
+  std::mt19937 rng(12);
   Tensor x = randn({R, K}, rng, 1.0f), c({R, N}, DType::f32);
   kernels::WeightMatrix B{bytes.data(), DType::u8, ld, kernels::WeightLayout::rows, f};
   B.int8_activations = true;

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <random>
 
+#include "ggml_blocks.hpp"
 #include "kernels/gemm_affine_int8.cpp"  // NOLINT(bugprone-suspicious-include)
 
 namespace moekit::kernels {
@@ -115,33 +116,16 @@ struct Avx2 {
   static void alone(std::int64_t groups) { maddubs_only(groups); }
 };
 
-struct Kind {
-  const char* name;
-  Element element;
-  int bytes, fields[2];  // block bytes; where its f16 scales lie (−1: none)
-};
-
 // The figures for one type on width W: cycles per group of the tile, of the pack and of the
 // multiplies alone.
 template <class W, class T>
-void measure(const Kind& kind, double hz, int rounds) {
+void measure(const bench::GgmlKind& kind, double hz, int rounds) {
   using Tr = typename W::template Traits<T>;
   constexpr std::int64_t K = 2048, N = W::kW, M = W::kRows, kGroups32 = K / 32;
   const WeightFormat f = WeightFormat::ggml(kind.element);
-  const std::int64_t ld = formats::traits(kind.element).row_elements(f, K);  // bytes
-  std::mt19937 rng(11);
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
-  for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
-  for (std::size_t blk = 0; blk < bytes.size(); blk += static_cast<std::size_t>(kind.bytes))
-    for (const int at : kind.fields) {
-      if (at < 0) continue;
-      if (kind.element == Element::ggml_mxfp4) {
-        bytes[blk] = static_cast<std::uint8_t>(121 + rng() % 6);  // 2^-6 .. 2^-1
-      } else {
-        const auto h = static_cast<std::uint16_t>(0x1C00 + rng() % 0x800);  // f16 in [2^-8, 2^-6)
-        std::memcpy(&bytes[blk + static_cast<std::size_t>(at)], &h, 2);
-      }
-    }
+  std::int64_t ld = 0;
+  const std::vector<std::uint8_t> bytes = bench::random_ggml_rows(kind, N, K, ld);
+  std::mt19937 rng(12);
   const WeightMatrix B{bytes.data(), DType::u8, ld, WeightLayout::rows, f};
   typename W::Stage stage;
   typename W::Panel panel;
@@ -183,10 +167,10 @@ void table(double hz, int rounds) {
   }
   std::printf("\n%s: cycles per group of 32 inputs × %d rows × %d columns\n\n", W::kName, W::kRows, W::kW);
   std::printf("| type | tile | pack (one panel) | multiplies alone | tile / alone |\n|---|---|---|---|---|\n");
-  measure<W, formats::q4_k::Type>({"q4_K", Element::q4_k, 144, {0, 2}}, hz, rounds);
-  measure<W, formats::q6_k::Type>({"q6_K", Element::q6_k, 210, {208, -1}}, hz, rounds);
-  measure<W, formats::q8_0::Type>({"q8_0", Element::q8_0, 34, {0, -1}}, hz, rounds);
-  measure<W, formats::ggml_mxfp4::Type>({"MXFP4", Element::ggml_mxfp4, 17, {0, -1}}, hz, rounds);
+  measure<W, formats::q4_k::Type>(bench::kQ4K, hz, rounds);
+  measure<W, formats::q6_k::Type>(bench::kQ6K, hz, rounds);
+  measure<W, formats::q8_0::Type>(bench::kQ8_0, hz, rounds);
+  measure<W, formats::ggml_mxfp4::Type>(bench::kMxfp4, hz, rounds);
 }
 
 int run(int rounds) {

@@ -52,6 +52,16 @@ struct Traits {
   // q4_K and q6_K with VNNI; at both widths the 32-block types whose codes are bytes or a nibble
   // pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4; direct32).
   static constexpr bool kDirect32 = T::kBlock == 32 && (std::is_same_v<T, formats::q8_0::Type> || NibblePairs<T>::kYes);
+  // Where such a type's code bytes start in its block.
+  static constexpr int kCodesAt = [] {
+    if constexpr (std::is_same_v<T, formats::q8_0::Type>) {
+      return 2;
+    } else if constexpr (NibblePairs<T>::kYes) {
+      return NibblePairs<T>::kQs;
+    } else {
+      return 0;
+    }
+  }();
   static constexpr bool kDirect =
       kDirect32 ||
       (MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>));
@@ -88,6 +98,17 @@ MOEKIT_I8_ATTR inline __m256 widen8(const std::uint8_t* v) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))));
 }
 
+// A 32-block type's terms: ws its f16 scale (MXFP4: its e8m0), wb its f16 bias where it has one.
+template <class T>
+MOEKIT_I8_ATTR inline void terms32(T, const std::uint8_t* b, float* ws, float* wb) {
+  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+    *ws = T::Scale(b[0]);
+  } else {
+    *ws = MOEKIT_I8_NAME(half)(b);
+  }
+  if constexpr (Traits<T>::kBias) *wb = MOEKIT_I8_NAME(half)(b + 2);
+}
+
 // One block of T as kBlock u8 codes and its kBlock / kG terms ws, wb.
 template <class T>
 MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
@@ -95,12 +116,7 @@ MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, flo
   __m256i c = MOEKIT_I8_NAME(codes32)(T{}, b);
   if constexpr (GgmlInt8<T>::kSigned) c = _mm256_xor_si256(c, _mm256_set1_epi8(static_cast<char>(0x80)));
   put(u, c);
-  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
-    ws[0] = T::Scale(b[0]);
-  } else {
-    ws[0] = MOEKIT_I8_NAME(half)(b);
-  }
-  if constexpr (Traits<T>::kBias) wb[0] = MOEKIT_I8_NAME(half)(b + 2);
+  terms32(T{}, b, ws, wb);
 }
 
 // q4_K's and q5_K's eight terms: ws = d · scale, wb = −dmin · min.
@@ -373,7 +389,7 @@ MOEKIT_I8_ATTR inline __m512i nibble_codes16(__m512i nibbles) {
 // (rows outside `live` 0): ws the f16 scale (MXFP4: its e8m0, T::Scale's bits), wb the f16 bias
 // of the types with one (their second half-word).
 template <class T>
-MOEKIT_I8_ATTR inline void terms32(__m512i h, __mmask16 live, float* ws, float* wb) {
+MOEKIT_I8_ATTR inline void terms32x16(__m512i h, __mmask16 live, float* ws, float* wb) {
   __m512 d;
   if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
     const __m512i e = _mm512_and_si512(h, _mm512_set1_epi32(0xFF));
@@ -399,17 +415,11 @@ MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[16], const 
                                     __mmask16 live, std::int64_t blocks, Panel& p) {
   constexpr bool kQ8 = std::is_same_v<T, formats::q8_0::Type>;
   constexpr int kPer = kQ8 ? 2 : 4;  // blocks per transpose
-  constexpr int kQs = [] {           // the codes' offset in the block
-    if constexpr (kQ8) {
-      return 2;
-    } else {
-      return NibblePairs<T>::kQs;
-    }
-  }();
+  constexpr int kQs = Traits<T>::kCodesAt;
   const __m512i zero = _mm512_setzero_si512();
   for (std::int64_t blk = 0; blk < blocks; ++blk)
-    terms32<T>(_mm512_mask_i32gather_epi32(zero, live, at, base + blk * T::kBytes, 1), live, p.ws.data() + blk * 16,
-               p.wb.data() + blk * 16);
+    terms32x16<T>(_mm512_mask_i32gather_epi32(zero, live, at, base + blk * T::kBytes, 1), live, p.ws.data() + blk * 16,
+                  p.wb.data() + blk * 16);
   for (std::int64_t blk = 0; blk < blocks; blk += kPer) {
     const int n = static_cast<int>(std::min<std::int64_t>(kPer, blocks - blk));
     __m512i v[16];
@@ -497,13 +507,7 @@ MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[8], std::in
                                     Panel& p) {
   constexpr bool kQ8 = std::is_same_v<T, formats::q8_0::Type>;
   constexpr int kPer = kQ8 ? 1 : 2;  // blocks per transpose
-  constexpr int kQs = [] {
-    if constexpr (kQ8) {
-      return 2;
-    } else {
-      return NibblePairs<T>::kQs;
-    }
-  }();
+  constexpr int kQs = Traits<T>::kCodesAt;
   for (std::int64_t blk = 0; blk < blocks; ++blk)
     for (std::int64_t r = 0; r < 8; ++r) {
       float* ws = p.ws.data() + blk * 8 + r;
@@ -512,13 +516,8 @@ MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[8], std::in
         *ws = *wb = 0.0f;
         continue;
       }
-      const std::uint8_t* b = row[r] + blk * T::kBytes;
-      if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
-        *ws = T::Scale(b[0]);
-      } else {
-        *ws = MOEKIT_I8_NAME(half)(b);
-      }
-      *wb = Traits<T>::kBias ? MOEKIT_I8_NAME(half)(b + 2) : 0.0f;
+      *wb = 0.0f;
+      terms32(T{}, row[r] + blk * T::kBytes, ws, wb);
     }
   for (std::int64_t blk = 0; blk < blocks; blk += kPer) {
     const int n = static_cast<int>(std::min<std::int64_t>(kPer, blocks - blk));
