@@ -10,7 +10,8 @@
 // 4) rows at once. So a block is decoded once per call, not once per row or two of A as in the
 // row kernel. With VNNI, q4_K and q6_K go straight from the 16 rows into the panel (their packed
 // bytes transposed — q4_K's nibbles then kept packed, split in the tile; q6_K's split at once —
-// their scales gathered for 16 rows at once). At both widths so do the 32-block types whose codes
+// their scales gathered for 16 rows at once); with AVX2 q4_K and q5_K (their nibbles transposed
+// as stored, then split 8 rows at a time). At both widths so do the 32-block types whose codes
 // are bytes or a nibble pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4: their code bytes transposed as
 // stored, then made codes kW rows at a time). Other blocks are unpacked a row at a time into a
 // stage, then transposed. Per row m and group g of kG inputs
@@ -49,8 +50,8 @@ struct Traits {
   static constexpr int kSb = T::kBlock / kG;
   // Whether pack takes its blocks straight from the 16 rows (direct() below) rather than a row
   // at a time through the stage.
-  // q4_K and q6_K with VNNI; at both widths the 32-block types whose codes are bytes or a nibble
-  // pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4; direct32).
+  // q4_K and q6_K with VNNI, q4_K and q5_K with AVX2 (direct_k45); at both widths the 32-block
+  // types whose codes are bytes or a nibble pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4; direct32).
   static constexpr bool kDirect32 = T::kBlock == 32 && (std::is_same_v<T, formats::q8_0::Type> || NibblePairs<T>::kYes);
   // Where such a type's code bytes start in its block.
   static constexpr int kCodesAt = [] {
@@ -64,7 +65,8 @@ struct Traits {
   }();
   static constexpr bool kDirect =
       kDirect32 ||
-      (MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>));
+      (MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>)) ||
+      (!MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>));
   // Whether the panel keeps the packed nibbles as stored (q4_K with VNNI: a dword's low nibbles
   // are 4 inputs of a sub-block, its high nibbles the same 4 of the next one), split in the tile:
   // half the bytes stored by the pack and read by the tiles, and a panel that stays in L1.
@@ -497,6 +499,48 @@ MOEKIT_I8_ATTR inline __m256i nibble_codes8(__m256i nibbles) {
   return signed_to_u8<T>(MOEKIT_I8_NAME(nibble_codes) < T > (nibbles));
 }
 
+// q4_K's and q5_K's blocks of 8 rows straight into the panel (Traits::kDirect): each 32 bytes of
+// nibbles (sub-blocks 2p and 2p + 1) transposed as stored, a dword of 8 rows per vector — its low
+// nibbles quad j of sub-block 2p, its high ones quad j of 2p + 1 (k45_codes' order), q5_K's fifth
+// bits from its 32 bytes of qh transposed alike — and each row's eight terms (k45_terms)
+// transposed 8 × 8. row[r] the rows, a zero row past the matrix.
+template <bool kFifth>
+MOEKIT_I8_ATTR inline void direct_k45(const std::uint8_t* const (&row)[8], std::int64_t blocks, Panel& p) {
+  constexpr int kBytes = kFifth ? 176 : 144, kQs = kFifth ? 48 : 16;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  for (std::int64_t blk = 0; blk < blocks; ++blk) {
+    __m256i qh[8];
+    if constexpr (kFifth) {
+      for (int r = 0; r < 8; ++r) qh[r] = MOEKIT_I8_NAME(load256)(row[r] + blk * kBytes + 16);
+      transpose8(qh);
+    }
+    for (int pp = 0; pp < 4; ++pp) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = MOEKIT_I8_NAME(load256)(row[r] + blk * kBytes + kQs + 32 * pp);
+      transpose8(v);
+      std::uint8_t* c = p.codes.data() + (blk * 64 + 16 * pp) * 32;  // step of quad 0 of sub-block 2pp
+      for (int j = 0; j < 8; ++j) {
+        __m256i lo = _mm256_and_si256(v[j], low4), hi = _mm256_and_si256(_mm256_srli_epi16(v[j], 4), low4);
+        if constexpr (kFifth) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[j], 2 * pp), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh[j], 2 * pp + 1), one), 4));
+        }
+        put(c + j * 32, lo);
+        put(c + (8 + j) * 32, hi);
+      }
+    }
+    alignas(32) float ws[8][8], wb[8][8];
+    for (int r = 0; r < 8; ++r) k45_terms(row[r] + blk * kBytes, ws[r], wb[r]);
+    for (float(*t)[8] : {ws, wb}) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(t[r]));
+      transpose8(v);
+      float* out = (t == ws ? p.ws.data() : p.wb.data()) + blk * 8 * 8;  // groups blk · 8 .. + 7
+      for (int j = 0; j < 8; ++j) put(reinterpret_cast<std::uint8_t*>(out + 8 * j), v[j]);
+    }
+  }
+}
+
 // Every block of 8 rows of a 32-block type straight into the panel (Traits::kDirect32): the
 // rows' code bytes transposed as they are — q8_0's 32 bytes of a block per row, a nibble type's
 // 16 bytes of two — then made codes on the 8 rows at once (as the VNNI direct32), the terms
@@ -588,7 +632,11 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
       return;
     }
 #else
-    direct32<T>(row, rows, blocks, p);  // (kDirect is kDirect32 at this width)
+    if constexpr (Traits<T>::kDirect32) {
+      direct32<T>(row, rows, blocks, p);
+    } else {
+      direct_k45<std::is_same_v<T, formats::q5_k::Type> >(row, blocks, p);
+    }
     return;
 #endif
   }
