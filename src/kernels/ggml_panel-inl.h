@@ -48,12 +48,10 @@ struct Traits {
   // Groups sharing one activation scale (A's scale per block: 256 inputs for the K-quants, q8_K's;
   // a 32-block type's group is its block): with more than one the tile applies d once per block.
   static constexpr int kSb = T::kBlock / kG;
-  // Whether pack takes its blocks straight from the 16 rows (direct() below) rather than a row
-  // at a time through the stage.
-  // q4_K and q6_K with VNNI, q4_K and q5_K with AVX2 (direct_k45); at both widths the 32-block
-  // types whose codes are bytes or a nibble pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4; direct32).
+  // The 32-block types whose codes are bytes or a nibble pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4),
+  // which pack takes straight from the rows at both widths (direct32), and where their code bytes
+  // start in the block.
   static constexpr bool kDirect32 = T::kBlock == 32 && (std::is_same_v<T, formats::q8_0::Type> || NibblePairs<T>::kYes);
-  // Where such a type's code bytes start in its block.
   static constexpr int kCodesAt = [] {
     if constexpr (std::is_same_v<T, formats::q8_0::Type>) {
       return 2;
@@ -63,6 +61,8 @@ struct Traits {
       return 0;
     }
   }();
+  // Whether pack takes its blocks straight from the kW rows rather than a row at a time through
+  // the stage: those types; q4_K and q6_K with VNNI (direct), q4_K and q5_K with AVX2 (direct_k45).
   static constexpr bool kDirect =
       kDirect32 ||
       (MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>)) ||
@@ -407,7 +407,7 @@ MOEKIT_I8_ATTR inline void terms32x16(__m512i h, __mmask16 live, float* ws, floa
     _mm512_storeu_ps(wb, _mm512_maskz_mov_ps(live, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)))));
 }
 
-// Every block of 16 rows of a 32-block type straight into the panel (Traits::kDirect): the rows'
+// Every block of 16 rows of a 32-block type straight into the panel (Traits::kDirect32): the rows'
 // code bytes transposed as they are, a dword of each row per vector — q8_0's 32 bytes of two
 // blocks per row, a nibble type's 16 bytes of four — then made codes on the 16 rows at once
 // (a q8_0 dword is 4 inputs; a nibble dword i holds inputs 4i .. 4i + 3 low and 16 + 4i .. high),
@@ -496,7 +496,10 @@ MOEKIT_I8_ATTR inline __m256i signed_to_u8(__m256i v) {
 }
 template <class T>
 MOEKIT_I8_ATTR inline __m256i nibble_codes8(__m256i nibbles) {
-  return signed_to_u8<T>(MOEKIT_I8_NAME(nibble_codes) < T > (nibbles));
+  // (clang-format would space a macro-named template's call as a comparison.)
+  // clang-format off
+  return signed_to_u8<T>(MOEKIT_I8_NAME(nibble_codes)<T>(nibbles));
+  // clang-format on
 }
 
 // q4_K's and q5_K's blocks of 8 rows straight into the panel (Traits::kDirect): each 32 bytes of
@@ -594,8 +597,8 @@ MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[8], std::in
 #endif
 
 // Rows [n0, n0 + rows) of B (rows ≤ kW) into `p`: straight from the rows (Traits::kDirect; with
-// VNNI while 15 row strides fit the gathers' int32 offsets), else each row's blocks unpacked into the stage,
-// then codes and terms transposed kW × kW dwords at a time.
+// VNNI while 15 row strides fit the gathers' int32 offsets), else each row's blocks unpacked into
+// the stage, then codes and terms transposed kW × kW dwords at a time.
 template <class T>
 MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, Stage& s,
                          Panel& p) {
