@@ -12,19 +12,22 @@
 
 namespace moekit::bench {
 
+// A type's name and block bytes are its format's (kernels/formats/ggml_*.hpp); here only where its
+// f16 scales lie within a block.
 struct GgmlKind {
   const char* name;
   Element element;
-  int bytes, fields[2];  // block bytes; where its f16 scales lie (−1: none; MXFP4: its e8m0)
+  int fields[2];  // where its f16 scales lie (−1: none; MXFP4: its e8m0)
+  int bytes() const { return kernels::formats::traits(element).gguf.bytes; }
 };
 
-inline constexpr GgmlKind kQ4K{"q4_K", Element::q4_k, 144, {0, 2}};
-inline constexpr GgmlKind kQ6K{"q6_K", Element::q6_k, 210, {208, -1}};
-inline constexpr GgmlKind kQ3K{"q3_K", Element::q3_k, 110, {108, -1}};
-inline constexpr GgmlKind kQ8_0{"q8_0", Element::q8_0, 34, {0, -1}};
-inline constexpr GgmlKind kQ4_0{"q4_0", Element::q4_0, 18, {0, -1}};
-inline constexpr GgmlKind kMxfp4{"MXFP4", Element::ggml_mxfp4, 17, {0, -1}};
-inline constexpr GgmlKind kQ5K{"q5_K", Element::q5_k, 176, {0, 2}};
+inline constexpr GgmlKind kQ4K{"q4_K", Element::q4_k, {0, 2}};
+inline constexpr GgmlKind kQ6K{"q6_K", Element::q6_k, {208, -1}};
+inline constexpr GgmlKind kQ3K{"q3_K", Element::q3_k, {108, -1}};
+inline constexpr GgmlKind kQ8_0{"q8_0", Element::q8_0, {0, -1}};
+inline constexpr GgmlKind kQ4_0{"q4_0", Element::q4_0, {0, -1}};
+inline constexpr GgmlKind kMxfp4{"MXFP4", Element::ggml_mxfp4, {0, -1}};
+inline constexpr GgmlKind kQ5K{"q5_K", Element::q5_k, {0, 2}};
 
 // N rows of K weights of `kind` (row stride `ld` bytes, set), seeded.
 inline std::vector<std::uint8_t> random_ggml_rows(const GgmlKind& kind, std::int64_t N, std::int64_t K,
@@ -34,7 +37,7 @@ inline std::vector<std::uint8_t> random_ggml_rows(const GgmlKind& kind, std::int
   std::mt19937 rng(seed);
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
   for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
-  for (std::size_t blk = 0; blk < bytes.size(); blk += static_cast<std::size_t>(kind.bytes))
+  for (std::size_t blk = 0; blk < bytes.size(); blk += static_cast<std::size_t>(kind.bytes()))
     for (const int at : kind.fields) {
       if (at < 0) continue;
       if (kind.element == Element::ggml_mxfp4) {

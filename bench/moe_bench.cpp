@@ -264,9 +264,10 @@ void BM_GemmAffine(benchmark::State& state) {
          scales.data(),
          biases.data(),
          K / G};
-  B.int8_activations = state.range(2) != 0;  // the fast mode (4 and 8 bits, R <= 8)
+  // The int8 mode (4 and 8 bits, R <= 8) or the exact one.
+  const ComputeMode mode = state.range(2) != 0 ? ComputeMode::int8 : ComputeMode::exact;
   for (auto _ : state) {
-    kernels::gemm_nt({x.data_as<float>(), K}, B, {c.data_as<float>(), N}, R, N, K, kernels::Threads::caller);
+    kernels::gemm_nt({x.data_as<float>(), K}, B, {c.data_as<float>(), N}, R, N, K, kernels::Threads::caller, mode);
     benchmark::DoNotOptimize(c.data());
   }
   state.counters["Gweights/s"] = benchmark::Counter(1.0 * N * K * state.iterations() / 1e9, benchmark::Counter::kIsRate);
@@ -289,10 +290,10 @@ void BM_GgmlRows(benchmark::State& state) {
   const std::vector<std::uint8_t> bytes = bench::random_ggml_rows(kind, N, K, ld);
   std::mt19937 rng(12);
   Tensor x = randn({R, K}, rng, 1.0f), c({R, N}, DType::f32);
-  kernels::WeightMatrix B{bytes.data(), DType::u8, ld, kernels::WeightLayout::rows, f};
-  B.int8_activations = true;
+  const kernels::WeightMatrix B{bytes.data(), DType::u8, ld, kernels::WeightLayout::rows, f};
   for (auto _ : state) {
-    kernels::gemm_nt({x.data_as<float>(), K}, B, {c.data_as<float>(), N}, R, N, K, kernels::Threads::caller);
+    kernels::gemm_nt({x.data_as<float>(), K}, B, {c.data_as<float>(), N}, R, N, K, kernels::Threads::caller,
+                     ComputeMode::int8);
     benchmark::DoNotOptimize(c.data());
   }
   state.SetLabel(kernels::formats::traits(e).describe(f));

@@ -171,13 +171,15 @@ void register_forward(CLI::App& app) {
                 "Repack the experts into the forward kernel's packed layout first (faster prefill; the expert "
                 "bytes become resident instead of read in place from the mapped file): panels, or with "
                 "--bf16-activations AMX tiles (CPUs with AMX only; the same bytes out as without --pack)");
-  cmd->add_flag("--int8", opt->int8,
-                "The fast mode for MLX-quantized experts: int8 activations and integer dot products for 4- and "
-                "8-bit codes where an expert has few rows (error bound: docs/numerics.md); the router stays exact");
+  CLI::Option* int8 =
+      cmd->add_flag("--int8", opt->int8,
+                    "The fast mode for MLX-quantized experts: int8 activations and integer dot products for 4- and "
+                    "8-bit codes where an expert has few rows (error bound: docs/numerics.md); the router stays exact");
   cmd->add_flag("--bf16-activations", opt->bf16_activations,
                 "The bf16 compute mode for bf16 checkpoints, as torch and MLX run them: the experts' input rows "
                 "and intermediate rounded to bf16, bf16 x bf16 products summed in fp32 (AMX or AVX512-BF16 where "
-                "the CPU has them); the router stays fp32 (docs/numerics.md)");
+                "the CPU has them); the router stays fp32 (docs/numerics.md)")
+      ->excludes(int8);
   add_expert_parallel_options(*cmd, opt->ep,
                               "rank 0 reads the input and writes the outputs, which equal the single-process run "
                               "byte for byte");

@@ -21,9 +21,11 @@
 
 #include "commands.hpp"
 #include "experts/expert_rows.hpp"
+#include "experts/weight_matrix.hpp"
 #include "format.hpp"
 #include "git_commit.hpp"  // MOEKIT_GIT_COMMIT, generated at build time (cli/CMakeLists.txt)
 #include "kernels/gemm.hpp"
+#include "kernels/plan.hpp"
 #include "util/error.hpp"
 #include "util/schedule.hpp"
 
@@ -38,6 +40,7 @@ struct Timing {
   double touched = 0;      // expert bytes the calls' routings touched, summed over the calls
   double saved_bytes = 0;  // train: what the training forward keeps, per token
   Tensor last_ids;         // forward: the last timed call's routing
+  std::vector<std::int64_t> last_counts;  // the last timed call's rows per expert
 };
 
 }  // namespace
@@ -87,7 +90,8 @@ Timing time_forward(MoeLayer& layer, const std::vector<Tensor>& inputs, int reps
     y = layer.forward(inputs[next++ % inputs.size()], &info);
     t.secs.push_back(seconds_since(t0));
     t.last_ids = info.routing.ids;
-    add_touched(t, expert_counts(info.routing.ids, s.E), s, per_expert);
+    t.last_counts = expert_counts(info.routing.ids, s.E);
+    add_touched(t, t.last_counts, s, per_expert);
   }
   return t;
 }
@@ -110,10 +114,38 @@ Timing time_train(MoeLayer& layer, const std::vector<Tensor>& inputs, int reps, 
     if (r < 0) continue;
     t.secs.push_back(dt);
     t.saved_bytes = static_cast<double>(saved.nbytes()) / static_cast<double>(T);
-    add_touched(t, saved.routed.plan.counts, s, per_expert);
+    t.last_counts = saved.routed.plan.counts;
+    add_touched(t, t.last_counts, s, per_expert);
   }
   return t;
 }
+
+}  // namespace
+
+std::string planned_kernels(const MoeLayer& layer, const std::vector<std::int64_t>& counts, std::int64_t T) {
+  const ExpertMatrix& up = layer.weights().experts.up;
+  const ComputeMode mode = layer.compute_mode();
+  std::vector<std::pair<std::string, std::int64_t>> seen;  // in order of first use
+  for (std::size_t e = 0; e < counts.size() && static_cast<std::int64_t>(e) < up.num_experts(); ++e) {
+    if (counts[e] == 0) continue;
+    const std::string k = kernels::describe(
+        kernels::plan_gemm_nt(weight_matrix(up, static_cast<std::int64_t>(e)), mode, counts[e], up.cols));
+    const auto at = std::find_if(seen.begin(), seen.end(), [&](const auto& x) { return x.first == k; });
+    if (at == seen.end()) {
+      seen.emplace_back(k, 1);
+    } else {
+      ++at->second;
+    }
+  }
+  std::string out;
+  for (const auto& [k, n] : seen) out += (out.empty() ? "" : " + ") + k + " x" + std::to_string(n);
+  const ExpertMatrix& shared = layer.weights().shared.up;
+  if (shared.defined())
+    out += " + shared " + kernels::describe(kernels::plan_gemm_nt(weight_matrix(shared, 0), mode, T, shared.cols));
+  return out;
+}
+
+namespace {
 
 // The timing as a row, held against its limit: T >= 128 GFLOP/s against the GEMM peak at the
 // row's threads, T < 128 the weight bytes' GB/s against the DRAM read bandwidth.
@@ -296,6 +328,7 @@ std::vector<Row> run_shape(const BenchShape& s, const WeightFormat& format, cons
       const Timing t = p.train ? time_train(*layer, inputs, p.reps, s, per_expert, T, p.seed)
                                : time_forward(*layer, inputs, p.reps, s, per_expert);
       Row row = make_row(s, format, layout, T, nt, t, limits, p.train);
+      row.kernels = planned_kernels(*layer, t.last_counts, T);
       simulate_schedule(row, s, per_expert, limits, t.last_ids, p.simulate, format.bf16_act);
       rows.push_back(std::move(row));
     }

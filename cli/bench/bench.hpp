@@ -117,6 +117,8 @@ struct Row {
   std::int64_t sim_tasks = 0;
   double sim_model_ms = 0;
   std::vector<std::pair<int, double>> sim_efficiency;
+  // The kernel plan the last call ran (planned_kernels).
+  std::string kernels;
 };
 
 struct Header {
@@ -128,6 +130,10 @@ struct Header {
 };
 
 double median_of(std::vector<double> v);
+/// The kernels (kernels/plan.hpp) one forward of `layer` ran for the routed experts' up
+/// projections, given the rows each expert had (`counts`, [E]), and for the shared experts'
+/// (T rows): "int8_panels/avx512vnni x90 + int8_rows/avx512vnni x38 + shared dot/AVX3".
+std::string planned_kernels(const MoeLayer& layer, const std::vector<std::int64_t>& counts, std::int64_t T);
 /// The md output's first lines: "<title> (commit ...)", the machine and the SIMD target.
 void print_md_header(const char* title, const Header& h);
 /// The json output's header fields: commit, cpu, hardware_threads, simd_target, threads, reps, seed.

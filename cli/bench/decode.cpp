@@ -76,6 +76,7 @@ struct DecodeRow {
   std::int64_t tokens = 0, layers = 0;
   int threads = 0;
   double ms_per_layer = 0, min_ms = 0, touched_bytes = 0, gbps = 0, dram_fraction = 0, tokens_per_s = 0;
+  std::string kernels;  // the kernel plan the last timed call of the first layer ran (planned_kernels)
 };
 
 // The layers of one (shape, format, layout): --layers, or enough that their expert bytes reach
@@ -122,6 +123,7 @@ std::vector<DecodeRow> time_layers(const std::vector<std::unique_ptr<MoeLayer>>&
       set_num_threads(static_cast<int>(nt));
       std::vector<double> secs;
       double touched = 0;
+      std::string kernels;
       for (int r = -1; r < p.reps; ++r)  // one warm-up pass over the layers
         for (std::int64_t l = 0; l < L; ++l) {
           synth::fill_uniform(x, 1.0f, stream++);
@@ -132,7 +134,9 @@ std::vector<DecodeRow> time_layers(const std::vector<std::unique_ptr<MoeLayer>>&
           if (r < 0) continue;
           secs.push_back(dt);
           std::int64_t active = 0;
-          for (const std::int64_t c : expert_counts(info.routing.ids, E)) active += c > 0;
+          const std::vector<std::int64_t> counts = expert_counts(info.routing.ids, E);
+          for (const std::int64_t c : counts) active += c > 0;
+          if (l == 0) kernels = planned_kernels(*layers.front(), counts, T);
           const LayerBytes& b = bytes[static_cast<std::size_t>(l)];
           touched += b.per_expert * static_cast<double>(active) + b.fixed;
         }
@@ -147,6 +151,7 @@ std::vector<DecodeRow> time_layers(const std::vector<std::unique_ptr<MoeLayer>>&
       row.gbps = row.touched_bytes / med / 1e9;
       row.dram_fraction = limits.dram_gbs > 0 ? row.gbps / limits.dram_gbs : 0;
       row.tokens_per_s = static_cast<double>(T) / (static_cast<double>(L) * med);
+      row.kernels = kernels;
       rows.push_back(row);
     }
   }
@@ -234,13 +239,14 @@ void print_md(const Header& h, const Limits& l, const Cache& llc, const std::vec
               l.dram_threads, format_bytes(l.dram_bytes).c_str());
   std::printf(
       "| shape | dtype | layout | T | threads | layers | ms per layer | min ms | touched MB | GB/s | of DRAM read | "
-      "tokens/s (L layers) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "tokens/s (L layers) | kernels (up projections x experts, layer 1) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const DecodeRow& r : rows)
-    std::printf("| %s | %s | %s | %lld | %d | %lld | %s | %s | %s | %s | %.0f %% | %s |\n", r.shape.c_str(),
+    std::printf("| %s | %s | %s | %lld | %d | %lld | %s | %s | %s | %s | %.0f %% | %s | %s |\n", r.shape.c_str(),
                 r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads,
                 static_cast<long long>(r.layers), sig3(r.ms_per_layer).c_str(), sig3(r.min_ms).c_str(),
                 sig3(r.touched_bytes / 1e6).c_str(), sig3(r.gbps).c_str(), 100.0 * r.dram_fraction,
-                sig3(r.tokens_per_s).c_str());
+                sig3(r.tokens_per_s).c_str(), r.kernels.c_str());
   std::printf(
       "\ntouched = the distinct routed experts of the call's routing, the shared experts and the router, "
       "per call; GB/s = touched / median; tokens/s = T / (layers x median).\n");
@@ -249,12 +255,12 @@ void print_md(const Header& h, const Limits& l, const Cache& llc, const std::vec
 void print_csv(const Header& h, const std::vector<DecodeRow>& rows) {
   std::printf(
       "shape,dtype,layout,tokens,threads,layers,ms_per_layer,min_ms,touched_bytes,gbps,dram_fraction,tokens_per_s,"
-      "cpu,commit\n");
+      "kernels,cpu,commit\n");
   for (const DecodeRow& r : rows)
-    std::printf("%s,%s,%s,%lld,%d,%lld,%.4f,%.4f,%.0f,%.3f,%.4f,%.2f,\"%s\",%s\n", r.shape.c_str(), r.dtype.c_str(),
-                r.layout.c_str(), static_cast<long long>(r.tokens), r.threads, static_cast<long long>(r.layers),
-                r.ms_per_layer, r.min_ms, r.touched_bytes, r.gbps, r.dram_fraction, r.tokens_per_s, h.cpu.c_str(),
-                h.commit.c_str());
+    std::printf("%s,%s,%s,%lld,%d,%lld,%.4f,%.4f,%.0f,%.3f,%.4f,%.2f,\"%s\",\"%s\",%s\n", r.shape.c_str(),
+                r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads,
+                static_cast<long long>(r.layers), r.ms_per_layer, r.min_ms, r.touched_bytes, r.gbps, r.dram_fraction,
+                r.tokens_per_s, r.kernels.c_str(), h.cpu.c_str(), h.commit.c_str());
 }
 
 void print_json(const Header& h, const Limits& l, const Cache& llc, const std::vector<DecodeRow>& rows) {
@@ -276,7 +282,8 @@ void print_json(const Header& h, const Limits& l, const Cache& llc, const std::v
                             {"touched_bytes", r.touched_bytes},
                             {"gbps", r.gbps},
                             {"dram_fraction", r.dram_fraction},
-                            {"tokens_per_s", r.tokens_per_s}});
+                            {"tokens_per_s", r.tokens_per_s},
+                            {"kernels", r.kernels}});
   std::printf("%s\n", j.dump(2).c_str());
 }
 

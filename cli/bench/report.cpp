@@ -95,14 +95,14 @@ void print_md(const Header& h, const Limits& l, const std::vector<const BenchSha
         static_cast<long long>(kPeakN), static_cast<long long>(kPeakK));
   std::printf(
       "\n| mode | shape | dtype | layout | T | threads | median ms | min ms | tokens/s | GFLOP/s | weight GB/s | "
-      "vs. limit |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "vs. limit | kernels (up projections x experts) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
-    std::printf("| %s | %s | %s | %s | %lld | %d | %s | %s | %s | %s | %s | %.0f %% of %s |\n", r.mode.c_str(),
+    std::printf("| %s | %s | %s | %s | %lld | %d | %s | %s | %s | %s | %s | %.0f %% of %s | %s |\n", r.mode.c_str(),
                 r.shape.c_str(), r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads,
-                sig3(r.median_ms).c_str(), sig3(r.min_ms).c_str(),
-                fmt("%.0f", r.tokens_per_s).c_str(), sig3(r.gflops).c_str(),
-                sig3(r.weight_gbs).c_str(), r.limit_pct, limit_label(r.limit));
+                sig3(r.median_ms).c_str(), sig3(r.min_ms).c_str(), fmt("%.0f", r.tokens_per_s).c_str(),
+                sig3(r.gflops).c_str(), sig3(r.weight_gbs).c_str(), r.limit_pct, limit_label(r.limit),
+                r.kernels.c_str());
   std::printf(
       "\nGFLOP/s = 2*3*T*(K + shared)*D*F per call / median; weight GB/s = bytes of the experts "
       "the "
@@ -149,13 +149,13 @@ void print_csv(const Header& h, const std::vector<Row>& rows) {
   std::printf(
       "mode,shape,dtype,layout,tokens,threads,median_ms,min_ms,tokens_per_s,gflops,weight_gbs,limit,limit_"
       "value,"
-      "limit_pct,saved_bytes_per_token,cpu,simd,commit\n");
+      "limit_pct,saved_bytes_per_token,kernels,cpu,simd,commit\n");
   for (const Row& r : rows)
-    std::printf("%s,%s,%s,%s,%lld,%d,%.4f,%.4f,%.2f,%.3f,%.3f,%s,%.3f,%.2f,%.0f,%s,%s,%s\n", r.mode.c_str(),
-                r.shape.c_str(),
-                r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads, r.median_ms, r.min_ms,
-                r.tokens_per_s, r.gflops, r.weight_gbs, r.limit.c_str(), r.limit_value, r.limit_pct,
-                r.saved_bytes_per_token, csv_field(h.cpu).c_str(), csv_field(h.simd).c_str(), csv_field(h.commit).c_str());
+    std::printf("%s,%s,%s,%s,%lld,%d,%.4f,%.4f,%.2f,%.3f,%.3f,%s,%.3f,%.2f,%.0f,%s,%s,%s,%s\n", r.mode.c_str(),
+                r.shape.c_str(), r.dtype.c_str(), r.layout.c_str(), static_cast<long long>(r.tokens), r.threads,
+                r.median_ms, r.min_ms, r.tokens_per_s, r.gflops, r.weight_gbs, r.limit.c_str(), r.limit_value,
+                r.limit_pct, r.saved_bytes_per_token, csv_field(r.kernels).c_str(), csv_field(h.cpu).c_str(),
+                csv_field(h.simd).c_str(), csv_field(h.commit).c_str());
 }
 
 void print_json(const Header& h, const Limits& l, const std::vector<const BenchShape*>& shapes,
@@ -210,7 +210,8 @@ void print_json(const Header& h, const Limits& l, const std::vector<const BenchS
                             {"limit_pct", r.limit_pct},
                             {"simulated_tasks", r.sim_tasks},
                             {"simulated_model_ms", r.sim_model_ms},
-                            {"simulated_efficiency", r.sim_efficiency}});
+                            {"simulated_efficiency", r.sim_efficiency},
+                            {"kernels", r.kernels}});
   std::printf("%s\n", j.dump(2).c_str());
 }
 

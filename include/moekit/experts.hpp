@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/compute_mode.hpp"
 #include "moekit/config.hpp"
 #include "moekit/tensor.hpp"
 #include "moekit/weight_format.hpp"
@@ -50,10 +51,6 @@ struct ExpertMatrix {
   WeightFormat format;
   std::vector<const void*> scales, biases;
   std::int64_t scale_stride = 0;
-  /// Compute with int8-quantized activations where the fast kernel applies (4/8-bit MLX affine,
-  /// MXFP4, NVFP4, int4, ggml's block types; few rows per expert, more for some); MoeLayer::set_int8_activations sets
-  /// it. Default: exact.
-  bool int8_activations = false;
 
   bool quantized() const noexcept { return format.quantized(); }
   bool packed() const noexcept { return layout != MatrixLayout::rows; }
@@ -98,17 +95,10 @@ struct ExpertWeights {
   /// Bytes of the expert matrices (what a forward may read; whole panels when packed; codes,
   /// scales and biases when quantized).
   std::size_t nbytes() const noexcept;
-  /// Bytes the matrices take once packed by pack_panels() in the current mode (rows rounded up
-  /// to whole panels, or to whole AMX tiles in the bf16 compute mode on AMX; quantized matrices
-  /// stay as they are).
-  std::size_t packed_nbytes() const noexcept;
-  /// The bf16 compute mode (MoeLayer::set_bf16_activations): the rows entering each projection
-  /// (the input rows, times their weight where the family scales the input, and the activated
-  /// intermediate) are rounded to bf16 and multiplied with the bf16 weights by
-  /// kernels::gemm_nt_bf16 (exact bf16 × bf16 products, fp32 sums); the projections' outputs, the
-  /// activation and the combine stay fp32. Needs every matrix bf16 in rows layout, or packed in
-  /// amx_tiles (validate_bf16_activations). false (the default): fp32 activations.
-  bool bf16_activations = false;
+  /// Bytes the matrices take once packed by pack_panels() in `mode` (rows rounded up to whole
+  /// panels, or to whole AMX tiles in the bf16 compute mode on AMX; quantized matrices stay as
+  /// they are).
+  std::size_t packed_nbytes(ComputeMode mode = ComputeMode::exact) const noexcept;
 };
 
 /// The expert body, with its constants.
@@ -126,11 +116,16 @@ void validate_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, s
 
 /// Checks that `w` is consistent for `body` with hidden size D: all E pointers set, shapes
 /// [F, D] / [D, F], strides >= cols, dtypes f32/bf16/f16, biases f32 of the right shape, gate
-/// present iff the body is gated. Throws std::invalid_argument naming `what` and the matrix.
-void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what);
+/// present iff the body is gated, and — where a matrix is packed in AMX tiles — that `mode` is
+/// the bf16 compute mode on a CPU with AMX-BF16. Throws std::invalid_argument naming `what` and
+/// the matrix.
+void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what,
+                      ComputeMode mode = ComputeMode::exact);
 
-/// Checks that `w` can run the bf16 compute mode: every defined matrix bf16, in rows layout (or
-/// amx_tiles), not quantized. Throws std::invalid_argument naming `what`.`name` and its format.
+/// Checks that `w` can run the bf16 compute mode (ComputeMode::bf16: the rows entering each
+/// projection rounded to bf16 and multiplied with the weights by kernels::gemm_nt_bf16, exact
+/// bf16 × bf16 products summed in fp32): every defined matrix bf16 in rows layout (or amx_tiles),
+/// or FP8 in rows layout. Throws std::invalid_argument naming `what`.`name` and its format.
 void validate_bf16_activations(const ExpertWeights& w, const char* what);
 
 /// Rows of a routing grouped by expert: a stable counting sort of the (token, slot) pairs.
@@ -144,10 +139,10 @@ struct DispatchPlan {
   std::vector<std::int64_t> inverse;
 };
 
-/// Repacks gate, up and down of every expert into the forward kernel's packed layout, in the
-/// stored dtype (a bf16 model stays bf16), and makes `w` own the packed copy: afterwards the
-/// source memory (a mapped checkpoint, say) is no longer read. Costs one pass over the weights.
-///  - f32 mode: panels (bytes rounded up to whole 16-row panels); the forward then runs the
+/// Repacks gate, up and down of every expert into the forward kernel's packed layout for `mode`,
+/// in the stored dtype (a bf16 model stays bf16), and makes `w` own the packed copy: afterwards
+/// the source memory (a mapped checkpoint, say) is no longer read. Costs one pass over the weights.
+///  - exact and int8 modes: panels (bytes rounded up to whole 16-row panels); the forward then runs the
 ///    outer-product kernel, whose summation order differs from the in-place dot-product kernel's
 ///    (docs/numerics.md) and is likewise fixed: bit-identical for any thread count and batch
 ///    composition.
@@ -157,7 +152,7 @@ struct DispatchPlan {
 ///    packed layout: std::invalid_argument.
 /// A matrix already packed, and a quantized one (already in its packed format), is left as it is.
 /// Throws std::invalid_argument if a matrix has an unsupported dtype.
-void pack_panels(ExpertWeights& w);
+void pack_panels(ExpertWeights& w, ComputeMode mode = ComputeMode::exact);
 
 /// What a training forward keeps of the expert execution for the backward (the train layer).
 /// Rows are in the plan's sorted order (the dense shared expert: token order).
@@ -182,13 +177,15 @@ DispatchPlan plan_dispatch(const TensorView& ids, std::int64_t num_experts);
 /// Deterministic and independent of the thread count. Experts with no rows cost nothing.
 /// Preconditions are validated (shapes, dtypes, plan matching ids): std::invalid_argument.
 /// With `trace`, also keeps what a backward needs (ExpertTrace); y is the same bits either way.
+/// The projections run in `mode` (ComputeMode; the bf16 mode needs validate_bf16_activations'
+/// weights).
 void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
                  const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate = false,
-                 ExpertTrace* trace = nullptr);
+                 ExpertTrace* trace = nullptr, ComputeMode mode = ComputeMode::exact);
 
 /// A dense FFN on every token (the shared expert: E = 1), y (+)= body(x). x, y [T, D] f32.
 /// With `trace`, also keeps the pre-activations of every token (its plan stays empty).
 void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& y,
-                   bool accumulate, ExpertTrace* trace = nullptr);
+                   bool accumulate, ExpertTrace* trace = nullptr, ComputeMode mode = ComputeMode::exact);
 
 }  // namespace moekit

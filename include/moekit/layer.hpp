@@ -109,7 +109,8 @@ class MoeLayer {
   /// |y_fast − y_exact| per element is bounded by Σ_groups (max|x_group| / 254) · Σ|w_group| of
   /// each projection (int4 decoded in bf16 / f16: plus half an ulp of each weight times |x|;
   /// docs/numerics.md). Deterministic for any thread count. No effect on float or FP8 weights.
-  /// Not thread-safe against concurrent forwards.
+  /// Not thread-safe against concurrent forwards. set_int8_activations(true) is
+  /// set_compute_mode(ComputeMode::int8); false returns an int8 layer to exact (another mode stays).
   void set_int8_activations(bool on);
 
   /// The bf16 compute mode, as torch and MLX run bf16 models (docs/numerics.md): with `on`, the
@@ -123,9 +124,18 @@ class MoeLayer {
   /// rows at a time, never the whole matrix. Throws std::invalid_argument naming the first matrix
   /// that is neither (f32/f16 weights, pack_weights()'s panels, other quantized formats). Turning
   /// it off after pack_weights() packed AMX tiles throws too. Not thread-safe against concurrent
-  /// forwards.
+  /// forwards. set_bf16_activations(true) is set_compute_mode(ComputeMode::bf16); false returns a
+  /// bf16 layer to exact (another mode stays).
   void set_bf16_activations(bool on);
-  bool bf16_activations() const noexcept { return weights_.experts.bf16_activations; }
+  bool bf16_activations() const noexcept { return mode_ == ComputeMode::bf16; }
+
+  /// The arithmetic of the routed and shared experts' projections (moekit/compute_mode.hpp), the
+  /// one value every forward passes down to the kernels: exact (the default), int8
+  /// (set_int8_activations says what it computes) or bf16 (set_bf16_activations, which also says
+  /// what it needs and throws). The router and the shared-expert gate stay exact in every mode.
+  /// Not thread-safe against concurrent forwards.
+  void set_compute_mode(ComputeMode mode);
+  ComputeMode compute_mode() const noexcept { return mode_; }
 
   const MoeConfig& config() const noexcept { return config_; }
   const MoeWeights& weights() const noexcept { return weights_; }
@@ -138,6 +148,7 @@ class MoeLayer {
 
   MoeConfig config_;
   MoeWeights weights_;
+  ComputeMode mode_ = ComputeMode::exact;
 };
 
 }  // namespace moekit

@@ -138,6 +138,9 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
 struct ExpertGradOptions {
   /// Add into the gradients already in `grads` instead of overwriting them.
   bool accumulate = false;
+  /// The mode the forward ran in (run_experts' `mode`): pre-activations the trace did not keep
+  /// are recomputed in it, so they are the forward's bits.
+  ComputeMode mode = ComputeMode::exact;
   /// Write gate and up as one fused gate‖up gradient, as transformers stores the parameter:
   /// grads.gate [E, 2F, D] (each expert's gate rows, then its up rows) and grads.gate_bias
   /// [E, 2F]; grads.up and grads.up_bias stay empty. Gated bodies only.

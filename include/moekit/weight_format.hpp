@@ -42,19 +42,19 @@ enum class Element : std::uint8_t {
   /// where the type has them, lie inside the block beside its codes — so a row is whole blocks of
   /// bytes and the matrix has no separate scale array (ExpertMatrix::scales stays empty). Each
   /// decodes exactly as ggml's dequantize_row_* does (kernels/formats/ggml_*.hpp).
-  q4_0,        ///< 32 weights, 18 bytes: f16 d, nibbles; w = (q − 8)·d
-  q4_1,        ///< 32 weights, 20 bytes: f16 d, f16 m, nibbles; w = q·d + m
-  q5_0,        ///< 32 weights, 22 bytes: f16 d, 32 high bits, nibbles; w = (q − 16)·d
-  q5_1,        ///< 32 weights, 24 bytes: f16 d, f16 m, 32 high bits, nibbles; w = q·d + m
-  q8_0,        ///< 32 weights, 34 bytes: f16 d, 32 int8; w = q·d
-  q2_k,        ///< 256 weights, 84 bytes: 16 sub-blocks of 16 with 4-bit scale and min
-  q3_k,        ///< 256 weights, 110 bytes: 16 sub-blocks of 16 with 6-bit scales, 3-bit codes
-  q4_k,        ///< 256 weights, 144 bytes: 8 sub-blocks of 32 with 6-bit scale and min
-  q5_k,        ///< 256 weights, 176 bytes: as q4_k with a fifth bit
-  q6_k,        ///< 256 weights, 210 bytes: 16 sub-blocks of 16 with int8 scales, 6-bit codes
-  iq4_nl,      ///< 32 weights, 18 bytes: f16 d, nibbles into a 16-value non-linear table
-  iq4_xs,      ///< 256 weights, 136 bytes: 8 sub-blocks of 32 with 6-bit scales, iq4_nl's table
-  ggml_mxfp4,  ///< 32 weights, 17 bytes: e8m0 exponent, e2m1 nibbles (element j low, j + 16 high)
+  q4_0,        ///< 32 weights: f16 d, nibbles; w = (q − 8)·d
+  q4_1,        ///< 32 weights: f16 d, f16 m, nibbles; w = q·d + m
+  q5_0,        ///< 32 weights: f16 d, 32 high bits, nibbles; w = (q − 16)·d
+  q5_1,        ///< 32 weights: f16 d, f16 m, 32 high bits, nibbles; w = q·d + m
+  q8_0,        ///< 32 weights: f16 d, 32 int8; w = q·d
+  q2_k,        ///< 256 weights: 16 sub-blocks of 16 with 4-bit scale and min
+  q3_k,        ///< 256 weights: 16 sub-blocks of 16 with 6-bit scales, 3-bit codes
+  q4_k,        ///< 256 weights: 8 sub-blocks of 32 with 6-bit scale and min
+  q5_k,        ///< 256 weights: as q4_k with a fifth bit
+  q6_k,        ///< 256 weights: 16 sub-blocks of 16 with int8 scales, 6-bit codes
+  iq4_nl,      ///< 32 weights: f16 d, nibbles into a 16-value non-linear table
+  iq4_xs,      ///< 256 weights: 8 sub-blocks of 32 with 6-bit scales, iq4_nl's table
+  ggml_mxfp4,  ///< 32 weights: e8m0 exponent, e2m1 nibbles (element j low, j + 16 high)
 };
 
 /// A weight format. Plain float matrices use the default (Element::plain).
@@ -100,41 +100,5 @@ struct WeightFormat {
     return {Element::e4m3, 8, rows, cols, scale_dtype, false};
   }
 };
-
-namespace detail {
-/// Code bits and weights per block of a ggml block type; {0, 0} for any other element.
-constexpr std::pair<int, int> ggml_block(Element e) noexcept {
-  switch (e) {
-    case Element::q4_0:
-    case Element::q4_1:
-    case Element::iq4_nl:
-    case Element::ggml_mxfp4:
-      return {4, 32};
-    case Element::q5_0:
-    case Element::q5_1:
-      return {5, 32};
-    case Element::q8_0:
-      return {8, 32};
-    case Element::q2_k:
-      return {2, 256};
-    case Element::q3_k:
-      return {3, 256};
-    case Element::q4_k:
-    case Element::iq4_xs:
-      return {4, 256};
-    case Element::q5_k:
-      return {5, 256};
-    case Element::q6_k:
-      return {6, 256};
-    default:
-      return {0, 0};
-  }
-}
-}  // namespace detail
-
-inline WeightFormat WeightFormat::ggml(Element element) {
-  const auto [bits, block] = detail::ggml_block(element);
-  return {element, bits, 1, block, element == Element::ggml_mxfp4 ? DType::f8_e8m0 : DType::f16, false};
-}
 
 }  // namespace moekit

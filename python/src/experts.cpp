@@ -44,6 +44,7 @@ BodyKind parse_body(const std::string& name) {
 struct Experts {
   ExpertWeights w;
   ExpertBody body;
+  ComputeMode mode = ComputeMode::exact;  // bf16 with bf16_compute
   std::vector<nb::ndarray<nb::ro>> held;
 
   // One projection: a 3-D [E, rows, cols] array whose rows are contiguous (last stride 1), any
@@ -122,14 +123,14 @@ Tensor run(const Experts& ex, nb::handle x_obj, nb::handle ids_obj, nb::handle w
     std::shared_lock lock(compute_mutex());
     if (saved) {
       saved->trace = ExpertTrace{};
-      run_experts(ex.w, ex.body, xv, ids.view, wv, weight_on_input, y.view(), false, &saved->trace);
+      run_experts(ex.w, ex.body, xv, ids.view, wv, weight_on_input, y.view(), false, &saved->trace, ex.mode);
       saved->x = x_own.numel() > 0 ? std::move(x_own) : to_dtype(xv, DType::f32);
       saved->ids = to_dtype(ids.view, DType::i32);
       saved->weights = w_own.numel() > 0 ? std::move(w_own) : to_dtype(wv, DType::f32);
       saved->weight_on_input = weight_on_input;
       saved->owner = &ex;
     } else {
-      run_experts(ex.w, ex.body, xv, ids.view, wv, weight_on_input, y.view());
+      run_experts(ex.w, ex.body, xv, ids.view, wv, weight_on_input, y.view(), false, nullptr, ex.mode);
     }
   }
   return y;
@@ -165,8 +166,8 @@ void bind_experts(nb::module_& m) {
             const ExpertWeights& w = ex->w;
             validate_experts(w, ex->body, w.hidden_size(), "experts");
             if (bf16_compute) {
-              ex->w.bf16_activations = true;
               validate_bf16_activations(ex->w, "experts");
+              ex->mode = ComputeMode::bf16;
             }
           },
           "body"_a, "gate"_a.none(), "up"_a, "down"_a, "gate_bias"_a.none() = nb::none(),
@@ -213,6 +214,7 @@ void bind_experts(nb::module_& m) {
               std::shared_lock lock(compute_mutex());
               ExpertGradOptions options;
               options.fuse_gate_up = fuse_gate_up;
+              options.mode = ex.mode;
               dx = experts_backward(ex.w, ex.body, s.x.view(), s.ids.view(), s.weights.view(), s.weight_on_input,
                                     s.trace, d.view, grads, dweights, options);
             }

@@ -143,7 +143,6 @@ ExpertWeights select_experts(const ExpertWeights& w, const std::vector<std::int6
   out.up_bias = rows_of(w.up_bias);
   out.down_bias = rows_of(w.down_bias);
   out.keep_alive = w.keep_alive;
-  out.bf16_activations = w.bf16_activations;
   return out;
 }
 
@@ -523,7 +522,7 @@ Tensor ExpertParallelLayer::backward(const DistSavedForward& saved, const SavedF
                                  saved.pre_gate.numel() > 0 ? saved.pre_gate.data_as<const float>() : nullptr,
                                  saved.pre_up.numel() > 0 ? saved.pre_up.data_as<const float>() : nullptr,
                                  recv_dy.data(), pair_dx.data(), pair_dg.data(), detail::expert_sink(g),
-                                 options.accumulate);
+                                 options.accumulate, layer_->compute_mode());
     to_receive_order(pair_dx.data(), saved.src.data(), R, D, back_dx.data());
     for (std::int64_t i = 0; i < R; ++i)
       back_dg[static_cast<std::size_t>(saved.src[static_cast<std::size_t>(i)])] = pair_dg[static_cast<std::size_t>(i)];
@@ -615,7 +614,8 @@ void ExpertParallelLayer::routed(const TensorView& x, const Routing& routing, co
       std::tie(keep_gate, keep_up) = keep_pre_activations(*saving_, R, cfg.expert_width, local_.gate.defined());
     if (R > 0)
       run_sorted_rows(local_, layer_->body(), b.recv_x.data(), order.src.data(), order.wt.data(),
-                      cfg.router.weight_on_input, order.offsets, b.out.data(), keep_gate, keep_up);
+                      cfg.router.weight_on_input, order.offsets, b.out.data(), keep_gate, keep_up,
+                      layer_->compute_mode());
     if (saving_) save_exchange(*saving_, ex, order, b.recv_x.data(), T, D);
     to_receive_order(b.out.data(), order.src.data(), R, D, b.back.data());
   } catch (...) {

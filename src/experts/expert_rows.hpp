@@ -13,12 +13,13 @@ namespace moekit {
 
 /// gate [r, F] = xin · Wg_eᵀ (+ bg_e) (skipped for plain-MLP bodies; gate may then be null) and
 /// up [r, F] = xin · Wu_eᵀ (+ bu_e). `split`: each GEMM spread over the pool.
+/// The projections run in `mode`.
 void expert_pre_activations(const ExpertWeights& w, std::int64_t e, const kernels::RowSource& xin, std::int64_t r,
-                            float* gate, float* up, bool split);
+                            float* gate, float* up, bool split, ComputeMode mode);
 
 /// out [r, D] (+)= (h · Wd_eᵀ (+ bd_e)) · out_scale[row] (out_scale may be null).
 void expert_down(const ExpertWeights& w, std::int64_t e, const float* h, std::int64_t r, float* out,
-                 const float* out_scale, bool split, bool accumulate);
+                 const float* out_scale, bool split, bool accumulate, ComputeMode mode);
 
 /// One task of the grouped experts: `count` (1..kTaskRows) rows of `expert` from sorted row
 /// `begin`. run_sorted_rows cuts each expert's rows into such tasks, in expert order, and runs
@@ -40,10 +41,11 @@ inline bool split_gemms(std::int64_t tasks, std::int64_t threads) { return tasks
 /// weighted expert outputs in the same order. Tasks of (expert, up to 64 of its rows), as
 /// run_experts: a row's bits depend only on its expert's rows, in their order — so a caller
 /// that hands an expert the same rows in the same order (expert parallelism) gets the same
-/// bits. keep_gate / keep_up, when set, receive the [rows, F] pre-activations.
+/// bits. keep_gate / keep_up, when set, receive the [rows, F] pre-activations. The projections
+/// run in `mode`.
 void run_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
                      const float* weight, bool weight_on_input, const std::vector<std::int64_t>& offsets, float* out,
-                     float* keep_gate, float* keep_up);
+                     float* keep_gate, float* keep_up, ComputeMode mode);
 
 /// The combine: y[t] (+)= Σ_k rows[position[t·K + k]] over k = 0..K−1 in slot order, in fp32
 /// from +0 (or from y with `accumulate`). rows [*, D]; y [T, D].

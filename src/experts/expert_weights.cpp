@@ -88,9 +88,9 @@ std::size_t ExpertWeights::nbytes() const noexcept {
 }
 
 namespace {
-// The layout pack_panels() packs `w` into in its current mode (throws where there is none).
-MatrixLayout packed_layout(const ExpertWeights& w) {
-  if (!w.bf16_activations) return MatrixLayout::panels;
+// The layout pack_panels() packs into in `mode` (throws where there is none).
+MatrixLayout packed_layout(ComputeMode mode) {
+  if (mode != ComputeMode::bf16) return MatrixLayout::panels;
   const kernels::Bf16Path path = kernels::bf16_path();
   if (path == kernels::Bf16Path::amx) return MatrixLayout::amx_tiles;
   throw std::invalid_argument(MOEKIT_MSG("[moekit::pack_panels] the bf16 compute mode has a packed layout on the amx "
@@ -99,10 +99,10 @@ MatrixLayout packed_layout(const ExpertWeights& w) {
 }
 }  // namespace
 
-std::size_t ExpertWeights::packed_nbytes() const noexcept {
+std::size_t ExpertWeights::packed_nbytes(ComputeMode mode) const noexcept {
   MatrixLayout target = MatrixLayout::panels;
   try {
-    target = packed_layout(*this);
+    target = packed_layout(mode);
   } catch (const std::invalid_argument&) {
     target = MatrixLayout::rows;  // nothing would be packed
   }
@@ -126,7 +126,7 @@ void validate_bf16_activations(const ExpertWeights& w, const char* what) {
   }
 }
 
-void pack_panels(ExpertWeights& w) {
+void pack_panels(ExpertWeights& w, ComputeMode mode) {
   // A matrix packed before this call reads memory that keep_alive holds; then nothing is let go.
   // A quantized matrix keeps reading its codes in place, so then nothing is let go either.
   bool any_rows = false, any_kept = false;
@@ -135,7 +135,7 @@ void pack_panels(ExpertWeights& w) {
     any_kept |= m->defined() && (m->packed() || m->quantized());
   }
   if (!any_rows) return;
-  const MatrixLayout target = packed_layout(w);
+  const MatrixLayout target = packed_layout(mode);
   for (const ExpertMatrix* m : {&w.gate, &w.up, &w.down})
     if (m->defined() && !m->quantized() && m->dtype != DType::f32 && m->dtype != DType::bf16 &&
         m->dtype != DType::f16)
@@ -244,7 +244,8 @@ void validate_matrix(const ExpertMatrix& m, std::int64_t E, std::int64_t rows, s
   }
 }
 
-void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what) {
+void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64_t D, const char* what,
+                      ComputeMode mode) {
   const std::int64_t E = w.down.num_experts();
   if (E < 1) throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] " << what << " has no experts"));
   const std::int64_t F = w.down.cols;
@@ -261,7 +262,7 @@ void validate_experts(const ExpertWeights& w, const ExpertBody& body, std::int64
   if (w.down_bias.numel() || w.down_bias.rank()) check_bias(w.down_bias, E, D, what, "down_bias");
   const bool tiles = w.gate.layout == MatrixLayout::amx_tiles || w.up.layout == MatrixLayout::amx_tiles ||
                      w.down.layout == MatrixLayout::amx_tiles;
-  if (tiles && (!w.bf16_activations || !kernels::bf16_path_supported(kernels::Bf16Path::amx)))
+  if (tiles && (mode != ComputeMode::bf16 || !kernels::bf16_path_supported(kernels::Bf16Path::amx)))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::validate_experts] "
                                            << what << " holds AMX tiles, which only the bf16 compute mode reads, on "
                                                       "a CPU with AMX-BF16"));

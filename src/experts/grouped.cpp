@@ -11,10 +11,11 @@
 #include <stdexcept>
 #include <vector>
 
-#include "kernels/activation.hpp"
-#include "experts/weight_matrix.hpp"
 #include "experts/expert_rows.hpp"
+#include "experts/weight_matrix.hpp"
+#include "kernels/activation.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/plan.hpp"
 #include "moekit/experts.hpp"
 #include "moekit/threading.hpp"
 #include "tensor/expect.hpp"
@@ -59,60 +60,58 @@ std::vector<float>& bf16_rows_scratch() {
 }
 
 // The rows a projection multiplies in the bf16 compute mode: rounded once per task (for gate
-// and up together) in the form the CPU's path takes. Unused in the f32 mode.
-kernels::Bf16Activations rounded(const ExpertWeights& w, const kernels::RowSource& rows, std::int64_t r,
-                                 std::int64_t K) {
-  if (!w.bf16_activations) return {};
-  // Weights packed in AMX tiles run on the amx path (pack_panels chose it; validate_experts
-  // checked the CPU has it), whatever bf16_path() answers now.
-  const kernels::Bf16Path path =
-      w.up.layout == MatrixLayout::amx_tiles ? kernels::Bf16Path::amx : kernels::bf16_path();
+// and up together) in the form the planned path takes (kernels/plan.hpp; the same for every
+// matrix of `w`: validate_experts keeps AMX tiles to all or none). Unused in the other modes.
+kernels::Bf16Activations rounded(const ExpertWeights& w, const kernels::RowSource& rows, std::int64_t r, std::int64_t K,
+                                 ComputeMode mode) {
+  if (mode != ComputeMode::bf16) return {};
+  const kernels::Bf16Path path = kernels::plan_gemm_nt(weight_matrix(w.up, 0), mode, r, K).bf16;
   auto& buf = bf16_rows_scratch();
   buf.resize((kernels::bf16_activation_bytes(r, K, path) + sizeof(float) - 1) / sizeof(float));
   return kernels::round_to_bf16(rows, r, K, path, buf.data());
 }
 
-// rows · Wᵀ for one projection, in the mode `w` computes in: f32 rows (gathered and scaled in
-// place), or their bf16 rounding.
-void project(const ExpertWeights& w, const ExpertMatrix& m, std::int64_t e, const kernels::RowSource& rows,
+// rows · Wᵀ for one projection in `mode`: f32 rows (gathered and scaled in place), or their bf16
+// rounding.
+void project(const ExpertMatrix& m, std::int64_t e, const kernels::RowSource& rows,
              const kernels::Bf16Activations& rows_bf16, std::int64_t r, const kernels::Output& out,
-             kernels::Threads threads) {
+             kernels::Threads threads, ComputeMode mode) {
   const std::int64_t N = m.rows, K = m.cols;
-  if (w.bf16_activations) {
+  if (mode == ComputeMode::bf16) {
     kernels::gemm_nt_bf16(rows_bf16, weight_matrix(m, e), out, r, N, K, threads);
   } else {
-    kernels::gemm_nt(rows, weight_matrix(m, e), out, r, N, K, threads);
+    kernels::gemm_nt(rows, weight_matrix(m, e), out, r, N, K, threads, mode);
   }
 }
 
 }  // namespace
 
 void expert_pre_activations(const ExpertWeights& w, std::int64_t e, const kernels::RowSource& xin, std::int64_t r,
-                            float* gate, float* up, bool split) {
+                            float* gate, float* up, bool split, ComputeMode mode) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
-  const kernels::Bf16Activations xb = rounded(w, xin, r, D);
+  const kernels::Bf16Activations xb = rounded(w, xin, r, D, mode);
   const kernels::ReuseQuantizedRows once;  // the int8 mode quantizes xin once for up and gate
-  project(w, w.up, e, xin, xb, r, {up, F}, threads);
+  project(w.up, e, xin, xb, r, {up, F}, threads, mode);
   if (has(w.up_bias)) kernels::add_row_bias(up, r, F, w.up_bias.data_as<const float>() + e * F);
   if (w.gate.defined()) {
-    project(w, w.gate, e, xin, xb, r, {gate, F}, threads);
+    project(w.gate, e, xin, xb, r, {gate, F}, threads, mode);
     if (has(w.gate_bias)) kernels::add_row_bias(gate, r, F, w.gate_bias.data_as<const float>() + e * F);
   }
 }
 
 void expert_down(const ExpertWeights& w, std::int64_t e, const float* h, std::int64_t r, float* out,
-                 const float* out_scale, bool split, bool accumulate) {
+                 const float* out_scale, bool split, bool accumulate, ComputeMode mode) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const kernels::Threads threads = split ? kernels::Threads::pool : kernels::Threads::caller;
   const kernels::RowSource hin{h, F};
-  const kernels::Bf16Activations hb = rounded(w, hin, r, F);
+  const kernels::Bf16Activations hb = rounded(w, hin, r, F, mode);
   if (!has(w.down_bias)) {
-    project(w, w.down, e, hin, hb, r, {out, D, out_scale, accumulate}, threads);
+    project(w.down, e, hin, hb, r, {out, D, out_scale, accumulate}, threads, mode);
     return;
   }
   // The bias sits inside the weighted body, (h·Wᵀ + b)·w, so here the weight comes after it.
-  project(w, w.down, e, hin, hb, r, {out, D, nullptr, accumulate}, threads);
+  project(w.down, e, hin, hb, r, {out, D, nullptr, accumulate}, threads, mode);
   kernels::add_row_bias(out, r, D, w.down_bias.data_as<const float>() + e * D);
   if (out_scale)
     for (std::int64_t i = 0; i < r; ++i)
@@ -127,8 +126,8 @@ namespace {
 // order are the same either way. `pre_gate` / `pre_up`, when set, receive the [r, F]
 // pre-activations (a training forward's trace) instead of the scratch.
 void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e, const kernels::RowSource& xin,
-                 std::int64_t r, float* out, const float* out_scale, Scratch& s, bool split, bool accumulate = false,
-                 float* pre_gate = nullptr, float* pre_up = nullptr) {
+                 std::int64_t r, float* out, const float* out_scale, Scratch& s, bool split, bool accumulate,
+                 float* pre_gate, float* pre_up, ComputeMode mode) {
   const std::int64_t F = w.width();
   s.up.resize(static_cast<std::size_t>(r * F));
   float* up = pre_up ? pre_up : s.up.data();
@@ -137,9 +136,9 @@ void expert_rows(const ExpertWeights& w, const ExpertBody& body, std::int64_t e,
     s.gate.resize(static_cast<std::size_t>(r * F));
     gate = pre_gate ? pre_gate : s.gate.data();
   }
-  expert_pre_activations(w, e, xin, r, gate, up, split);
+  expert_pre_activations(w, e, xin, r, gate, up, split, mode);
   kernels::apply_body(body.kind, body.swiglu_limit, body.swiglu_alpha, gate, up, s.up.data(), r * F);
-  expert_down(w, e, s.up.data(), r, out, out_scale, split, accumulate);
+  expert_down(w, e, s.up.data(), r, out, out_scale, split, accumulate, mode);
 }
 
 // The trace's pre-activation buffers for `rows` rows: the ones it holds when their shape is
@@ -174,7 +173,7 @@ std::vector<ExpertTask> expert_tasks(const std::vector<std::int64_t>& offsets) {
 
 void run_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
                      const float* weight, bool weight_on_input, const std::vector<std::int64_t>& offsets, float* out,
-                     float* keep_gate, float* keep_up) {
+                     float* keep_gate, float* keep_up, ComputeMode mode) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const std::vector<ExpertTask> tasks = expert_tasks(offsets);
   // Fewer tasks than threads (decode with K = 1 or 2): run the tasks one after another with each
@@ -185,9 +184,9 @@ void run_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float
     const ExpertTask& task = tasks[static_cast<std::size_t>(ti)];
     const float* wt = weight + task.begin;
     const kernels::RowSource rows{x, D, src + task.begin, weight_on_input ? wt : nullptr};
-    expert_rows(w, body, task.expert, rows, task.count, out + task.begin * D, weight_on_input ? nullptr : wt,
-                scratch(), split, false, keep_gate ? keep_gate + task.begin * F : nullptr,
-                keep_up ? keep_up + task.begin * F : nullptr);
+    expert_rows(w, body, task.expert, rows, task.count, out + task.begin * D, weight_on_input ? nullptr : wt, scratch(),
+                split, false, keep_gate ? keep_gate + task.begin * F : nullptr,
+                keep_up ? keep_up + task.begin * F : nullptr, mode);
   };
   if (split) {
     for (std::int64_t ti = 0; ti < n_tasks; ++ti) run_task(ti);
@@ -198,10 +197,10 @@ void run_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float
 
 void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& ids,
                  const TensorView& weights, bool weight_on_input, const TensorView& y, bool accumulate,
-                 ExpertTrace* trace) {
+                 ExpertTrace* trace, ComputeMode mode) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const std::int64_t E = w.num_experts();
-  validate_experts(w, body, D, "experts");
+  validate_experts(w, body, D, "experts", mode);
   check_xy("run_experts", x, y, D);
   const std::int64_t T = x.dim(0);
   detail::expect_tensor("run_experts", "ids", ids, {DType::i32}, {T, "K"});
@@ -230,8 +229,8 @@ void run_experts(const ExpertWeights& w, const ExpertBody& body, const TensorVie
     src_rows[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pair / K);
     slot_weight[static_cast<std::size_t>(i)] = ws[pair];
   }
-  run_sorted_rows(w, body, xs, src_rows.data(), slot_weight.data(), weight_on_input, plan.offsets, pair_out,
-                  keep_gate, keep_up);
+  run_sorted_rows(w, body, xs, src_rows.data(), slot_weight.data(), weight_on_input, plan.offsets, pair_out, keep_gate,
+                  keep_up, mode);
 
   combine_rows(pair_out, plan.inverse.data(), T, K, D, ys, accumulate);
 }
@@ -251,9 +250,9 @@ void combine_rows(const float* rows, const std::int64_t* position, std::int64_t 
 }
 
 void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorView& x, const TensorView& y,
-                   bool accumulate, ExpertTrace* trace) {
+                   bool accumulate, ExpertTrace* trace, ComputeMode mode) {
   const std::int64_t D = w.hidden_size(), F = w.width();
-  validate_experts(w, body, D, "shared");
+  validate_experts(w, body, D, "shared", mode);
   if (w.num_experts() != 1)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::run_dense_ffn] expected 1 expert, got " << w.num_experts()));
   check_xy("run_dense_ffn", x, y, D);
@@ -268,7 +267,7 @@ void run_dense_ffn(const ExpertWeights& w, const ExpertBody& body, const TensorV
     prepare_trace(*trace, T, F, w.gate.defined(), keep_gate, keep_up);
   }
   expert_rows(w, body, 0, {x.data_as<const float>(), D}, T, y.data_as<float>(), nullptr, local, true, accumulate,
-              keep_gate, keep_up);
+              keep_gate, keep_up, mode);
 }
 
 }  // namespace moekit

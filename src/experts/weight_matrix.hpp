@@ -23,7 +23,6 @@ inline kernels::WeightMatrix weight_matrix(const ExpertMatrix& m, std::int64_t e
     w.scales = m.scales.empty() ? nullptr : m.scales[i];  // (ggml blocks carry their scales)
     w.biases = m.biases.empty() ? nullptr : m.biases[i];
     w.scale_ld = m.scale_stride;
-    w.int8_activations = m.int8_activations;
   }
   return w;
 }

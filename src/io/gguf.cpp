@@ -17,7 +17,9 @@
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
+#include "kernels/formats/table.hpp"
 #include "util/error.hpp"
 #include "util/mapped_file.hpp"
 
@@ -174,17 +176,34 @@ std::size_t value_bytes(const std::uint8_t* p, GgufType t) {
   return bytes;
 }
 
-constexpr GgmlTypeInfo kGgmlTypes[] = {
-    {0, "f32", 1, 4},         {1, "f16", 1, 2},         {2, "q4_0", 32, 18},      {3, "q4_1", 32, 20},
-    {6, "q5_0", 32, 22},      {7, "q5_1", 32, 24},      {8, "q8_0", 32, 34},      {9, "q8_1", 32, 36},
-    {10, "q2_K", 256, 84},    {11, "q3_K", 256, 110},   {12, "q4_K", 256, 144},   {13, "q5_K", 256, 176},
-    {14, "q6_K", 256, 210},   {15, "q8_K", 256, 292},   {16, "iq2_xxs", 256, 66}, {17, "iq2_xs", 256, 74},
-    {18, "iq3_xxs", 256, 98}, {19, "iq1_s", 256, 50},   {20, "iq4_nl", 32, 18},   {21, "iq3_s", 256, 110},
-    {22, "iq2_s", 256, 82},   {23, "iq4_xs", 256, 136}, {24, "i8", 1, 1},         {25, "i16", 1, 2},
-    {26, "i32", 1, 4},        {27, "i64", 1, 8},        {28, "f64", 1, 8},        {29, "iq1_m", 256, 56},
-    {30, "bf16", 1, 2},       {34, "tq1_0", 256, 54},   {35, "tq2_0", 256, 66},   {39, "mxfp4", 32, 17},
-    {40, "nvfp4", 64, 36},    {41, "q1_0", 128, 18},    {42, "q2_0", 64, 18},
+// ggml's types moekit reads tensors of (sizes, names) but computes on as plain dtypes or not at
+// all. The block types it computes on are not here: their numbers, names and block sizes are
+// on their formats (kernels/formats/ggml_*.hpp), and ggml_types() adds them.
+constexpr GgmlTypeInfo kOtherTypes[] = {
+    {0, "f32", 1, 4},         {1, "f16", 1, 2},        {9, "q8_1", 32, 36},      {15, "q8_K", 256, 292},
+    {16, "iq2_xxs", 256, 66}, {17, "iq2_xs", 256, 74}, {18, "iq3_xxs", 256, 98}, {19, "iq1_s", 256, 50},
+    {21, "iq3_s", 256, 110},  {22, "iq2_s", 256, 82},  {24, "i8", 1, 1},         {25, "i16", 1, 2},
+    {26, "i32", 1, 4},        {27, "i64", 1, 8},       {28, "f64", 1, 8},        {29, "iq1_m", 256, 56},
+    {30, "bf16", 1, 2},       {34, "tq1_0", 256, 54},  {35, "tq2_0", 256, 66},   {40, "nvfp4", 64, 36},
+    {41, "q1_0", 128, 18},    {42, "q2_0", 64, 18},
 };
+
+// Every type ggml_type_info knows: kOtherTypes and the block types of the format list.
+const std::vector<GgmlTypeInfo>& ggml_types() {
+  static const std::vector<GgmlTypeInfo> all = [] {
+    std::vector<GgmlTypeInfo> v(std::begin(kOtherTypes), std::end(kOtherTypes));
+#define MOEKIT_GGUF_TYPE(f)                                                                                            \
+  {                                                                                                                    \
+    const kernels::formats::FormatTraits& t = kernels::formats::traits(Element::f);                                    \
+    v.push_back(                                                                                                       \
+        {static_cast<std::uint32_t>(t.gguf.gguf_id), t.name, t.gguf.weights, static_cast<std::size_t>(t.gguf.bytes)}); \
+  }
+    MOEKIT_GGML_FORMATS(MOEKIT_GGUF_TYPE)
+#undef MOEKIT_GGUF_TYPE
+    return v;
+  }();
+  return all;
+}
 
 }  // namespace
 
@@ -196,7 +215,7 @@ const char* gguf_type_name(GgufType type) noexcept {
 }
 
 const GgmlTypeInfo* ggml_type_info(std::uint32_t id) noexcept {
-  for (const GgmlTypeInfo& t : kGgmlTypes)
+  for (const GgmlTypeInfo& t : ggml_types())
     if (t.id == id) return &t;
   return nullptr;
 }

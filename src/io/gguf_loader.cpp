@@ -303,34 +303,33 @@ MoeConfig config_of(const GgufModel& m, std::int64_t layer) {
   return c;
 }
 
-// The ggml types moekit computes on: float types as plain dtypes, block types as formats.
+// The ggml types moekit computes on: the float types as plain dtypes, the block types as the
+// formats of kernels/formats/ (each type's number in GGUF files is on its format).
 struct TypeMap {
   std::uint32_t id;
   bool plain;
   DType dtype;
   Element element;
 };
-constexpr TypeMap kTypeMap[] = {
-    {0, true, DType::f32, Element::plain},   {1, true, DType::f16, Element::plain},
-    {30, true, DType::bf16, Element::plain}, {2, false, DType::u8, Element::q4_0},
-    {3, false, DType::u8, Element::q4_1},    {6, false, DType::u8, Element::q5_0},
-    {7, false, DType::u8, Element::q5_1},    {8, false, DType::u8, Element::q8_0},
-    {10, false, DType::u8, Element::q2_k},   {11, false, DType::u8, Element::q3_k},
-    {12, false, DType::u8, Element::q4_k},   {13, false, DType::u8, Element::q5_k},
-    {14, false, DType::u8, Element::q6_k},   {20, false, DType::u8, Element::iq4_nl},
-    {23, false, DType::u8, Element::iq4_xs}, {39, false, DType::u8, Element::ggml_mxfp4},
-};
+constexpr TypeMap kFloatTypes[] = {{0, true, DType::f32, Element::plain},
+                                   {1, true, DType::f16, Element::plain},
+                                   {30, true, DType::bf16, Element::plain}};
 
-// The row of ggml type `id`, or nullptr for a type moekit does not compute on.
-const TypeMap* type_map(std::uint32_t id) {
-  for (const TypeMap& t : kTypeMap)
-    if (t.id == id) return &t;
-  return nullptr;
+// The row of ggml type `id`, or nullopt for a type moekit does not compute on.
+std::optional<TypeMap> type_map(std::uint32_t id) {
+  for (const TypeMap& t : kFloatTypes)
+    if (t.id == id) return t;
+  const Element e = kernels::formats::gguf_element(id);
+  if (e == Element::plain) return std::nullopt;
+  return TypeMap{id, false, DType::u8, e};
 }
 
 std::string supported_types() {
   std::string out;
-  for (const TypeMap& t : kTypeMap) out += (out.empty() ? "" : ", ") + std::string(ggml_type_info(t.id)->name);
+  for (const TypeMap& t : kFloatTypes) out += (out.empty() ? "" : ", ") + std::string(ggml_type_info(t.id)->name);
+#define MOEKIT_GGUF_NAME(f) out += std::string(", ") + kernels::formats::traits(Element::f).name;
+  MOEKIT_GGML_FORMATS(MOEKIT_GGUF_NAME)
+#undef MOEKIT_GGUF_NAME
   return out;
 }
 
@@ -364,8 +363,8 @@ class TensorReader {
   // A small float tensor (biases, the shared gate) as an owned f32 [n].
   Tensor f32(const std::string& rel, const std::vector<std::int64_t>& ne) const {
     const GgufTensorInfo& t = get(rel, ne);
-    const TypeMap* tm = type_map(t.type);
-    if (tm == nullptr || !tm->plain)
+    const std::optional<TypeMap> tm = type_map(t.type);
+    if (!tm || !tm->plain)
       fail(rel, MOEKIT_MSG("has type " << ggml_type_info(t.type)->name << ", expected f32, f16 or bf16"));
     if (reinterpret_cast<std::uintptr_t>(t.data) % dtype_size(tm->dtype) != 0)
       fail(rel, "is not aligned to its element size");
@@ -382,8 +381,8 @@ class TensorReader {
   ExpertMatrix matrix(const std::string& rel, std::int64_t E, std::int64_t out, std::int64_t in) const {
     const GgufTensorInfo& t =
         get(rel, E > 0 ? std::vector<std::int64_t>{in, out, E} : std::vector<std::int64_t>{in, out});
-    const TypeMap* tm = type_map(t.type);
-    if (tm == nullptr)
+    const std::optional<TypeMap> tm = type_map(t.type);
+    if (!tm)
       fail(rel, MOEKIT_MSG("has ggml type " << ggml_type_info(t.type)->name << ", which moekit does not compute on "
                                             << "(supported: " << supported_types() << ")"));
     const std::int64_t n = std::max<std::int64_t>(E, 1);

@@ -9,10 +9,41 @@
 #include <utility>
 #include <vector>
 
+#include "experts/weight_matrix.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/plan.hpp"
 #include "moekit/model.hpp"
 
 namespace moekit {
+
+// The kernel plan (kernels/plan.hpp) for the routed experts' projections on this CPU, per mode
+// they can run in, at row counts from decode to prefill: one line per projection and mode.
+static std::string plan_rows(const ExpertWeights& w) {
+  constexpr std::int64_t kRows[] = {1, 4, 8, 16, 64, 512};
+  std::ostringstream os;
+  os << "  kernel plan, routed experts (this CPU; rows of one expert's call:";
+  for (const std::int64_t m : kRows) os << " " << m;
+  os << "):\n";
+  const std::pair<const char*, const ExpertMatrix*> mats[] = {{"gate", &w.gate}, {"up", &w.up}, {"down", &w.down}};
+  for (const ComputeMode mode : {ComputeMode::exact, ComputeMode::int8, ComputeMode::bf16}) {
+    bool bf16_ok = true;
+    try {
+      if (mode == ComputeMode::bf16) validate_bf16_activations(w, "experts");
+    } catch (const std::invalid_argument&) {
+      bf16_ok = false;
+    }
+    if (!bf16_ok) continue;
+    for (const auto& [name, m] : mats) {
+      if (!m->defined()) continue;
+      if (mode == ComputeMode::int8 && !m->quantized()) continue;  // int8 changes nothing on float weights
+      os << "    " << compute_mode_name(mode) << " " << name << ":";
+      for (const std::int64_t M : kRows)
+        os << " " << kernels::describe(kernels::plan_gemm_nt(weight_matrix(*m, 0), mode, M, m->cols));
+      os << "\n";
+    }
+  }
+  return os.str();
+}
 
 // "f32" when all defined matrices share a plain format, else per projection: "gate 4-bit affine,
 // group 64, bf16 scales (1.5 MB, 4.5 bits per weight); up ...; down ...".
@@ -129,11 +160,7 @@ std::string inspect_report(const std::string& path, std::int64_t layer_index) {
     if (!w.experts.up.quantized() && w.experts.up.dtype == DType::bf16 &&
         kernels::bf16_path() == kernels::Bf16Path::amx) {
       std::size_t tiles = 0;
-      for (const ExpertWeights* x : {&w.experts, &w.shared}) {
-        ExpertWeights bf16_mode = *x;
-        bf16_mode.bf16_activations = true;
-        tiles += bf16_mode.packed_nbytes();
-      }
+      for (const ExpertWeights* x : {&w.experts, &w.shared}) tiles += x->packed_nbytes(ComputeMode::bf16);
       out << ", " << format_bytes(tiles) << " in AMX tiles (forward --pack --bf16-activations)";
     }
     out << "\n";
@@ -145,6 +172,7 @@ std::string inspect_report(const std::string& path, std::int64_t layer_index) {
     const std::size_t total =
         w.experts.nbytes() + ((w.shared.num_experts() > 0) ? w.shared.nbytes() : 0);
     out << "  expert weight bytes: " << format_bytes(total) << " (routed + shared)\n";
+    out << plan_rows(w.experts);
     if (gguf) {  // the block's tensors as stored: ggml type, extents (ne[0] first), bits per weight
       out << "  tensors:\n";
       const std::string prefix = "blk." + std::to_string(layer) + ".";

@@ -1,6 +1,8 @@
 #include "kernels/cpu.hpp"
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MOEKIT_CPU_X86 1
@@ -77,6 +79,90 @@ const CpuFeatures& cpu_features() noexcept {
   static const CpuFeatures f;
 #endif
   return f;
+}
+
+bool int8_path_supported(Int8Path path) noexcept {
+  const CpuFeatures& cpu = cpu_features();
+  switch (path) {
+    case Int8Path::avx512vnni:
+      return cpu.avx2_fma && cpu.avx512_vnni;
+    case Int8Path::avx2:
+      return cpu.avx2_fma;
+    case Int8Path::amx:
+      return cpu.amx_int8;
+    case Int8Path::best:
+    case Int8Path::portable:
+      break;
+  }
+  return true;
+}
+
+bool bf16_path_supported(Bf16Path path) noexcept {
+  switch (path) {
+    case Bf16Path::avx512bf16:
+      return cpu_features().avx512_bf16;
+    case Bf16Path::amx:
+      return cpu_features().amx_bf16;
+    case Bf16Path::f32_fma:
+      break;
+  }
+  return true;
+}
+
+namespace {
+
+CpuPaths resolve() {
+  CpuPaths p;
+  const char* int8 = std::getenv("MOEKIT_INT8_PATH");
+  const auto asks = [int8](const char* name) { return int8 != nullptr && std::strcmp(int8, name) == 0; };
+  if (int8_path_supported(Int8Path::avx512vnni) && !asks("avx2") && !asks("portable")) {
+    p.int8 = Int8Path::avx512vnni;
+  } else if (int8_path_supported(Int8Path::avx2) && !asks("portable")) {
+    p.int8 = Int8Path::avx2;
+  }
+  p.amx_int8 = int8_path_supported(Int8Path::amx) && (int8 == nullptr || asks("amx"));
+  const CpuFeatures& cpu = cpu_features();
+  p.bf16 = cpu.amx_bf16 ? Bf16Path::amx : cpu.avx512_bf16 && cpu.amd ? Bf16Path::avx512bf16 : Bf16Path::f32_fma;
+  if (const char* bf16 = std::getenv("MOEKIT_BF16_PATH")) {
+    for (const Bf16Path b : kBf16Paths)
+      if (std::strcmp(bf16, bf16_path_name(b)) == 0 && bf16_path_supported(b)) p.bf16 = b;
+  }
+  return p;
+}
+
+}  // namespace
+
+const CpuPaths& cpu_paths() noexcept {
+  static const CpuPaths p = resolve();
+  return p;
+}
+
+const char* int8_path_name(Int8Path path) noexcept {
+  if (path == Int8Path::best) path = cpu_paths().int8;
+  switch (path) {
+    case Int8Path::amx:
+      return "amx";
+    case Int8Path::avx512vnni:
+      return "avx512vnni";
+    case Int8Path::avx2:
+      return "avx2";
+    case Int8Path::best:
+    case Int8Path::portable:
+      break;
+  }
+  return "portable";
+}
+
+const char* bf16_path_name(Bf16Path path) noexcept {
+  switch (path) {
+    case Bf16Path::avx512bf16:
+      return "avx512bf16";
+    case Bf16Path::amx:
+      return "amx";
+    case Bf16Path::f32_fma:
+      break;
+  }
+  return "f32_fma";
 }
 
 }  // namespace moekit::kernels

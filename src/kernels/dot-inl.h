@@ -275,6 +275,16 @@ HWY_INLINE bool GemmWithView(const RowSource& A, const WeightMatrix& B, const Ou
   }
 }
 
+// Whether GemmWithView<View, kInRegisters> takes B [.., K] on this target (the kernel plan asks).
+template <bool kInRegisters>
+HWY_INLINE bool ViewTakes(const WeightMatrix& B, int64_t K) {
+  if constexpr (!kInRegisters) {
+    return false;
+  } else {
+    return ViewFits(B, K);
+  }
+}
+
 template <class View, bool kInRegisters, class Out, class Scalar>
 HWY_INLINE void DecodeRowsWith(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, Out* dst,
                                const Scalar& scalar) {

@@ -12,6 +12,7 @@
 
 #include "kernels/amx.hpp"
 #include "kernels/formats/table.hpp"
+#include "kernels/plan.hpp"
 #include "moekit/threading.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
@@ -175,27 +176,36 @@ void pack_amx_tiles(const WeightMatrix& B, std::int64_t N, std::int64_t K, void*
                   static_cast<std::size_t>(std::min<std::int64_t>(32, K - k0)) * sizeof(std::uint16_t));
 }
 
-void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-             std::int64_t K, Threads threads) {
+void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N, std::int64_t K,
+             Threads threads, ComputeMode mode) {
   check_weights("gemm_nt", B, true);
-  // The fast mode is decided on the whole call (never on a thread's share of its rows); with
-  // many rows its driver (ggml's panels, AMX-INT8) quantizes the rows once and splits in whole
-  // panels or tiles.
-  const bool int8 = B.quantized() && detail::int8_activations_apply(B, M, K);
-  if (int8 && M > detail::int8_row_kernel_max_rows(B)) return detail::gemm_nt_int8_many(A, B, C, M, N, K, threads);
-  const bool panels = B.layout == WeightLayout::panels && !B.quantized();
-  split_c(M, N, 12, threads, [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
-    if (int8)
-      return detail::gemm_nt_affine_int8_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0,
-                                                n1 - n0, K);
-    // The panels kernel packs A's rows itself (its own copy serves as the staggered one).
-    if (panels)
-      return detail::gemm_nt_panel_kernel(A.from(m0), rows_of(B, n0, K), block_of(C, m0, n0), m1 - m0, n1 - n0, K);
-    const auto kernel = B.quantized() ? detail::gemm_nt_quant_kernel : detail::gemm_nt_kernel;
-    with_staggered_rows(A.from(m0), m1 - m0, K, [&](const RowSource& a, std::int64_t r0, std::int64_t r1) {
-      kernel(a, rows_of(B, n0, K), block_of(C, m0 + r0, n0), r1 - r0, n1 - n0, K);
-    });
-  }, panels);
+  if (M <= 0 || N <= 0) return;
+  // The plan is made for the whole call, never for a thread's share of its rows.
+  const KernelPlan plan = plan_gemm_nt(B, mode == ComputeMode::bf16 ? ComputeMode::exact : mode, M, K);
+  const Kernel kernel = plan.kernel;
+  // The many-row int8 kernels quantize the rows once and split in whole panels or tiles.
+  if (kernel == Kernel::int8_panels || kernel == Kernel::int8_amx)
+    return detail::gemm_nt_int8_many(A, B, C, M, N, K, threads, plan.int8);
+  split_c(
+      M, N, 12, threads,
+      [&](std::int64_t m0, std::int64_t m1, std::int64_t n0, std::int64_t n1) {
+        const RowSource a = A.from(m0);
+        const WeightMatrix b = rows_of(B, n0, K);
+        switch (kernel) {
+          case Kernel::int8_rows:
+            return detail::gemm_nt_affine_int8_kernel(a, b, block_of(C, m0, n0), m1 - m0, n1 - n0, K, plan.int8);
+          case Kernel::outer:  // packs A's rows itself (its own copy serves as the staggered one)
+            return detail::gemm_nt_panel_kernel(a, b, block_of(C, m0, n0), m1 - m0, n1 - n0, K);
+          default:
+            break;
+        }
+        with_staggered_rows(a, m1 - m0, K, [&](const RowSource& s, std::int64_t r0, std::int64_t r1) {
+          if (kernel == Kernel::dot) return detail::gemm_nt_kernel(s, b, block_of(C, m0 + r0, n0), r1 - r0, n1 - n0, K);
+          detail::gemm_nt_quant_kernel(s, b, block_of(C, m0 + r0, n0), r1 - r0, n1 - n0, K,
+                                       kernel == Kernel::quant_fused);
+        });
+      },
+      kernel == Kernel::outer);
 }
 
 namespace {
@@ -221,7 +231,6 @@ void gemm_nt_bf16_decoded(const Bf16Activations& A, const WeightMatrix& B, const
                           std::int64_t N, std::int64_t K, Threads threads) {
   WeightMatrix R = B;
   R.format.decode_dtype = DType::bf16;
-  R.int8_activations = false;
   if (A.path == Bf16Path::f32_fma) return gemm_nt({static_cast<const float*>(A.data), A.ld}, R, C, M, N, K, threads);
   if (M <= 0 || N <= 0) return;
   // Columns [n0, n1) of C for rows [m0, m1), a decoded block at a time.

@@ -30,6 +30,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "kernels/cpu.hpp"
+#include "moekit/compute_mode.hpp"
 #include "moekit/tensor.hpp"
 #include "moekit/weight_format.hpp"
 
@@ -95,13 +97,6 @@ enum class WeightLayout { rows, panels, amx_tiles };
 constexpr std::int64_t kPanelRows = 16;
 inline std::int64_t amx_padded_k(std::int64_t K) { return (K + 31) / 32 * 32; }
 
-/// Rows of A up to which the fast mode's row kernel runs (beyond, the exact prefill path is
-/// faster: it dequantizes a weight block once for all rows, where the row kernel unpacks the codes
-/// again for every one or two rows) — except where a many-row kernel takes over: AMX-INT8 for MLX
-/// affine codes, the panel kernel (AVX2 or AVX512-VNNI) for ggml's types
-/// (detail::int8_row_kernel_max_rows).
-constexpr std::int64_t kInt8MaxRows = 8;
-
 /// A weight matrix [N, K] as stored (one expert's slice of an ExpertMatrix): a plain float matrix
 /// (dtype f32, bf16 or f16) in one of the layouts above, or a quantized one in rows layout, its
 /// container of dtype `format`'s container (formats/table.hpp) with `ld` container elements
@@ -121,12 +116,6 @@ struct WeightMatrix {
   /// whole matrix; rows_of() sets it for a view that starts inside a block (a thread's share of
   /// a matrix whose scales cover 128 rows, split at 64).
   std::int64_t row_phase = 0;
-  /// The fast mode (gemm_affine_int8.cpp): for 4- and 8-bit MLX affine codes, e2m1 (MXFP4,
-  /// NVFP4), int4 and ggml's block types, and at most kInt8MaxRows rows of A — more on AMX-INT8
-  /// (affine codes) and AVX512-VNNI (ggml's types) — the activations are
-  /// quantized to int8 per group and multiplied as integers (error bound: docs/numerics.md);
-  /// otherwise, and by default, the exact kernels.
-  bool int8_activations = false;
 
   bool quantized() const noexcept { return format.quantized(); }
 };
@@ -207,18 +196,20 @@ struct Output {
 /// that already parallelise at a coarser level).
 enum class Threads { pool, caller };
 
-/// C[M, N] (+)= A[M, K] · B[N, K]ᵀ. Preconditions (not checked): M, N, K >= 0; rows hold K
-/// elements; B.dtype in {f32, bf16, f16}, or B quantized (rows layout) with K a multiple of its
-/// group size. B in rows layout runs the dot-product kernel (each element a lane-strided dot product);
-/// B in panels runs the outer-product kernel (each element one sequential FMA chain over k, as
-/// gemm_nn): the layout, fixed when the weights are loaded, decides the summation order — never
-/// M, the batch or the thread count. A quantized B runs the dot-product kernel's order on its
-/// decoded values: for few rows of A decoded in registers from the stored stream (the format's
+/// C[M, N] (+)= A[M, K] · B[N, K]ᵀ, with the kernel plan_gemm_nt (kernels/plan.hpp) picks for
+/// `mode` (exact or int8; the bf16 mode's products are gemm_nt_bf16's). Preconditions (not checked): M, N, K >= 0; rows
+/// hold K elements; B.dtype in {f32, bf16, f16}, or B quantized (rows layout) with K a multiple of its group size. B in
+/// rows layout runs the dot-product kernel (each element a lane-strided dot product); B in panels runs the
+/// outer-product kernel (each element one sequential FMA chain over k, as gemm_nn): the layout, fixed when the weights
+/// are loaded, decides the summation order — never M, the batch or the thread count. A quantized B runs the dot-product
+/// kernel's order on its decoded values: for few rows of A decoded in registers from the stored stream (the format's
 /// view, dot-inl.h), for many rows decoded a block of B at a time into a cache-resident scratch
 /// that every row of A reuses; either way the result equals gemm_nt on the materialised decoded
-/// matrix in rows layout, bit for bit.
-void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-             std::int64_t K, Threads threads = Threads::pool);
+/// matrix in rows layout, bit for bit. In the int8 mode, where plan_gemm_nt takes it, the
+/// activations are quantized to int8 per group and multiplied with the codes as integers (error
+/// bound: docs/numerics.md).
+void gemm_nt(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N, std::int64_t K,
+             Threads threads = Threads::pool, ComputeMode mode = ComputeMode::exact);
 
 /// C[M, N] (+)= A[M, K] · B[K, N]. B is a weight matrix (dx = dh · W with W [out, in]: K = out,
 /// N = in). In rows layout: the outer-product kernel reading B in place (one FMA chain per
@@ -251,20 +242,11 @@ void gemm_tn(const RowSource& A, const RowSource& B, const Output& C, std::int64
 ///    layout: the weight rows are the tile's A operand, the activations its B operand.
 /// Each is bit-identical for any thread count and split, and for any M (a row's result does not
 /// depend on the other rows of the batch).
-enum class Bf16Path { f32_fma, avx512bf16, amx };
-inline constexpr Bf16Path kBf16Paths[] = {Bf16Path::f32_fma, Bf16Path::avx512bf16, Bf16Path::amx};
-
-/// The path on this CPU (kernels/cpu.hpp says what each needs). amx where the CPU has AMX-BF16
-/// and Linux grants the process tile data. Else avx512bf16 where it is the faster: AMD (Zen 4
-/// and later issue vdpbf16ps at the FMA rate, twice the products per instruction). Intel CPUs
-/// without AMX take f32_fma: there vdpbf16ps issues at under half vfmadd231ps's rate, so at
-/// twice the products per instruction it still computes fewer per second (docs/performance.md).
-/// MOEKIT_BF16_PATH=f32_fma|avx512bf16|amx in the environment overrides the choice (where the
-/// CPU has it).
+/// (Bf16Path itself is in kernels/cpu.hpp.)
+///
+/// The path on this CPU: cpu_paths().bf16 (kernels/cpu.hpp says how it is chosen), or the one
+/// detail::set_bf16_path_for_tests forced.
 Bf16Path bf16_path() noexcept;
-const char* bf16_path_name(Bf16Path path) noexcept;
-/// Whether this CPU can run `path` (f32_fma: everywhere).
-bool bf16_path_supported(Bf16Path path) noexcept;
 
 /// Rounded activations for gemm_nt_bf16 in `path`'s form: rows of K, f32 holding bf16 values
 /// (f32_fma) or bf16 (avx512bf16), ld = bf16_activation_ld(K, path); for amx, bf16 in AMX tile panels of
@@ -332,32 +314,23 @@ namespace detail {
 void gemm_nt_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                     std::int64_t K);
 void gemm_nt_quant_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-                          std::int64_t K);
+                          std::int64_t K, bool in_registers);
 void gemm_nt_panel_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                           std::int64_t N, std::int64_t K);
-// The fast mode's kernel and whether it takes B with M rows of A. `path` picks its
-// instruction set (tests, benchmarks; best: for more than kInt8MaxRows rows AMX-INT8 where the
-// CPU has it and the group size is a multiple of 64, else AVX2, else portable C++, or
-// MOEKIT_INT8_PATH's); a path must be supported (int8_path_supported, and amx_int8_takes for
-// amx). AVX512-VNNI and AVX2 give the same bits for 4-bit codes and agree to f32 rounding for
-// 8-bit ones; AMX gives the portable path's bits (whole-group integer sums, the same scalar
-// float steps per element).
-enum class Int8Path { best, portable, avx2, avx512vnni, amx };
-bool amx_int8_takes(const WeightMatrix& B) noexcept;
-bool int8_path_supported(Int8Path path) noexcept;
-const char* int8_path_name(Int8Path path) noexcept;  ///< best: the one it resolves to
-bool int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::int64_t K);
-// The most rows of A the fast mode's row kernel (gemm_nt_affine_int8_kernel) takes in gemm_nt;
-// more go to gemm_nt_int8_many. kInt8MaxRows, but 4 for ggml's types where the AVX512-VNNI panel
-// kernel runs: from 5 rows on it is the faster (docs/performance.md).
-std::int64_t int8_row_kernel_max_rows(const WeightMatrix& B) noexcept;
+// in_registers: the plan's quant_fused (B decoded in registers; quant_fuses(B, K) must hold),
+// else quant_blocks.
+// The int8 mode's row kernel (plan.hpp's int8_rows). `path` picks its instruction set (tests,
+// benchmarks; best: cpu_paths().int8; amx: the AMX-INT8 kernel on one thread); a path must be
+// supported (int8_path_supported). AVX512-VNNI and AVX2 give the same bits for 4-bit codes and
+// agree to f32 rounding for 8-bit ones; AMX gives the portable path's bits (whole-group integer
+// sums, the same scalar float steps per element).
 void gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
                                 std::int64_t N, std::int64_t K, Int8Path path = Int8Path::best);
-// The fast mode's driver for more rows than the row kernel takes (where int8_activations_apply):
+// The int8 mode's driver for the many-row kernels (plan.hpp's int8_panels and int8_amx):
 // ggml's types on the panel kernel (A quantized once, B decoded a panel of 16 rows with
 // AVX512-VNNI, 8 with AVX2, at a time, split over the pool in whole panels; `path` avx2 or
 // avx512vnni picks the width, where the CPU has it), MLX affine codes on AMX-INT8
-// (amx_int8_takes(B): split in whole 16-row panels or 32-column tile pairs).
+// (split in whole 16-row panels or 32-column tile pairs).
 void gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
                        std::int64_t K, Threads threads, Int8Path path = Int8Path::best);
 // ggml's block types in the exact mode: rows [n0, n0 + rows) of B decoded into dst [rows, K]

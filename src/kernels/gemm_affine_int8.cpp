@@ -1,5 +1,5 @@
 // The fast mode of gemm_nt on MLX affine 4/8-bit, e2m1 (MXFP4, NVFP4) and int4 weights
-// (WeightMatrix::int8_activations): activations quantized to int8 per weight group, integer dot
+// (ComputeMode::int8, planned by kernels/plan.hpp): activations quantized to int8 per weight group, integer dot
 // products with the codes, one float multiply-add per group. For few rows of A (decode and small
 // batches), where the exact kernel's per-weight unpack-convert-dequantize is the cost and the
 // weights are streamed once; where the CPU has AMX-INT8, for many rows too (the AMX kernel below,
@@ -20,7 +20,7 @@
 // the bound is the same with the exact weights (int4 decoded in bf16 / f16: the weight unrounded,
 // docs/numerics.md). Only the x86 kernels and the portable one take them (no AMX kernel).
 //
-// x86 with AVX512-VNNI (best_path picks it where present): `vpdpbusd` on 256-bit vectors, u8 codes × int8
+// x86 with AVX512-VNNI (cpu_paths().int8 picks it where present): `vpdpbusd` on 256-bit vectors, u8 codes × int8
 // activations (4- and 8-bit).
 // x86 with AVX2: codes and activations as bytes, `vpmaddubsw` + `vpmaddwd` (4-bit: the codes are
 // u8 ≤ 15, so a pair of products fits an int16) or widened to int16 and `vpmaddwd` (8-bit); both
@@ -434,29 +434,21 @@ void kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C, std
 // ggml itself quantizes the activations per 256 for the K-quants (q8_K) and per 32 for the rest
 // (q8_0, f16 scales); moekit's per-32 f32 scales are never coarser.
 
-// What the kernels need to know of a type beyond its integer form: whether its codes are signed
-// (else u8 ≤ 31), the offset its unsigned codes carry in the x86 kernels (q = code − offset: S_g
-// loses offset · Σa), and whether it has a bias term. Every type with an integer form has x86
-// kernels (ggml_int8-inl.h); the portable kernel serves other CPUs and the tests.
+// What the kernels need to know of a type beyond its integer form, from its own file
+// (formats/ggml_common.hpp's Int8Facts): whether its codes are signed (else u8 ≤ 31), the offset
+// its unsigned codes carry in the x86 kernels (q = code − offset: S_g loses offset · Σa), and
+// whether it has a bias term. Every type with an integer form has x86 kernels (ggml_int8-inl.h);
+// the portable kernel serves other CPUs and the tests.
 template <class T>
 struct GgmlInt8 {
-  static constexpr bool kSigned = std::is_same_v<T, formats::q8_0::Type> || std::is_same_v<T, formats::iq4_nl::Type>;
-  static constexpr int kOffset = std::is_same_v<T, formats::q4_0::Type>         ? 8
-                                 : std::is_same_v<T, formats::q5_0::Type>       ? 16
-                                 : std::is_same_v<T, formats::ggml_mxfp4::Type> ? 12  // kMxfp4Shifted
-                                                                                : 0;
-  static constexpr bool kBias = std::is_same_v<T, formats::q4_1::Type> || std::is_same_v<T, formats::q5_1::Type> ||
-                                std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>;
+  static constexpr bool kSigned = T::kInt8Facts.signed_codes;
+  static constexpr int kOffset = T::kInt8Facts.row_offset;
+  static constexpr bool kBias = T::kInt8Facts.bias;
   // q2_K: a min per 16 weights (ggml_common.hpp's Mins): per group the integer
   // M_g = Σ_h qm16_h Σ_k a_k (exact), then bacc = fma(wm, M_g · d, bacc).
-  static constexpr bool kMin16 = std::is_same_v<T, formats::q2_k::Type>;
+  static constexpr bool kMin16 = T::kInt8Facts.min16;
   static constexpr bool kAdd = kBias || kMin16;  // a second accumulator, added at the end
 };
-
-// MXFP4's codes for the x86 kernels: twice the e2m1 value plus 12, a u8 ≤ 24 (GgmlInt8's offset
-// takes the 12 off again).
-alignas(16) inline constexpr std::int8_t kMxfp4Shifted[16] = {12, 13, 14, 15, 16, 18, 20, 24,
-                                                              12, 11, 10, 9,  8,  6,  4,  0};
 
 // The 32-block types whose 32 codes are 16 bytes of nibbles (element j low, j + 16 high) behind
 // an optional table (kHasTable, kTable), which the x86 row kernel takes two blocks at a time
@@ -464,33 +456,10 @@ alignas(16) inline constexpr std::int8_t kMxfp4Shifted[16] = {12, 13, 14, 15, 16
 // one statement of these types' codes: codes32 and pair32 both read it (nibble_codes).
 template <class T>
 struct NibblePairs {
-  static constexpr bool kYes = false;
-};
-template <>
-struct NibblePairs<formats::q4_0::Type> {
-  static constexpr bool kYes = true;
-  static constexpr int kQs = 2;
-  static constexpr bool kHasTable = false;
-};
-template <>
-struct NibblePairs<formats::q4_1::Type> {
-  static constexpr bool kYes = true;
-  static constexpr int kQs = 4;
-  static constexpr bool kHasTable = false;
-};
-template <>
-struct NibblePairs<formats::iq4_nl::Type> {
-  static constexpr bool kYes = true;
-  static constexpr int kQs = 2;
-  static constexpr bool kHasTable = true;  // (not kTable != nullptr: UBSan builds refuse that as a constant)
-  static constexpr const std::int8_t* kTable = formats::ggml::kIq4Values;
-};
-template <>
-struct NibblePairs<formats::ggml_mxfp4::Type> {
-  static constexpr bool kYes = true;
-  static constexpr int kQs = 1;
-  static constexpr bool kHasTable = true;
-  static constexpr const std::int8_t* kTable = kMxfp4Shifted;
+  static constexpr bool kYes = T::kInt8Facts.nibble_pairs;
+  static constexpr int kQs = T::kInt8Facts.codes_at;
+  static constexpr bool kHasTable = T::kInt8Facts.has_table;
+  static constexpr const std::int8_t* kTable = T::kInt8Facts.table;
 };
 
 // The nibble types whose codes are u8 (no table, or MXFP4's shifted one), which the VNNI row
@@ -659,34 +628,7 @@ namespace panel_vnni {
 #undef MOEKIT_I8_NAME
 #undef MOEKIT_I8_VNNI
 
-bool have_avx2() {
-  static const bool ok = cpu_features().avx2_fma;
-  return ok;
-}
-
-bool have_vnni() {
-  static const bool ok = have_avx2() && cpu_features().avx512_vnni;
-  return ok;
-}
 #endif
-
-// What Int8Path::best resolves to: AVX512-VNNI where the CPU has it (one `vpdpbusd` per 32 codes
-// instead of three instructions: with the per-group epilogue reading widened scales, the dot
-// products are a decode step's cost, docs/performance.md), else AVX2 — or what
-// MOEKIT_INT8_PATH=avx512vnni|avx2|portable asks for, where the CPU has it.
-detail::Int8Path best_path() {
-  static const detail::Int8Path path = [] {
-    const char* env = std::getenv("MOEKIT_INT8_PATH");
-    const auto is = [env](const char* name) { return env && std::strcmp(env, name) == 0; };
-#if MOEKIT_X86
-    if (have_vnni() && !is("avx2") && !is("portable")) return detail::Int8Path::avx512vnni;
-    if (have_avx2() && !is("portable")) return detail::Int8Path::avx2;
-#endif
-    (void)is;
-    return detail::Int8Path::portable;
-  }();
-  return path;
-}
 
 // ---- AMX-INT8: many rows (prefill) ---------------------------------------------------------
 //
@@ -707,11 +649,6 @@ struct AmxQuantA {
   std::vector<std::int8_t> q;
   std::vector<float> d, xsum;
 };
-
-bool have_amx_int8() {
-  static const bool ok = cpu_features().amx_int8;
-  return ok;
-}
 
 #if MOEKIT_X86
 // GCC 12's AVX-512 headers make their "undefined" source operands as `__m512 __Y = __Y;`, which
@@ -924,16 +861,6 @@ void amx8_split(const AmxQuantA& qa, const WeightMatrix& B, const Output& C, std
 #pragma GCC diagnostic pop
 #endif
 
-// Whether AMX-INT8 may take prefill: the CPU has it and MOEKIT_INT8_PATH (read once) names no
-// other path.
-bool amx_int8_allowed() noexcept {
-  static const bool ok = [] {
-    const char* env = std::getenv("MOEKIT_INT8_PATH");
-    return have_amx_int8() && (env == nullptr || std::strcmp(env, "amx") == 0);
-  }();
-  return ok;
-}
-
 // QuantA::qsum16 from its int8 codes (natural order): each row's sums of 16 codes.
 void sums16(QuantA& qa) {
   qa.qsum16.resize(static_cast<std::size_t>(qa.M * qa.K / 16));
@@ -949,17 +876,16 @@ void sums16(QuantA& qa) {
 // way), then the x86 kernels where the path allows, else the portable one (the same bits).
 template <class T>
 void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N,
-               std::int64_t K, detail::Int8Path path, QuantA& qa) {
-  using detail::Int8Path;
-  if (path == Int8Path::best || path == Int8Path::amx) path = best_path();  // no AMX kernel for these
+               std::int64_t K, Int8Path path, QuantA& qa) {
+  if (path == Int8Path::best || path == Int8Path::amx) path = cpu_paths().int8;  // no AMX kernel for these
   quantize_a(A, M, K, 32, 8, true, path != Int8Path::portable, qa, T::kBlock);
   if constexpr (GgmlInt8<T>::kMin16) sums16(qa);
 #if MOEKIT_X86
   // A's codes in the order each x86 row kernel reads them (ggml_int8-inl.h), and the sums of 16
   // that VNNI's scaled_block takes its offsets from.
   if (path == Int8Path::avx512vnni) {
-    if constexpr (std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type>) sums16(qa);
-    if constexpr (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>) {
+    if constexpr (T::kInt8Facts.per16 && !T::kInt8Facts.min16) sums16(qa);  // (q2_K's are there)
+    if constexpr (T::kInt8Facts.k45) {
       k4_order(qa);
     } else if constexpr (QuadNibbles<T>::kYes) {
       quad_order(qa);
@@ -975,16 +901,6 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
 #endif
   ggml_kernel_scalar<T>(qa, B, C, M, N);
 }
-
-// The fewest rows of A the VNNI panel kernel takes (fewer: the row kernel). Measured on q4_K,
-// q6_K, q8_0 and MXFP4 at T = 32, 64, 128 (about 2, 4, 8 rows per expert): with 5 and more rows
-// the panel is 15-27 % faster, below it level or slower (docs/performance.md). AVX2's panels
-// start past kInt8MaxRows: from 5 or 7 rows they measured level with the row kernel or slower.
-constexpr std::int64_t kGgmlPanelMinRows = 5;
-
-// Whether a panel kernel may take many rows of a ggml type: the CPU has AVX2 (or AVX512-VNNI)
-// and MOEKIT_INT8_PATH does not ask for the portable path.
-bool ggml_panels_allowed() noexcept { return best_path() != detail::Int8Path::portable; }
 
 #if MOEKIT_X86
 // Which rows of A a call reads, and in which ReuseQuantizedRows scope (epoch 0: none).
@@ -1070,52 +986,10 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
 
 }  // namespace
 
-bool detail::amx_int8_takes(const WeightMatrix& B) noexcept {
-  return amx_int8_allowed() && B.format.element == Element::affine && (B.format.bits == 4 || B.format.bits == 8) &&
-         B.format.block_cols % 64 == 0;
-}
-
-bool detail::int8_activations_apply(const WeightMatrix& B, std::int64_t M, std::int64_t K) {
-  if (!B.int8_activations || B.layout != WeightLayout::rows) return false;
-  const WeightFormat& f = B.format;
-  const int gs = f.block_cols;
-  if (f.element == Element::affine)
-    return (f.bits == 4 || f.bits == 8) && gs % 32 == 0 && (M <= kInt8MaxRows || amx_int8_takes(B));
-  // ggml's block types: few rows on the row kernel, more where the panel kernel runs.
-  if (with_ggml_type(f.element, [](auto) {}))
-    return M <= int8_row_kernel_max_rows(B) ? with_ggml_int8_type(f.element, [](auto) {}) : ggml_panels_allowed();
-  // e2m1 and symmetric int4 (a zero point would need the bias term): whole groups of 16 or of a
-  // multiple of 32 inputs, whole 32-blocks.
-  const bool signed4 = f.element == Element::e2m1 || (f.element == Element::int4 && !f.has_bias);
-  return signed4 && f.block_rows == 1 && (gs == 16 || gs % 32 == 0) && K % 32 == 0 && K % gs == 0 && M <= kInt8MaxRows;
-}
-
-std::int64_t detail::int8_row_kernel_max_rows(const WeightMatrix& B) noexcept {
-  const bool vnni_panels = best_path() == detail::Int8Path::avx512vnni;
-  return with_ggml_type(B.format.element, [](auto) {}) && vnni_panels ? kGgmlPanelMinRows - 1 : kInt8MaxRows;
-}
-
-bool detail::int8_path_supported(Int8Path path) noexcept {
-#if MOEKIT_X86
-  if (path == Int8Path::avx512vnni) return have_vnni();
-  if (path == Int8Path::avx2) return have_avx2();
-  if (path == Int8Path::amx) return have_amx_int8();
-#endif
-  return path == Int8Path::portable || path == Int8Path::best;
-}
-
-const char* detail::int8_path_name(Int8Path path) noexcept {
-  if (path == Int8Path::best) path = best_path();
-  return path == Int8Path::amx          ? "amx"
-         : path == Int8Path::avx512vnni ? "avx512vnni"
-         : path == Int8Path::avx2       ? "avx2"
-                                        : "portable";
-}
-
 bool detail::ggml_dequant_rows(const WeightMatrix& B, std::int64_t n0, std::int64_t rows, std::int64_t K, float* dst,
                                Int8Path path) {
 #if MOEKIT_X86
-  if (path == Int8Path::best || path == Int8Path::amx) path = best_path();
+  if (path == Int8Path::best || path == Int8Path::amx) path = cpu_paths().int8;
   if (path == Int8Path::portable || !int8_path_supported(path)) return false;
   const bool wide = path == Int8Path::avx512vnni;  // AVX-512: 16 weights per step (the same bits)
   return with_ggml_type(B.format.element, [&](auto type) {
@@ -1138,7 +1012,7 @@ void detail::gemm_nt_int8_many(const RowSource& A, const WeightMatrix& B, const 
                                std::int64_t N, std::int64_t K, Threads threads, Int8Path path) {
   if (M <= 0 || N <= 0) return;
 #if MOEKIT_X86
-  if (path == Int8Path::best) path = best_path();
+  if (path == Int8Path::best) path = cpu_paths().int8;
   const bool vnni = path == Int8Path::avx512vnni;
   if (with_ggml_type(B.format.element, [&](auto type) { ggml_panels(type, A, B, C, M, N, K, threads, vnni); })) return;
   thread_local AmxQuantA aq;
@@ -1168,7 +1042,7 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
   if (with_ggml_int8_type(B.format.element, [&](auto type) { ggml_int8(type, A, B, C, M, N, K, path, qa); })) return;
 #if MOEKIT_X86
   if (path == Int8Path::amx) return gemm_nt_int8_many(A, B, C, M, N, K, Threads::caller);
-  if (path == Int8Path::best) path = best_path();
+  if (path == Int8Path::best) path = cpu_paths().int8;
   const Codes codes = codes_of(B.format);
   quantize_a(A, M, K, B.format.block_cols, B.format.bits, path == Int8Path::avx512vnni, path != Int8Path::portable, qa);
   // 4-bit codes take the x86 kernels with K a multiple of 64 (QuantA::pair64, every MoE shape

@@ -1,5 +1,5 @@
 // The bf16 compute mode's product (gemm_nt_bf16 in gemm.hpp): the AVX512-BF16 micro-kernel, the
-// policy that picks a path on the CPU kernels/cpu.hpp describes, and the AMX activation packing
+// path the plan reads (cpu_paths().bf16, or a test's override), and the AMX activation packing
 // (the rounding kernel is in gemm_nt.cpp, the AMX kernel in gemm_amx.cpp).
 //
 // Highway 1.0.3 (Debian 12) has no AVX512-BF16 target, so the native kernel is written with
@@ -18,7 +18,6 @@
 // over a block does not wait on DRAM (kernels/prefetch.hpp; figures: docs/performance.md).
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu.hpp"
@@ -34,51 +33,18 @@ namespace moekit::kernels {
 
 namespace {
 
-// The CPU's choice (bf16_path's rule), with MOEKIT_BF16_PATH applied; decided once.
-Bf16Path chosen_path() noexcept {
-  static const Bf16Path path = [] {
-    if (const char* env = std::getenv("MOEKIT_BF16_PATH")) {
-      for (const Bf16Path p : kBf16Paths)
-        if (std::strcmp(env, bf16_path_name(p)) == 0 && bf16_path_supported(p)) return p;
-    }
-    const CpuFeatures& cpu = cpu_features();
-    if (cpu.amx_bf16) return Bf16Path::amx;
-    if (cpu.avx512_bf16 && cpu.amd) return Bf16Path::avx512bf16;
-    return Bf16Path::f32_fma;
-  }();
-  return path;
-}
-
 std::atomic<int> path_override{-1};
 
 }  // namespace
 
-bool bf16_path_supported(Bf16Path path) noexcept {
-  switch (path) {
-    case Bf16Path::f32_fma: return true;
-    case Bf16Path::avx512bf16: return cpu_features().avx512_bf16;
-    case Bf16Path::amx: return cpu_features().amx_bf16;
-  }
-  return false;
-}
-
 Bf16Path bf16_path() noexcept {
   const int forced = path_override.load(std::memory_order_relaxed);
-  return forced >= 0 ? static_cast<Bf16Path>(forced) : chosen_path();
+  return forced >= 0 ? static_cast<Bf16Path>(forced) : cpu_paths().bf16;
 }
 
 void detail::set_bf16_path_for_tests(std::optional<Bf16Path> path) {
   if (path && !bf16_path_supported(*path)) path = Bf16Path::f32_fma;
   path_override.store(path ? static_cast<int>(*path) : -1, std::memory_order_relaxed);
-}
-
-const char* bf16_path_name(Bf16Path path) noexcept {
-  switch (path) {
-    case Bf16Path::f32_fma: return "f32_fma";
-    case Bf16Path::avx512bf16: return "avx512bf16";
-    case Bf16Path::amx: return "amx";
-  }
-  return "?";
 }
 
 namespace {

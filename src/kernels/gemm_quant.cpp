@@ -15,6 +15,7 @@
 
 #include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/plan.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/gemm_quant.cpp"
@@ -30,10 +31,6 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::kernels::HWY_NAMESPACE {
-
-// Rows of A the in-register path takes, one strip per row: beyond them every strip would decode
-// the weights again, and the scratch path's single decoding is cheaper.
-constexpr int kFusedRows = 3;
 
 void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
   switch (B.format.element) {
@@ -72,8 +69,24 @@ bool InRegisters(const RowSource& A, const WeightMatrix& B, const Output& C, int
   return false;
 }
 
-void GemmNtQuant(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K) {
-  if (M <= kFusedRows && InRegisters(A, B, C, M, N, K)) return;
+bool InRegistersTakes(const WeightMatrix& B, int64_t K) {
+  switch (B.format.element) {
+#define MOEKIT_FORMAT_TAKES(f) \
+  case Element::f:             \
+    return f::InRegistersTakes(B, K);
+    MOEKIT_QUANTIZED_FORMATS(MOEKIT_FORMAT_TAKES)
+#undef MOEKIT_FORMAT_TAKES
+    case Element::plain:
+      break;
+  }
+  return false;
+}
+
+// in_registers: the kernel plan's choice (plan.hpp: at most kFusedRows rows, where
+// InRegistersTakes); else a block of B's rows decoded at a time.
+void GemmNtQuant(const RowSource& A, const WeightMatrix& B, const Output& C, int64_t M, int64_t N, int64_t K,
+                 bool in_registers) {
+  if (in_registers && InRegisters(A, B, C, M, N, K)) return;
   // A block of B's rows as f32, reused by every row of A while it sits in L2.
   const int64_t block = std::max<int64_t>(4, (256 * 1024 / (K * 4)) / 4 * 4);
   thread_local std::vector<float> scratch;
@@ -95,6 +108,7 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::kernels {
 
 HWY_EXPORT(GemmNtQuant);
+HWY_EXPORT(InRegistersTakes);
 HWY_EXPORT(DequantRows);
 HWY_EXPORT(DequantRowsBf16);
 
@@ -110,9 +124,13 @@ void dequantize_rows_bf16(const WeightMatrix& B, std::int64_t n0, std::int64_t r
 }
 
 void detail::gemm_nt_quant_kernel(const RowSource& A, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                  std::int64_t N, std::int64_t K) {
+                                  std::int64_t N, std::int64_t K, bool in_registers) {
   if (M <= 0 || N <= 0) return;
-  HWY_DYNAMIC_DISPATCH(GemmNtQuant)(A, B, C, M, N, K);
+  HWY_DYNAMIC_DISPATCH(GemmNtQuant)(A, B, C, M, N, K, in_registers);
+}
+
+bool detail::quant_fuses(const WeightMatrix& B, std::int64_t K) noexcept {
+  return B.quantized() && HWY_DYNAMIC_DISPATCH(InRegistersTakes)(B, K);
 }
 
 }  // namespace moekit::kernels

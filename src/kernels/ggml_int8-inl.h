@@ -300,7 +300,7 @@ MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(wide8)([[maybe_unused]] const QuantA& 
                                                  [[maybe_unused]] const std::int8_t* const (&a)[MR],
                                                  [[maybe_unused]] __m256i (&S)[MR]) {
 #if MOEKIT_I8_VNNI
-  if constexpr (std::is_same_v<T, formats::q8_0::Type>)
+  if constexpr (T::kInt8Facts.byte_codes)
     if (g + 8 <= groups) {
       q8_wide8<MR>(qa, m, row, g, a, S);
       return true;
@@ -339,7 +339,7 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)([[maybe_unused]] const QuantA
     scales = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 0);
     if constexpr (GgmlInt8<T>::kBias) biases = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 2);
   }
-  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+  if constexpr (T::kInt8Facts.e8m0_scale) {
     // e8m0 (the low byte; blocks past the row 0): 2^(e − 128), half the e8m0 scale since the codes
     // are twice the e2m1 value, as ggml_mxfp4::Scale writes it:
     // (e − 1) << 23 from e = 2, 0x00200000 << e below; past the row 0.

@@ -36,51 +36,28 @@ constexpr int kW = MOEKIT_I8_VNNI ? 16 : 8;
 // scale per 16 weights), the offset in its u8 codes, whether it has a bias term.
 template <class T>
 struct Traits {
-  static constexpr bool kPer16 = std::is_same_v<T, formats::q6_k::Type> || std::is_same_v<T, formats::q3_k::Type> ||
-                                 std::is_same_v<T, formats::q2_k::Type>;
+  static constexpr bool kPer16 = T::kInt8Facts.per16;
   static constexpr int kG = kPer16 ? 16 : 32;
-  static constexpr int kOff = std::is_same_v<T, formats::q6_k::Type>   ? 32
-                              : std::is_same_v<T, formats::q3_k::Type> ? 4
-                              : std::is_same_v<T, formats::iq4_xs::Type>
-                                  ? 128
-                                  : (T::kBlock == 32 ? (GgmlInt8<T>::kSigned ? 128 : GgmlInt8<T>::kOffset) : 0);
-  static constexpr bool kBias = GgmlInt8<T>::kBias || std::is_same_v<T, formats::q2_k::Type>;
+  static constexpr int kOff = T::kInt8Facts.panel_offset;
+  static constexpr bool kBias = T::kInt8Facts.bias || T::kInt8Facts.min16;
   // Groups sharing one activation scale (A's scale per block: 256 inputs for the K-quants, q8_K's;
   // a 32-block type's group is its block): with more than one the tile applies d once per block.
   static constexpr int kSb = T::kBlock / kG;
   // The 32-block types whose codes are bytes or a nibble pair (q8_0, q4_0, q4_1, iq4_nl, MXFP4),
   // which pack takes straight from the rows at both widths (direct32), and where their code bytes
   // start in the block.
-  static constexpr bool kDirect32 = T::kBlock == 32 && (std::is_same_v<T, formats::q8_0::Type> || NibblePairs<T>::kYes);
-  static constexpr int kCodesAt = [] {
-    if constexpr (std::is_same_v<T, formats::q8_0::Type>) {
-      return 2;
-    } else if constexpr (NibblePairs<T>::kYes) {
-      return NibblePairs<T>::kQs;
-    } else {
-      return 0;
-    }
-  }();
+  static constexpr bool kDirect32 = T::kBlock == 32 && (T::kInt8Facts.byte_codes || NibblePairs<T>::kYes);
+  static constexpr int kCodesAt = T::kInt8Facts.codes_at;
   // Whether pack takes its blocks straight from the kW rows rather than a row at a time through
   // the stage: those types; q4_K and q6_K with VNNI (direct), q4_K and q5_K with AVX2 (direct_k45).
   static constexpr bool kDirect =
-      kDirect32 ||
-      (MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q6_k::Type>)) ||
-      (!MOEKIT_I8_VNNI && (std::is_same_v<T, formats::q4_k::Type> || std::is_same_v<T, formats::q5_k::Type>));
+      kDirect32 || (MOEKIT_I8_VNNI && T::kInt8Facts.direct_vnni) || (!MOEKIT_I8_VNNI && T::kInt8Facts.k45);
   // Whether the panel keeps the packed nibbles as stored (q4_K with VNNI: a dword's low nibbles
   // are 4 inputs of a sub-block, its high nibbles the same 4 of the next one), split in the tile:
   // half the bytes stored by the pack and read by the tiles, and a panel that stays in L1.
-  static constexpr bool kNibbles = MOEKIT_I8_VNNI && std::is_same_v<T, formats::q4_k::Type>;
+  static constexpr bool kNibbles = MOEKIT_I8_VNNI && T::kInt8Facts.k45 && T::kBits == 4;
   // The largest u8 code (AVX2's int16 budget): the signed types' |q| (their offset of 128).
-  static constexpr int kMaxCode = kOff == 128                                    ? 128
-                                  : std::is_same_v<T, formats::q6_k::Type>       ? 63
-                                  : std::is_same_v<T, formats::ggml_mxfp4::Type> ? 24
-                                  : std::is_same_v<T, formats::q3_k::Type>       ? 7
-                                  : std::is_same_v<T, formats::q2_k::Type>       ? 3
-                                  : std::is_same_v<T, formats::q4_0::Type> || std::is_same_v<T, formats::q4_1::Type> ||
-                                          std::is_same_v<T, formats::q4_k::Type>
-                                      ? 15
-                                      : 31;  // the 5-bit types
+  static constexpr int kMaxCode = T::kInt8Facts.max_code;
   // Per group, how many vpmaddubsw results (pairs, each ≤ 2 · kMaxCode · 127) are added in int16
   // before they widen: the most that cannot reach 32767, a power of two dividing kG / 4.
   static constexpr int kSum16 = [] {
@@ -103,7 +80,7 @@ MOEKIT_I8_ATTR inline __m256 widen8(const std::uint8_t* v) {
 // A 32-block type's terms: ws its f16 scale (MXFP4: its e8m0), wb its f16 bias where it has one.
 template <class T>
 MOEKIT_I8_ATTR inline void terms32(T, const std::uint8_t* b, float* ws, float* wb) {
-  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+  if constexpr (T::kInt8Facts.e8m0_scale) {
     *ws = T::Scale(b[0]);
   } else {
     *ws = MOEKIT_I8_NAME(half)(b);
@@ -393,7 +370,7 @@ MOEKIT_I8_ATTR inline __m512i nibble_codes16(__m512i nibbles) {
 template <class T>
 MOEKIT_I8_ATTR inline void terms32x16(__m512i h, __mmask16 live, float* ws, float* wb) {
   __m512 d;
-  if constexpr (std::is_same_v<T, formats::ggml_mxfp4::Type>) {
+  if constexpr (T::kInt8Facts.e8m0_scale) {
     const __m512i e = _mm512_and_si512(h, _mm512_set1_epi32(0xFF));
     const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);  // e < 2: subnormal
     const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
@@ -415,7 +392,7 @@ MOEKIT_I8_ATTR inline void terms32x16(__m512i h, __mmask16 live, float* ws, floa
 template <class T>
 MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[16], const std::uint8_t* base, __m512i at,
                                     __mmask16 live, std::int64_t blocks, Panel& p) {
-  constexpr bool kQ8 = std::is_same_v<T, formats::q8_0::Type>;
+  constexpr bool kQ8 = T::kInt8Facts.byte_codes;
   constexpr int kPer = kQ8 ? 2 : 4;  // blocks per transpose
   constexpr int kQs = Traits<T>::kCodesAt;
   const __m512i zero = _mm512_setzero_si512();
@@ -509,7 +486,7 @@ MOEKIT_I8_ATTR inline __m256i nibble_codes8(__m256i nibbles) {
 // transposed 8 × 8. row[r] the rows, a zero row past the matrix.
 template <bool kFifth>
 MOEKIT_I8_ATTR inline void direct_k45(const std::uint8_t* const (&row)[8], std::int64_t blocks, Panel& p) {
-  constexpr int kBytes = kFifth ? 176 : 144, kQs = kFifth ? 48 : 16;
+  constexpr int kBytes = kFifth ? formats::q5_k::Type::kBytes : formats::q4_k::Type::kBytes, kQs = kFifth ? 48 : 16;
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
   for (std::int64_t blk = 0; blk < blocks; ++blk) {
     __m256i qh[8];
@@ -552,7 +529,7 @@ MOEKIT_I8_ATTR inline void direct_k45(const std::uint8_t* const (&row)[8], std::
 template <class T>
 MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[8], std::int64_t rows, std::int64_t blocks,
                                     Panel& p) {
-  constexpr bool kQ8 = std::is_same_v<T, formats::q8_0::Type>;
+  constexpr bool kQ8 = T::kInt8Facts.byte_codes;
   constexpr int kPer = kQ8 ? 1 : 2;  // blocks per transpose
   constexpr int kQs = Traits<T>::kCodesAt;
   for (std::int64_t blk = 0; blk < blocks; ++blk)
@@ -638,7 +615,7 @@ MOEKIT_I8_ATTR void pack(const WeightMatrix& B, std::int64_t n0, std::int64_t ro
     if constexpr (Traits<T>::kDirect32) {
       direct32<T>(row, rows, blocks, p);
     } else {
-      direct_k45<std::is_same_v<T, formats::q5_k::Type> >(row, blocks, p);
+      direct_k45<T::kBits == 5>(row, blocks, p);  // q4_K or q5_K (Traits::kDirect)
     }
     return;
 #endif

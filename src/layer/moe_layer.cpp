@@ -35,31 +35,40 @@ Tensor quantized_logits(const TensorView& x, const ExpertMatrix& m, const Tensor
 }  // namespace
 
 void MoeLayer::pack_weights() {
-  pack_panels(weights_.experts);
-  if (weights_.shared.down.defined()) pack_panels(weights_.shared);
+  pack_panels(weights_.experts, mode_);
+  if (weights_.shared.down.defined()) pack_panels(weights_.shared, mode_);
 }
 
-void MoeLayer::set_int8_activations(bool on) {
-  for (ExpertWeights* w : {&weights_.experts, &weights_.shared})
-    for (ExpertMatrix* m : {&w->gate, &w->up, &w->down})
-      if (m->quantized()) m->int8_activations = on;
-}
-
-void MoeLayer::set_bf16_activations(bool on) {
-  if (on) {
+void MoeLayer::set_compute_mode(ComputeMode mode) {
+  if (mode == ComputeMode::bf16) {
     validate_bf16_activations(weights_.experts, "experts");
     if (weights_.shared.down.defined()) validate_bf16_activations(weights_.shared, "shared");
   } else {
     for (const ExpertWeights* w : {&weights_.experts, &weights_.shared})
       for (const ExpertMatrix* m : {&w->gate, &w->up, &w->down})
         if (m->layout == MatrixLayout::amx_tiles)
-          throw std::invalid_argument(
-              "[moekit::MoeLayer::set_bf16_activations] the experts are packed in AMX tiles, which only the bf16 "
-              "compute mode reads: it stays on (for the f32 mode, load the weights again and do not pack them in "
-              "the bf16 mode)");
+          throw std::invalid_argument(MOEKIT_MSG(
+              "[moekit::MoeLayer::set_compute_mode] the experts are packed in AMX tiles, which only the bf16 "
+              "compute mode reads: it stays on (for the "
+              << compute_mode_name(mode) << " mode, load the weights again and do not pack them in the bf16 mode)"));
   }
-  weights_.experts.bf16_activations = on;
-  weights_.shared.bf16_activations = on;
+  mode_ = mode;
+}
+
+void MoeLayer::set_int8_activations(bool on) {
+  if (on) {
+    set_compute_mode(ComputeMode::int8);
+  } else if (mode_ == ComputeMode::int8) {
+    set_compute_mode(ComputeMode::exact);
+  }
+}
+
+void MoeLayer::set_bf16_activations(bool on) {
+  if (on) {
+    set_compute_mode(ComputeMode::bf16);
+  } else if (mode_ == ComputeMode::bf16) {
+    set_compute_mode(ComputeMode::exact);
+  }
 }
 
 ExpertBody MoeLayer::body() const noexcept {
@@ -174,16 +183,16 @@ Tensor MoeLayer::forward_impl(const TensorView& x, ForwardInfo* info, SavedForwa
     (*routed)(x32, routing, y);
   } else {
     run_experts(w.experts, body(), x32, routing.ids, routing.weights, config_.router.weight_on_input, y, false,
-                saved ? &saved->routed : nullptr);
+                saved ? &saved->routed : nullptr, mode_);
   }
 
   if (config_.shared_width > 0) {
     ExpertTrace* shared_trace = saved ? &saved->shared : nullptr;
     if (!config_.shared_gated) {
-      run_dense_ffn(w.shared, shared_body(), x32, y, true, shared_trace);
+      run_dense_ffn(w.shared, shared_body(), x32, y, true, shared_trace, mode_);
     } else {
       Tensor s = Tensor::uninitialized({T, D}, DType::f32);
-      run_dense_ffn(w.shared, shared_body(), x32, s, false, shared_trace);
+      run_dense_ffn(w.shared, shared_body(), x32, s, false, shared_trace, mode_);
       const Tensor g = w.shared_gate_quantized.defined() ? quantized_logits(x32, w.shared_gate_quantized, Tensor())
                                                          : router_logits(x32, w.shared_gate);  // [T, 1] fp32
       if (saved) saved->shared_gate_logits = g;

@@ -64,6 +64,7 @@ struct ExpertRows {
   bool weight_on_input = false;
   const float* pre_gate = nullptr;   ///< kept pre-activations, or null (recompute)
   const float* pre_up = nullptr;
+  ComputeMode mode = ComputeMode::exact;  ///< the forward's, for recomputed pre-activations
 };
 
 std::int64_t token_of(const ExpertRows& in, std::int64_t i) { return in.tokens ? in.tokens[i] : i; }
@@ -102,7 +103,7 @@ void expert_backward(const ExpertWeights& w, const ExpertBody& body, std::int64_
     } else {
       s.a.resize(rf);
       s.b.resize(rf);
-      expert_pre_activations(w, e, xin, r, gated ? s.a.data() : nullptr, s.b.data(), split);
+      expert_pre_activations(w, e, xin, r, gated ? s.a.data() : nullptr, s.b.data(), split, in.mode);
       a = gated ? s.a.data() : nullptr;
       b = s.b.data();
     }
@@ -192,7 +193,7 @@ kernels::WeightMatrix view_matrix(const TensorView& t) { return {t.data(), t.dty
 // pair order; writes pair_dx [T·K, D] and pair_dg [T·K] in the plan's sorted order.
 void routed_backward(const ExpertWeights& w, const ExpertBody& body, const float* x, const float* ws, bool woi,
                      const DispatchPlan& plan, const float* pre_gate, const float* pre_up, const float* dy,
-                     float* pair_dx, float* pair_dg, const GradSink& sink, bool accumulate) {
+                     float* pair_dx, float* pair_dg, const GradSink& sink, bool accumulate, ComputeMode mode) {
   const std::int64_t n = plan.num_tokens * plan.top_k, K = plan.top_k;
   std::vector<std::int32_t> src_rows(static_cast<std::size_t>(n));
   std::vector<float> slot_weight(static_cast<std::size_t>(n));
@@ -202,7 +203,7 @@ void routed_backward(const ExpertWeights& w, const ExpertBody& body, const float
     slot_weight[static_cast<std::size_t>(i)] = ws[pair];
   }
   detail::backward_sorted_rows(w, body, x, src_rows.data(), slot_weight.data(), woi, plan.offsets, pre_gate, pre_up, dy,
-                               pair_dx, pair_dg, sink, accumulate);
+                               pair_dx, pair_dg, sink, accumulate, mode);
 }
 
 }  // namespace
@@ -254,7 +255,7 @@ Tensor backward(const MoeLayer& layer, const SavedForward& saved, const TensorVi
   routed_backward(w.experts, body, x, saved.routing.weights.data_as<const float>(), woi, plan,
                   kept ? saved.routed.pre_gate.data_as<const float>() : nullptr,
                   kept ? saved.routed.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(), pair_dg.data(),
-                  detail::expert_sink(g), accumulate);
+                  detail::expert_sink(g), accumulate, layer.compute_mode());
   Tensor dx = detail::backward_tail(layer, saved, dy, pair_dx.data(), pair_dg.data(), plan.inverse.data(), g,
                                     accumulate, options);
   grads = g;
@@ -326,7 +327,7 @@ Tensor experts_backward(const ExpertWeights& w, const ExpertBody& body, const Te
   routed_backward(w, body, x.data_as<const float>(), weights.data_as<const float>(), weight_on_input, plan,
                   kept && gated ? trace.pre_gate.data_as<const float>() : nullptr,
                   kept ? trace.pre_up.data_as<const float>() : nullptr, dy, pair_dx.data(), pair_dg.data(), sink,
-                  accumulate);
+                  accumulate, options.mode);
   Tensor dx = Tensor::uninitialized({T, D}, DType::f32);
   dweights = Tensor::uninitialized({T, K}, DType::f32);
   detail::combine_backward(T, K, D, pair_dx.data(), pair_dg.data(), plan.inverse.data(), dx.data_as<float>(),
@@ -433,8 +434,8 @@ GradSink expert_sink(const MoeTensors& g) {
 
 void backward_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
                           const float* slot_weight, bool woi, const std::vector<std::int64_t>& offsets,
-                          const float* pre_gate, const float* pre_up, const float* dy, float* pair_dx,
-                          float* pair_dg, const GradSink& sink, bool accumulate) {
+                          const float* pre_gate, const float* pre_up, const float* dy, float* pair_dx, float* pair_dg,
+                          const GradSink& sink, bool accumulate, ComputeMode mode) {
   const std::int64_t D = w.hidden_size(), F = w.width();
   const std::int64_t E = static_cast<std::int64_t>(offsets.size()) - 1;
   const bool gated = w.gate.defined();
@@ -456,6 +457,7 @@ void backward_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const 
     rows.tokens = src + o;
     rows.g = slot_weight + o;
     rows.weight_on_input = woi;
+    rows.mode = mode;
     if (pre_up) {
       rows.pre_up = pre_up + o * F;
       if (gated) rows.pre_gate = pre_gate + o * F;
@@ -516,6 +518,7 @@ Tensor backward_tail(const MoeLayer& layer, const SavedForward& saved, const flo
     rows.x = {x, D};
     rows.x_raw = x;
     rows.g = cfg.shared_gated ? gate_value.data() : nullptr;
+    rows.mode = layer.compute_mode();
     if (has(saved.shared.pre_up)) {
       rows.pre_up = saved.shared.pre_up.data_as<const float>();
       rows.pre_gate = saved.shared.pre_gate.data_as<const float>();

@@ -52,11 +52,12 @@ GradSink expert_sink(const MoeTensors& g);
 /// the forward's pre-activations, or null (recomputed). Writes pair_dx [rows, D] (dL/d input row)
 /// and pair_dg [rows] (dL/d slot weight) in the same order, and each expert's weight gradients
 /// into `sink` (experts with no rows are zeroed unless `accumulate`). An expert's rows run in
-/// order in chunks of 256: its gradients depend only on its rows and their order.
+/// order in chunks of 256: its gradients depend only on its rows and their order. Recomputed
+/// pre-activations run in `mode`, the forward's (so they are its bits).
 void backward_sorted_rows(const ExpertWeights& w, const ExpertBody& body, const float* x, const std::int32_t* src,
                           const float* slot_weight, bool woi, const std::vector<std::int64_t>& offsets,
-                          const float* pre_gate, const float* pre_up, const float* dy, float* pair_dx,
-                          float* pair_dg, const GradSink& sink, bool accumulate);
+                          const float* pre_gate, const float* pre_up, const float* dy, float* pair_dx, float* pair_dg,
+                          const GradSink& sink, bool accumulate, ComputeMode mode);
 
 /// The combine's backward: dx [T, D] row t = Σ_k pair_dx[position[t·K + k]] (slot order), and
 /// dweights [T, K] = pair_dg at the same positions.

@@ -61,11 +61,11 @@ TEST(BenchCli, CsvHasAHeaderAndOneRowPerCombination) {
   const std::vector<std::string> lines = split(r.out, '\n');
   ASSERT_EQ(lines.size(), 1u + 2 * 2 * 2 * 2) << r.out;
   const std::vector<std::string> header = split(lines[0], ',');
-  const std::vector<std::string> expected = {"mode",       "shape",     "dtype",       "layout",
-                                             "tokens",     "threads",   "median_ms",   "min_ms",
-                                             "tokens_per_s", "gflops",  "weight_gbs",  "limit",
-                                             "limit_value", "limit_pct", "saved_bytes_per_token",
-                                             "cpu",        "simd",      "commit"};
+  const std::vector<std::string> expected = {
+      "mode",       "shape",     "dtype",       "layout",       "tokens",
+      "threads",    "median_ms", "min_ms",      "tokens_per_s", "gflops",
+      "weight_gbs", "limit",     "limit_value", "limit_pct",    "saved_bytes_per_token",
+      "kernels",    "cpu",       "simd",        "commit"};
   EXPECT_EQ(header, expected);
   std::set<std::tuple<std::string, std::string, std::string, std::string>> combos;
   for (std::size_t i = 1; i < lines.size(); ++i) {
@@ -108,6 +108,8 @@ TEST(BenchCli, JsonParsesWithLimitsAndResults) {
                             "limit_value", "limit_pct"})
       EXPECT_GT(row[key].get<double>(), 0.0) << key;
     EXPECT_EQ(row["limit"], "dram_read");
+    // The plan the call ran: bf16 panels on the outer-product kernel, the experts with rows counted.
+    EXPECT_EQ(row["kernels"].get<std::string>().rfind("outer/", 0), 0u) << row["kernels"];
   }
   EXPECT_EQ(j["results"][0]["tokens"], 1);
   EXPECT_EQ(j["results"][1]["tokens"], 2);
@@ -260,6 +262,9 @@ TEST(BenchCli, SignedFormatsHaveFastModeRows) {
   for (const char* name :
        {",mxfp4,mxfp4,1,", ",mxfp4-int8,mxfp4-int8,1,", ",nvfp4-int8,nvfp4-int8,1,", ",int4-int8,int4-int8,1,"})
     EXPECT_NE(r.out.find(name), std::string::npos) << name << " in " << r.out;
+  // One row each: the fast modes on the int8 row kernel, FP8 in bf16 decoded a block at a time.
+  EXPECT_NE(r.out.find("int8_rows/"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("+decoded x"), std::string::npos) << r.out;
 }
 
 // --decode: one row per (dtype, T, threads) over the layers asked for, with the fields docs/cli.md
@@ -321,6 +326,8 @@ TEST(BenchCli, DecodeTimesACheckpointsOwnLayers) {
     EXPECT_NE(row["dtype"].get<std::string>().find("4-bit affine"), std::string::npos) << row["dtype"];
     EXPECT_GT(row["touched_bytes"].get<double>(), 0.0);
     EXPECT_GT(row["dram_fraction"].get<double>(), 0.0);
+    // The exact mode on MLX affine codes: the quantized kernels of the plan.
+    EXPECT_EQ(row["kernels"].get<std::string>().rfind("quant_", 0), 0u) << row["kernels"];
   }
 }
 

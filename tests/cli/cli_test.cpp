@@ -312,13 +312,18 @@ TEST_F(Cli, ForwardFailingSecondOutputLeavesNoFirstOutput) {
 TEST_F(Cli, InspectPrintsFamilyAndMoeLayers) {
   const RunResult r = run({"inspect", "--model", model()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* line : {"family: deepseek_v3\n", "layers: 2\n", "MoE layers: 1\n",
-                           "dense layers: 0\n", "D: 8 ", "E: 4 ", "K: 2 ", "F: 4 ",
-                           "routing: E=4 K=2 score=sigmoid", "shared experts: width 4, not gated",
-                           "expert body: swiglu", "layer 1:", "layout: per_expert"})
+  for (const char* line :
+       {"family: deepseek_v3\n", "layers: 2\n", "MoE layers: 1\n", "dense layers: 0\n", "D: 8 ", "E: 4 ", "K: 2 ",
+        "F: 4 ", "routing: E=4 K=2 score=sigmoid", "shared experts: width 4, not gated", "expert body: swiglu",
+        "layer 1:", "layout: per_expert",
+        // The kernel plan: f32 weights read in place run the dot product in
+        // every row count; no int8 or bf16 lines for f32 weights.
+        "kernel plan, routed experts", "    exact up: dot/", "    exact down: dot/"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_NE(r.out.find(std::to_string(3 * kE * kF * kD * 4) + " bytes"), std::string::npos)
       << r.out;
+  EXPECT_EQ(r.out.find("int8 up:"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("bf16 up:"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, InspectDenseLayerFails) {

@@ -16,6 +16,7 @@
 
 #include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/plan.hpp"
 #include "moekit/threading.hpp"
 #include "util/affine.hpp"
 #include "util/compare.hpp"
@@ -31,26 +32,28 @@ struct Case {
   std::int64_t M, N, K;
 };
 
-WeightMatrix weights_of(const testing::Quantized& q, const Case& c, bool fast) {
+WeightMatrix weights_of(const testing::Quantized& q, const Case& c) {
   WeightMatrix w{q.codes.data(), DType::u32, c.K * c.bits / 32};
   w.format = WeightFormat::mlx_affine(c.bits, c.group, c.scale_dtype);
   w.scales = q.scales.data();
   w.biases = q.biases.data();
   w.scale_ld = c.K / c.group;
-  w.int8_activations = fast;
   return w;
 }
 
+constexpr auto kPool = kernels::Threads::pool;
+constexpr ComputeMode kInt8 = ComputeMode::int8;
+
 TEST(AffineInt8, PathIsNamed) {
-  using kernels::detail::Int8Path;
+  using kernels::Int8Path;
   std::printf("[ int8 path ] the fast mode runs %s up to %lld rows (avx512vnni %s, avx2 %s); beyond: %s\n",
-              kernels::detail::int8_path_name(Int8Path::best), static_cast<long long>(kernels::kInt8MaxRows),
-              kernels::detail::int8_path_supported(Int8Path::avx512vnni) ? "tested against avx2" : "not supported: skipped",
-              kernels::detail::int8_path_supported(Int8Path::avx2) ? "supported" : "not supported: skipped",
-              kernels::detail::int8_path_supported(Int8Path::amx)
+              kernels::int8_path_name(Int8Path::best), static_cast<long long>(kernels::kInt8MaxRows),
+              kernels::int8_path_supported(Int8Path::avx512vnni) ? "tested against avx2" : "not supported: skipped",
+              kernels::int8_path_supported(Int8Path::avx2) ? "supported" : "not supported: skipped",
+              kernels::int8_path_supported(Int8Path::amx)
                   ? "amx (group sizes that are multiples of 64), tested against portable"
                   : "the exact kernel (no AMX-INT8: the amx path skipped)");
-  EXPECT_TRUE(kernels::detail::int8_path_supported(Int8Path::portable));
+  EXPECT_TRUE(kernels::int8_path_supported(Int8Path::portable));
 }
 
 TEST(AffineInt8, ErrorIsSmallAgainstTheExactValue) {
@@ -63,8 +66,8 @@ TEST(AffineInt8, ErrorIsSmallAgainstTheExactValue) {
   const testing::Quantized q = testing::quantize_affine(w, c.bits, c.group, c.scale_dtype);
   std::vector<float> x(static_cast<std::size_t>(c.K)), exact(static_cast<std::size_t>(c.N)), fast(exact.size());
   for (float& v : x) v = nd(rng);
-  kernels::gemm_nt({x.data(), c.K}, weights_of(q, c, false), {exact.data(), c.N}, 1, c.N, c.K);
-  kernels::gemm_nt({x.data(), c.K}, weights_of(q, c, true), {fast.data(), c.N}, 1, c.N, c.K);
+  kernels::gemm_nt({x.data(), c.K}, weights_of(q, c), {exact.data(), c.N}, 1, c.N, c.K);
+  kernels::gemm_nt({x.data(), c.K}, weights_of(q, c), {fast.data(), c.N}, 1, c.N, c.K, kPool, kInt8);
   const double rel = testing::relative_rms(fast.data(), exact.data(), c.N);
   RecordProperty("relative_rms_error", std::to_string(rel));
   EXPECT_LT(rel, 7e-3);  // measured 0.54 %: uniform rounding error d/√12 per element
@@ -96,21 +99,19 @@ TEST(AffineInt8, SignedFormatsRunTheFastMode) {
     w.scale_ld = groups;
     std::vector<float> exact(static_cast<std::size_t>(2 * N)), fast(exact.size()), sibling(exact.size());
     kernels::gemm_nt({x.data(), K}, w, {exact.data(), N}, 2, N, K);
-    w.int8_activations = true;
-    using kernels::detail::Int8Path;
+    using kernels::Int8Path;
     for (const Int8Path path : {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni, Int8Path::best}) {
-      if (!kernels::detail::int8_path_supported(path)) continue;
+      if (!kernels::int8_path_supported(path)) continue;
       if (path == Int8Path::best) {
-        kernels::gemm_nt({x.data(), K}, w, {fast.data(), N}, 2, N, K);
+        kernels::gemm_nt({x.data(), K}, w, {fast.data(), N}, 2, N, K, kPool, kInt8);
       } else {
         kernels::detail::gemm_nt_affine_int8_kernel({x.data(), K}, w, {fast.data(), N}, 2, N, K, path);
       }
       const double rel = testing::relative_rms(fast.data(), exact.data(), 2 * N);
-      EXPECT_LT(rel, 7e-3) << kernels::formats::describe(f, DType::u8) << " on "
-                           << kernels::detail::int8_path_name(path);
+      EXPECT_LT(rel, 7e-3) << kernels::formats::describe(f, DType::u8) << " on " << kernels::int8_path_name(path);
       EXPECT_GT(rel, 0.0) << "the fast mode ran";
       if (path == Int8Path::avx2) sibling = fast;
-      if (path == Int8Path::avx512vnni && kernels::detail::int8_path_supported(Int8Path::avx2)) {
+      if (path == Int8Path::avx512vnni && kernels::int8_path_supported(Int8Path::avx2)) {
         EXPECT_EQ(std::memcmp(fast.data(), sibling.data(), fast.size() * 4), 0) << "VNNI gives AVX2's bits";
       }
     }
@@ -134,16 +135,16 @@ TEST(AffineInt8, EpilogueGatherAndThreads) {
     for (std::int64_t k = 0; k < c.K; ++k)
       xm[static_cast<std::size_t>(i * c.K + k)] = xs[static_cast<std::size_t>(index[i] * c.K + k)] * scale[i];
   std::vector<float> a(static_cast<std::size_t>(4 * c.N), 1.0f), b(a), t1(a), t2(a);
-  kernels::gemm_nt({xs.data(), c.K, index, scale}, weights_of(q, c, true), {a.data(), c.N, row_scale, true}, 4, c.N,
-                   c.K);
-  kernels::gemm_nt({xm.data(), c.K}, weights_of(q, c, true), {b.data(), c.N}, 4, c.N, c.K);
+  kernels::gemm_nt({xs.data(), c.K, index, scale}, weights_of(q, c), {a.data(), c.N, row_scale, true}, 4, c.N, c.K,
+                   kPool, kInt8);
+  kernels::gemm_nt({xm.data(), c.K}, weights_of(q, c), {b.data(), c.N}, 4, c.N, c.K, kPool, kInt8);
   for (int i = 0; i < 4; ++i)
     for (std::int64_t n = 0; n < c.N; ++n)
       EXPECT_EQ(a[static_cast<std::size_t>(i * c.N + n)], 1.0f + b[static_cast<std::size_t>(i * c.N + n)] * row_scale[i]);
   set_num_threads(1);
-  kernels::gemm_nt({xm.data(), c.K}, weights_of(q, c, true), {t1.data(), c.N}, 4, c.N, c.K);
+  kernels::gemm_nt({xm.data(), c.K}, weights_of(q, c), {t1.data(), c.N}, 4, c.N, c.K, kPool, kInt8);
   set_num_threads(2);
-  kernels::gemm_nt({xm.data(), c.K}, weights_of(q, c, true), {t2.data(), c.N}, 4, c.N, c.K);
+  kernels::gemm_nt({xm.data(), c.K}, weights_of(q, c), {t2.data(), c.N}, 4, c.N, c.K, kPool, kInt8);
   EXPECT_EQ(t1, t2);
   EXPECT_EQ(t1, b);
 }
@@ -156,51 +157,17 @@ TEST(AffineInt8, NonFiniteActivationsGiveNaNNotGarbage) {
   for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     std::vector<float> x(static_cast<std::size_t>(c.M * c.K), 0.5f), y(static_cast<std::size_t>(c.M * c.N));
     x[static_cast<std::size_t>(c.K + 70)] = bad;  // row 1, second group
-    using kernels::detail::Int8Path;
+    using kernels::Int8Path;
     for (const Int8Path path : {Int8Path::portable, Int8Path::avx2, Int8Path::avx512vnni, Int8Path::amx}) {
-      if (!kernels::detail::int8_path_supported(path)) continue;
-      kernels::detail::gemm_nt_affine_int8_kernel({x.data(), c.K}, weights_of(q, c, true), {y.data(), c.N}, c.M, c.N,
-                                                  c.K, path);
+      if (!kernels::int8_path_supported(path)) continue;
+      kernels::detail::gemm_nt_affine_int8_kernel({x.data(), c.K}, weights_of(q, c), {y.data(), c.N}, c.M, c.N, c.K,
+                                                  path);
       for (std::int64_t n = 0; n < c.N; ++n) {
         EXPECT_TRUE(std::isfinite(y[static_cast<std::size_t>(n)])) << "row 0 is clean";
         EXPECT_TRUE(std::isnan(y[static_cast<std::size_t>(c.N + n)])) << "row 1 holds " << bad;
       }
     }
   }
-}
-
-TEST(AffineInt8, AppliesOnlyWhereItPays) {
-  WeightMatrix w{nullptr, DType::u32, 0};
-  w.format = WeightFormat::mlx_affine(4, 64, DType::f32);
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 256)) << "off by default";
-  w.int8_activations = true;
-  EXPECT_TRUE(kernels::detail::int8_activations_apply(w, 1, 256));
-  EXPECT_TRUE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows, 256));
-  // More rows: only where AMX-INT8 takes the codes (group a multiple of 64).
-  EXPECT_EQ(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1, 256),
-            kernels::detail::amx_int8_takes(w));
-  // AMX takes them where the CPU has it, unless MOEKIT_INT8_PATH asks for another path.
-  const char* path = std::getenv("MOEKIT_INT8_PATH");
-  const bool other_path = path != nullptr && std::string(path) != "amx";
-  EXPECT_EQ(kernels::detail::amx_int8_takes(w),
-            kernels::detail::int8_path_supported(kernels::detail::Int8Path::amx) && !other_path);
-  w.format.block_cols = 32;
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1, 256));
-  w.format.block_cols = 64;
-  w.format.bits = 3;
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 256)) << "3-bit codes stay exact";
-  // MXFP4, NVFP4 and int4: up to kInt8MaxRows rows (no AMX kernel for them), whole groups and
-  // 32-blocks; FP8 stays exact.
-  for (const WeightFormat f : {WeightFormat::mxfp4(), WeightFormat::nvfp4(), WeightFormat::int4(32, DType::bf16)}) {
-    w.format = f;
-    EXPECT_TRUE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows, 256));
-    EXPECT_FALSE(kernels::detail::int8_activations_apply(w, kernels::kInt8MaxRows + 1, 256));
-    EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 272)) << "K not whole 32-blocks";
-  }
-  w.format = WeightFormat::int4(48, DType::bf16);
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 96)) << "groups of 48 cross 32-blocks";
-  w.format = WeightFormat::fp8(128, 128, DType::f32);
-  EXPECT_FALSE(kernels::detail::int8_activations_apply(w, 1, 256)) << "FP8 stays exact";
 }
 
 }  // namespace

@@ -35,7 +35,7 @@
 namespace moekit::testing::conformance {
 
 /// What the activations are: f32 (the exact mode), the bf16 compute mode (gemm_nt_bf16) or the
-/// int8 fast mode on affine weights (WeightMatrix::int8_activations).
+/// int8 fast mode on affine weights (ComputeMode::int8).
 enum class Mode { f32, bf16, int8 };
 
 /// How the weights lie in memory: kernels::WeightLayout's rows, panels and amx_tiles, or MLX
@@ -85,7 +85,7 @@ struct Path {
   std::string name;         ///< in the rows' names: "AVX3", "bf16amx", "int8avx2"
   std::int64_t target = 0;  ///< the Highway target to dispatch to (0: the CPU's best)
   kernels::Bf16Path bf16 = kernels::Bf16Path::f32_fma;
-  kernels::detail::Int8Path int8 = kernels::detail::Int8Path::best;  ///< best: gemm_nt's dispatch
+  kernels::Int8Path int8 = kernels::Int8Path::best;  ///< best: gemm_nt's dispatch
 
   /// Why this path cannot run here ("" when it can).
   std::string unsupported() const;
@@ -157,7 +157,7 @@ std::vector<Row> table();
 std::vector<Path> highway_paths();       ///< every compiled Highway target (exact mode)
 std::vector<Path> bf16_f32_fma_paths();  ///< the bf16 mode's f32_fma path on every target
 Path bf16_path(kernels::Bf16Path path);  ///< avx512bf16 or amx
-Path int8_path(kernels::detail::Int8Path path);
+Path int8_path(kernels::Int8Path path);
 std::vector<Path> int8_paths();  ///< portable, avx2, avx512vnni and gemm_nt's dispatch
 
 }  // namespace moekit::testing::conformance

@@ -17,9 +17,9 @@
 namespace moekit::testing::conformance {
 
 using kernels::Bf16Path;
+using kernels::Int8Path;
 using kernels::Threads;
 using kernels::WeightMatrix;
-using kernels::detail::Int8Path;
 
 const char* name_of(Mode mode) {
   switch (mode) {
@@ -87,7 +87,7 @@ std::string Path::unsupported() const {
     return bf16 == Bf16Path::amx
                ? "this CPU (or OS) has no AMX-BF16: the tdpbf16ps path was not run"
                : "this CPU has no AVX512-BF16: the vdpbf16ps path was not run";
-  if (!kernels::detail::int8_path_supported(int8)) {
+  if (!kernels::int8_path_supported(int8)) {
     switch (int8) {
       case Int8Path::amx:
         return "this CPU (or OS) has no AMX-INT8: the tdpbusd path was not run";

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/gather.hpp"
+#include "kernels/plan.hpp"
 #include "kernels/ref/gemm_ref.hpp"
 #include "kernels/targets.hpp"
 #include "moekit/threading.hpp"
@@ -30,10 +31,10 @@ namespace moekit::testing::conformance {
 namespace {
 
 using kernels::Bf16Path;
+using kernels::Int8Path;
 using kernels::Output;
 using kernels::RowSource;
 using kernels::WeightMatrix;
-using kernels::detail::Int8Path;
 
 constexpr double kEps = 1.1920929e-7;
 
@@ -300,7 +301,7 @@ void check_bf16(const Row& row, const Case& c, std::mt19937& rng) {
 // The fast mode on `path` (best: through gemm_nt's dispatch).
 void run_int8(Int8Path path, const RowSource& A, const WeightMatrix& B, const Output& C,
               const Case& c) {
-  if (path == Int8Path::best) return kernels::gemm_nt(A, B, C, c.M, c.N, c.K, c.threads);
+  if (path == Int8Path::best) return kernels::gemm_nt(A, B, C, c.M, c.N, c.K, c.threads, ComputeMode::int8);
   kernels::detail::gemm_nt_affine_int8_kernel(A, B, C, c.M, c.N, c.K, path);
 }
 
@@ -311,9 +312,8 @@ void check_int8(const Row& row, const Case& c, std::mt19937& rng) {
   const std::int64_t M = c.M, N = c.N, K = c.K;
   const Weights q = row.format->make(N, K, c.ld, rng);
   const Tensor dense = row.format->decode(q.w, N, K);
-  WeightMatrix exact_w = q.w, fast_w = q.w;
-  exact_w.int8_activations = false;
-  fast_w.int8_activations = true;
+  const WeightMatrix& exact_w = q.w;
+  const WeightMatrix& fast_w = q.w;
   const int group = q.w.format.block_cols;
   const DType decode_dtype = q.w.format.decode_dtype;
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -371,8 +371,7 @@ void check_int8(const Row& row, const Case& c, std::mt19937& rng) {
 void check_int8_amx(const Row& row, const Case& c, std::mt19937& rng) {
   const std::int64_t M = c.M, N = c.N, K = c.K;
   const Weights q = row.format->make(N, K, c.ld, rng);
-  WeightMatrix fast_w = q.w;
-  fast_w.int8_activations = true;
+  const WeightMatrix& fast_w = q.w;
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> xs(static_cast<std::size_t>((2 * M + 1) * K));
   for (float& v : xs) v = nd(rng) * (rng() % 7 == 0 ? 8.0f : 1.0f);
@@ -396,11 +395,11 @@ void check_int8_amx(const Row& row, const Case& c, std::mt19937& rng) {
   kernels::detail::gemm_nt_affine_int8_kernel(A, fast_w, out(got), M, N, K, Int8Path::amx);
   ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "amx vs portable";
   // gemm_nt takes AMX past kInt8MaxRows rows, unless MOEKIT_INT8_PATH names another path.
-  if (M <= kernels::kInt8MaxRows || !kernels::detail::amx_int8_takes(fast_w)) return;
+  if (kernels::plan_gemm_nt(fast_w, ComputeMode::int8, M, K).kernel != kernels::Kernel::int8_amx) return;
   const int before = num_threads();
   for (const int t : {1, 2, 3}) {
     set_num_threads(t);
-    kernels::gemm_nt(A, fast_w, out(got), M, N, K);
+    kernels::gemm_nt(A, fast_w, out(got), M, N, K, kernels::Threads::pool, ComputeMode::int8);
     const bool same = std::memcmp(got.data(), want.data(), want.size() * 4) == 0;
     set_num_threads(before);
     ASSERT_TRUE(same) << "gemm_nt on " << t << " threads vs portable";

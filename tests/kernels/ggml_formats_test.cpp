@@ -72,17 +72,17 @@ TEST_P(GgmlBlocks, DecodeAsGgmlDoes) {
     EXPECT_EQ(bad, 0) << name;
 
     // The exact mode's vector decode at each width this CPU has (dequantize_rows takes the best).
-    for (const auto path : {kernels::detail::Int8Path::avx2, kernels::detail::Int8Path::avx512vnni}) {
-      if (!kernels::detail::int8_path_supported(path)) continue;
+    for (const auto path : {kernels::Int8Path::avx2, kernels::Int8Path::avx512vnni}) {
+      if (!kernels::int8_path_supported(path)) continue;
       std::vector<float> v(static_cast<std::size_t>(N * K), -1.0f);
       ASSERT_TRUE(kernels::detail::ggml_dequant_rows(B, 0, N, K, v.data(), path)) << name;
       int wrong = 0;
       for (std::int64_t i = 0; i < N * K; ++i)
         if (!same_bits(v[static_cast<std::size_t>(i)], want[i]) && wrong++ < 5)
-          ADD_FAILURE() << name << " " << kernels::detail::int8_path_name(path) << " [" << i << "]: ggml " << want[i]
+          ADD_FAILURE() << name << " " << kernels::int8_path_name(path) << " [" << i << "]: ggml " << want[i]
                         << ", vector decode " << v[static_cast<std::size_t>(i)];
     }
-    EXPECT_FALSE(kernels::detail::ggml_dequant_rows(B, 0, N, K, rows.data(), kernels::detail::Int8Path::portable));
+    EXPECT_FALSE(kernels::detail::ggml_dequant_rows(B, 0, N, K, rows.data(), kernels::Int8Path::portable));
 
     if (which[1] == 'q') {
       // x = e_k for a few k: y[n] = x · W[n] = W[n, k] exactly (one product by 1, the rest by 0).

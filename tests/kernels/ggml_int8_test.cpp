@@ -34,12 +34,13 @@
 #include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/ggml_blocks.hpp"
+#include "kernels/plan.hpp"
 #include "moekit/gguf.hpp"
 
 namespace moekit {
 namespace {
 
-using kernels::detail::Int8Path;
+using kernels::Int8Path;
 
 const GgufFile& blocks() { return testing::ggml_blocks(); }
 using testing::same_bits;
@@ -67,23 +68,30 @@ void for_each_type(const Fn& fn) {
 
 // Whether gemm_nt runs more than kInt8MaxRows rows of ggml's types in the fast mode (the panel
 // kernel: AVX2 or AVX512-VNNI).
-bool panels() { return std::string(kernels::detail::int8_path_name(Int8Path::best)) != "portable"; }
+bool panels() { return std::string(kernels::int8_path_name(Int8Path::best)) != "portable"; }
 
 // The panel paths this CPU has.
 std::vector<Int8Path> panel_paths() {
   std::vector<Int8Path> paths;
   for (const Int8Path path : {Int8Path::avx2, Int8Path::avx512vnni})
-    if (kernels::detail::int8_path_supported(path)) paths.push_back(path);
+    if (kernels::int8_path_supported(path)) paths.push_back(path);
   return paths;
 }
 
-// gemm_nt on M rows in the fast mode (B.int8_activations), on the pool.
-std::vector<float> fast_gemm(kernels::WeightMatrix B, const std::vector<float>& x, std::int64_t M, std::int64_t N,
-                             std::int64_t K) {
-  B.int8_activations = true;
+// gemm_nt on M rows in the int8 mode, on the pool.
+std::vector<float> fast_gemm(const kernels::WeightMatrix& B, const std::vector<float>& x, std::int64_t M,
+                             std::int64_t N, std::int64_t K) {
   std::vector<float> y(static_cast<std::size_t>(M * N), -7.0f);
-  kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K);
+  kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K, kernels::Threads::pool,
+                   ComputeMode::int8);
   return y;
+}
+
+// The rows of one call the int8 row kernel takes (the plan's int8_rows; more go to the panels).
+std::int64_t row_kernel_max_rows(const kernels::WeightMatrix& B, std::int64_t K) {
+  std::int64_t M = 1;
+  while (kernels::plan_gemm_nt(B, ComputeMode::int8, M + 1, K).kernel == kernels::Kernel::int8_rows) ++M;
+  return M;
 }
 
 // |y − exact| ≤ Σ_s (d_s / 2) Σ_k |w_k| with d_s = max |x| / 127 over A's activation block s of
@@ -209,25 +217,6 @@ TEST(GgmlInt8, IntegerFormGivesGgmlsWeights) {
   });
 }
 
-TEST(GgmlInt8, TakesEveryTypeForFewRowsAndForManyWithAvx2) {
-  for (const Element e :
-       {Element::q4_0, Element::q4_1, Element::q5_0, Element::q5_1, Element::q8_0, Element::q2_k, Element::q3_k,
-        Element::q4_k, Element::q5_k, Element::q6_k, Element::iq4_nl, Element::iq4_xs, Element::ggml_mxfp4}) {
-    kernels::WeightMatrix B = matrix(e, nullptr, 0);
-    B.int8_activations = true;
-    EXPECT_TRUE(kernels::detail::int8_activations_apply(B, 1, 256)) << static_cast<int>(e);
-    EXPECT_TRUE(kernels::detail::int8_activations_apply(B, kernels::kInt8MaxRows, 256));
-    EXPECT_EQ(kernels::detail::int8_activations_apply(B, kernels::kInt8MaxRows + 1, 256), panels());
-    B.int8_activations = false;
-    EXPECT_FALSE(kernels::detail::int8_activations_apply(B, 1, 256));
-    EXPECT_FALSE(kernels::detail::int8_activations_apply(B, 64, 256));
-  }
-  kernels::WeightMatrix q2 = matrix(Element::q2_k, nullptr, 0);
-  q2.int8_activations = true;
-  const bool vnni = std::string(kernels::detail::int8_path_name(Int8Path::best)) == "avx512vnni";
-  EXPECT_EQ(kernels::detail::int8_row_kernel_max_rows(q2), vnni ? 4 : kernels::kInt8MaxRows);
-}
-
 // The decode kernel (up to kInt8MaxRows rows) and the panel kernel (more, where the CPU has it),
 // each within the bound of the exact mode.
 TEST(GgmlInt8, WithinTheBoundOfTheExactMode) {
@@ -323,7 +312,7 @@ TEST(GgmlInt8, PanelKernelAgreesWithTheDecodeKernel) {
         std::vector<std::vector<float>> widths;  // each panel path's
         for (const Int8Path path : panel_paths()) widths.push_back(panel(B, x, M, c.N, c.K, path));
         // gemm_nt's too where it takes the panel kernel for M rows (with AVX2 alone, 5 take the row kernel).
-        if (M > kernels::detail::int8_row_kernel_max_rows(B)) widths.push_back(fast_gemm(B, x, M, c.N, c.K));
+        if (M > row_kernel_max_rows(B, c.K)) widths.push_back(fast_gemm(B, x, M, c.N, c.K));
         for (std::size_t w = 1; w < widths.size(); ++w) {
           int bad = 0;
           for (std::size_t i = 0; i < want.size(); ++i)
@@ -380,8 +369,8 @@ TEST(GgmlInt8, PanelKernelScalesAndAccumulatesItsRows) {
         for (std::int64_t n = 0; n < ldc; ++n) {
           const std::size_t i = static_cast<std::size_t>(m * ldc + n);
           const float want = n < N ? before[i] + plain[static_cast<std::size_t>(m * N + n)] * scale[m] : before[i];
-          ASSERT_TRUE(same_bits(y[i], want)) << T::kName << " " << kernels::detail::int8_path_name(path) << " (" << m
-                                             << ", " << n << "): " << y[i] << " against " << want;
+          ASSERT_TRUE(same_bits(y[i], want)) << T::kName << " " << kernels::int8_path_name(path) << " (" << m << ", "
+                                             << n << "): " << y[i] << " against " << want;
         }
     }
   });
@@ -401,14 +390,13 @@ TEST(GgmlInt8, EveryPathGivesTheSameBits) {
         const auto x = inputs(M, c.K, 3 + static_cast<std::uint32_t>(M));
         const auto want = fast(B, x, M, c.N, c.K, Int8Path::portable);
         for (const Int8Path path : {Int8Path::avx2, Int8Path::avx512vnni, Int8Path::best}) {
-          if (!kernels::detail::int8_path_supported(path)) continue;
+          if (!kernels::int8_path_supported(path)) continue;
           const auto got = fast(B, x, M, c.N, c.K, path);
           int bad = 0;
           for (std::size_t i = 0; i < got.size(); ++i)
             if (!same_bits(got[i], want[i]) && bad++ < 3)
-              ADD_FAILURE() << T::kName << " " << c.what << " M " << M << " path "
-                            << kernels::detail::int8_path_name(path) << " [" << i << "]: " << got[i] << ", portable "
-                            << want[i];
+              ADD_FAILURE() << T::kName << " " << c.what << " M " << M << " path " << kernels::int8_path_name(path)
+                            << " [" << i << "]: " << got[i] << ", portable " << want[i];
         }
       }
     }
@@ -508,7 +496,7 @@ TEST(GgmlInt8, PanelKernelTakesRowsFarApart) {
       const auto got = panel(apart, x, 9, N, K, path);  // first: no panel of these rows is left over
       const auto want = panel(near, x, 9, N, K, path);
       for (std::size_t i = 0; i < want.size(); ++i)
-        ASSERT_TRUE(same_bits(got[i], want[i])) << T::kName << " " << kernels::detail::int8_path_name(path) << " [" << i
+        ASSERT_TRUE(same_bits(got[i], want[i])) << T::kName << " " << kernels::int8_path_name(path) << " [" << i
                                                 << "]: " << got[i] << " against " << want[i];
     }
   });
@@ -520,22 +508,20 @@ TEST(GgmlInt8, GemmNtTakesTheFastModeForFewRowsAndNaNStaysInItsRow) {
   const GgufTensorInfo* q = blocks().find("q4_K.q");
   ASSERT_NE(q, nullptr);
   const std::int64_t K = q->ne[0], N = q->ne[1];
-  kernels::WeightMatrix B = matrix(Element::q4_k, q->data, K / 256 * 144);
-  B.int8_activations = true;
+  const kernels::WeightMatrix B = matrix(Element::q4_k, q->data, K / 256 * 144);
   for (const std::int64_t M : {std::int64_t{2}, std::int64_t{5}, kernels::kInt8MaxRows + 1}) {
     auto x = inputs(M, K, 21);
     x[static_cast<std::size_t>(K + 5)] = std::nanf("");  // row 1
     std::vector<float> y(static_cast<std::size_t>(M * N)), exact(y.size());
-    kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K);
-    kernels::WeightMatrix E = B;
-    E.int8_activations = false;
-    kernels::gemm_nt(kernels::RowSource{x.data(), K}, E, kernels::Output{exact.data(), N}, M, N, K);
+    kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{y.data(), N}, M, N, K, kernels::Threads::pool,
+                     ComputeMode::int8);
+    kernels::gemm_nt(kernels::RowSource{x.data(), K}, B, kernels::Output{exact.data(), N}, M, N, K);
     const auto kernel = fast(B, x, M, N, K, Int8Path::best);
     for (std::int64_t m = 0; m < M; ++m)
       for (std::int64_t n = 0; n < N; ++n) {
         const std::size_t i = static_cast<std::size_t>(m * N + n);
         EXPECT_EQ(std::isnan(y[i]), m == 1) << m << ", " << n;
-        if (M <= kernels::detail::int8_row_kernel_max_rows(B)) {
+        if (M <= row_kernel_max_rows(B, K)) {
           EXPECT_TRUE(same_bits(y[i], kernel[i])) << M << ": " << m << ", " << n;
         } else if (!panels()) {
           EXPECT_TRUE(same_bits(y[i], exact[i])) << M << ": " << m << ", " << n;

@@ -258,7 +258,7 @@ TEST_P(Bf16Compute, AmxTilesGiveTheBitsOfTheRows) {
   rows.set_bf16_activations(true);
   MoeLayer tiles(b.cfg, b.w);
   tiles.set_bf16_activations(true);
-  const std::size_t predicted = tiles.weights().experts.packed_nbytes();
+  const std::size_t predicted = tiles.weights().experts.packed_nbytes(tiles.compute_mode());
   tiles.pack_weights();
   const ExpertWeights& ex = tiles.weights().experts;
   ASSERT_EQ(ex.down.layout, MatrixLayout::amx_tiles);

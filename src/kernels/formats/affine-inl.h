@@ -103,6 +103,11 @@ inline bool GemmInRegisters(const RowSource& A, const WeightMatrix& B, const Out
   return WithView(B, [&](const auto& view) { GemmBlocks(A, view, C, M, N, K); });
 }
 
+// Whether GemmInRegisters takes B on this target.
+inline bool InRegistersTakes(const WeightMatrix& B, int64_t) {
+  return WithView(B, [](const auto&) {});
+}
+
 // Rows [n0, n0 + rows) of B dequantized into dst [rows, K] with the tiles' values.
 inline void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
   thread_local std::vector<std::uint32_t> unpacked;  // K codes as bytes, word-aligned

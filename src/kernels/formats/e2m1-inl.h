@@ -66,6 +66,8 @@ inline bool GemmInRegisters(const RowSource& A, const WeightMatrix& B, const Out
   return GemmWithView<E2m1B, kInRegisters>(A, B, C, M, N, K);
 }
 
+inline bool InRegistersTakes(const WeightMatrix& B, int64_t K) { return ViewTakes<kInRegisters>(B, K); }
+
 inline void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
   DecodeRowsWith<E2m1B, kInRegisters>(B, n0, rows, K, dst, formats::e2m1::decode);
 }

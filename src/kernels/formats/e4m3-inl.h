@@ -59,6 +59,8 @@ inline bool GemmInRegisters(const RowSource& A, const WeightMatrix& B, const Out
   return GemmWithView<E4m3B, kInRegisters>(A, B, C, M, N, K);
 }
 
+inline bool InRegistersTakes(const WeightMatrix& B, int64_t K) { return ViewTakes<kInRegisters>(B, K); }
+
 inline void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {
   DecodeRowsWith<E4m3B, kInRegisters>(B, n0, rows, K, dst, formats::e4m3::decode);
 }

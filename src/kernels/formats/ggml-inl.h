@@ -40,6 +40,7 @@ void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, flo
   inline bool GemmInRegisters(const RowSource&, const WeightMatrix&, const Output&, int64_t, int64_t, int64_t) { \
     return false;                                                                                                \
   }                                                                                                              \
+  inline bool InRegistersTakes(const WeightMatrix&, int64_t) { return false; }                                   \
   inline void DequantRows(const WeightMatrix& B, int64_t n0, int64_t rows, int64_t K, float* dst) {              \
     ggml::DequantRows<formats::f::Type>(B, n0, rows, K, dst);                                                    \
   }                                                                                                              \

@@ -72,6 +72,28 @@ inline void k45_terms(const std::uint8_t* b, std::int16_t* qs16, float* ws, floa
 inline constexpr std::int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                1,    13,   25,  38,  53,  69,  89,  113};
 
+/// What the int8 mode's x86 kernels (ggml_int8-inl.h, ggml_panel-inl.h) know of a block type
+/// beyond its integer form (Int8): each type's file states its own (Type::kInt8Facts), and the
+/// kernels read nothing else of a type's identity.
+struct Int8Facts {
+  bool signed_codes = false;  ///< Int8's codes are signed (q8_0, iq4_nl); else unsigned
+  int row_offset = 0;         ///< the row kernel multiplies code − row_offset (S_g loses offset · Σa)
+  int panel_offset = 0;       ///< the panel's offset making every code a u8 (128 for signed codes)
+  int max_code = 31;          ///< the largest u8 code the panel multiplies (AVX2's int16 budget)
+  bool bias = false;          ///< Int8's wb: a bias term per 32 weights (q4_1, q5_1, q4_K, q5_K)
+  bool min16 = false;         ///< a min per 16 weights (Mins; q2_K)
+  bool per16 = false;         ///< a scale per 16 weights: the panel's groups are 16 inputs
+  bool byte_codes = false;    ///< the codes are the block's bytes as stored (q8_0)
+  /// 32 codes as 16 bytes of nibbles, element j low and j + 16 high, through `table` if it has one
+  bool nibble_pairs = false;
+  int codes_at = 0;        ///< where a 32-block's code bytes start (byte_codes, nibble_pairs)
+  bool has_table = false;  ///< (not table != nullptr: UBSan builds refuse that as a constant)
+  const std::int8_t* table = nullptr;
+  bool e8m0_scale = false;   ///< the block's scale is an e8m0 byte (MXFP4), else an f16
+  bool k45 = false;          ///< q4_K's and q5_K's layout: 32 bytes of nibbles per two sub-blocks
+  bool direct_vnni = false;  ///< the VNNI panel's pack takes its blocks straight from 16 rows
+};
+
 /// The format-table entry of block type T (T::kName, kBlock, kBytes, kBits, Block(block, out)).
 template <typename T>
 struct Rules {
@@ -93,7 +115,9 @@ struct Rules {
     T::Block(row + k / T::kBlock * T::kBytes, out);
     return out[k % T::kBlock];
   }
-  static constexpr FormatTraits kTraits{T::kName, DType::u8, row_elements, check, describe, decode, true};
+  static constexpr FormatTraits kTraits{
+      T::kName, DType::u8, row_elements, check,
+      describe, decode,    true,         {static_cast<int>(T::kGgufId), T::kBits, T::kBlock, T::kBytes}};
 };
 
 }  // namespace moekit::kernels::formats::ggml

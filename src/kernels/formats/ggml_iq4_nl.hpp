@@ -9,7 +9,15 @@ namespace moekit::kernels::formats::iq4_nl {
 struct Type {
   static constexpr const char* kName = "iq4_nl";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 18;
+  static constexpr std::uint32_t kGgufId = 20;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.signed_codes = true,
+                                              .panel_offset = 128,
+                                              .max_code = 128,
+                                              .nibble_pairs = true,
+                                              .codes_at = 2,
+                                              .has_table = true,
+                                              .table = ggml::kIq4Values};
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b);
     const std::uint8_t* qs = b + 2;

@@ -10,7 +10,9 @@ namespace moekit::kernels::formats::iq4_xs {
 struct Type {
   static constexpr const char* kName = "iq4_xs";
   static constexpr int kBits = 4, kBlock = 256, kBytes = 136;
+  static constexpr std::uint32_t kGgufId = 23;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.panel_offset = 128, .max_code = 128};
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b);
     std::uint16_t scales_h;

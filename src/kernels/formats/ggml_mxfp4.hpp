@@ -9,10 +9,23 @@
 
 namespace moekit::kernels::formats::ggml_mxfp4 {
 
+/// The codes the int8 mode's kernels multiply: twice the e2m1 value plus 12, a u8 ≤ 24 (the
+/// panel's and the row kernel's offset of 12 takes it off again).
+alignas(16) inline constexpr std::int8_t kShifted[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
 struct Type {
   static constexpr const char* kName = "mxfp4";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 17;
+  static constexpr std::uint32_t kGgufId = 39;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.row_offset = 12,
+                                              .panel_offset = 12,
+                                              .max_code = 24,
+                                              .nibble_pairs = true,
+                                              .codes_at = 1,
+                                              .has_table = true,
+                                              .table = kShifted,
+                                              .e8m0_scale = true};
   // ggml_e8m0_to_fp32_half: 2^(e − 128), as f32 bits (subnormal for e < 2); e = 0xFF gives
   // 2^127 (ggml does not treat it as NaN).
   static float Scale(std::uint8_t e) {

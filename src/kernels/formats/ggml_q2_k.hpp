@@ -11,7 +11,9 @@ namespace moekit::kernels::formats::q2_k {
 struct Type {
   static constexpr const char* kName = "q2_K";
   static constexpr int kBits = 2, kBlock = 256, kBytes = 84;
+  static constexpr std::uint32_t kGgufId = 10;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.max_code = 3, .min16 = true, .per16 = true};
   static constexpr bool kMin16 = true;  // its min is per 16 weights (ggml_common.hpp)
   static void Block(const std::uint8_t* b, float* y) {
     const std::uint8_t* scales = b;

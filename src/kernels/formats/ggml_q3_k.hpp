@@ -11,7 +11,9 @@ namespace moekit::kernels::formats::q3_k {
 struct Type {
   static constexpr const char* kName = "q3_K";
   static constexpr int kBits = 3, kBlock = 256, kBytes = 110;
+  static constexpr std::uint32_t kGgufId = 11;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.panel_offset = 4, .max_code = 7, .per16 = true};
   // The 16 6-bit scales (biased by 32): low 4 bits from bytes 96-103 (nibbles), high 2 bits from
   // bytes 104-107.
   // As four words, scales 4j .. 4j + 3 in word j's bytes (kept in registers by the x86 kernels).

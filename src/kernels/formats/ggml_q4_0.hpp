@@ -9,7 +9,10 @@ namespace moekit::kernels::formats::q4_0 {
 struct Type {
   static constexpr const char* kName = "q4_0";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 18;
+  static constexpr std::uint32_t kGgufId = 2;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{
+      .row_offset = 8, .panel_offset = 8, .max_code = 15, .nibble_pairs = true, .codes_at = 2};
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b);
     const std::uint8_t* qs = b + 2;

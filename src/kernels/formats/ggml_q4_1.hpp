@@ -9,7 +9,9 @@ namespace moekit::kernels::formats::q4_1 {
 struct Type {
   static constexpr const char* kName = "q4_1";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 20;
+  static constexpr std::uint32_t kGgufId = 3;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.max_code = 15, .bias = true, .nibble_pairs = true, .codes_at = 4};
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b), m = ggml::half(b + 2);
     const std::uint8_t* qs = b + 4;

@@ -9,7 +9,9 @@ namespace moekit::kernels::formats::q5_0 {
 struct Type {
   static constexpr const char* kName = "q5_0";
   static constexpr int kBits = 5, kBlock = 32, kBytes = 22;
+  static constexpr std::uint32_t kGgufId = 6;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.row_offset = 16, .panel_offset = 16, .max_code = 31};
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b);
     std::uint32_t qh;

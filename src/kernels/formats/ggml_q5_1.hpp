@@ -9,7 +9,9 @@ namespace moekit::kernels::formats::q5_1 {
 struct Type {
   static constexpr const char* kName = "q5_1";
   static constexpr int kBits = 5, kBlock = 32, kBytes = 24;
+  static constexpr std::uint32_t kGgufId = 7;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.max_code = 31, .bias = true};
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b), m = ggml::half(b + 2);
     std::uint32_t qh;

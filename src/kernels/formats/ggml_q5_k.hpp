@@ -10,7 +10,9 @@ namespace moekit::kernels::formats::q5_k {
 struct Type {
   static constexpr const char* kName = "q5_K";
   static constexpr int kBits = 5, kBlock = 256, kBytes = 176;
+  static constexpr std::uint32_t kGgufId = 13;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.max_code = 31, .bias = true, .k45 = true};
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b), dmin = ggml::half(b + 2);
     const std::uint8_t* scales = b + 4;

@@ -11,7 +11,9 @@ namespace moekit::kernels::formats::q6_k {
 struct Type {
   static constexpr const char* kName = "q6_K";
   static constexpr int kBits = 6, kBlock = 256, kBytes = 210;
+  static constexpr std::uint32_t kGgufId = 14;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{.panel_offset = 32, .max_code = 63, .per16 = true, .direct_vnni = true};
   static void Block(const std::uint8_t* b, float* y) {
     const std::uint8_t* ql = b;
     const std::uint8_t* qh = b + 128;

@@ -8,7 +8,10 @@ namespace moekit::kernels::formats::q8_0 {
 struct Type {
   static constexpr const char* kName = "q8_0";
   static constexpr int kBits = 8, kBlock = 32, kBytes = 34;
+  static constexpr std::uint32_t kGgufId = 8;  // its number in GGUF files (ggml_type)
   static constexpr bool kInt8 = true;
+  static constexpr ggml::Int8Facts kInt8Facts{
+      .signed_codes = true, .panel_offset = 128, .max_code = 128, .byte_codes = true, .codes_at = 2};
   static void Block(const std::uint8_t* b, float* y) {
     const float d = ggml::half(b);
     const auto* qs = reinterpret_cast<const std::int8_t*>(b + 2);

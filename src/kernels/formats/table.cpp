@@ -40,6 +40,26 @@ const FormatTraits& traits(Element element) {
 
 bool inline_scales(const WeightFormat& f) { return f.quantized() && traits(f.element).inline_scales; }
 
+bool ggml_int8(Element element) noexcept {
+  switch (element) {
+#define MOEKIT_GGML_INT8(f) \
+  case Element::f:          \
+    return f::Type::kInt8;
+    MOEKIT_GGML_FORMATS(MOEKIT_GGML_INT8)
+#undef MOEKIT_GGML_INT8
+    default:
+      return false;
+  }
+}
+
+Element gguf_element(std::uint32_t gguf_id) noexcept {
+#define MOEKIT_GGUF_ELEMENT(f) \
+  if (f::Type::kGgufId == gguf_id) return Element::f;
+  MOEKIT_GGML_FORMATS(MOEKIT_GGUF_ELEMENT)
+#undef MOEKIT_GGUF_ELEMENT
+  return Element::plain;
+}
+
 DType container_dtype(const WeightFormat& f, DType plain) {
   return f.quantized() ? traits(f.element).container : plain;
 }
@@ -63,3 +83,14 @@ float decode(const WeightMatrix& B, std::int64_t n, std::int64_t k) {
 }
 
 }  // namespace moekit::kernels::formats
+
+namespace moekit {
+
+WeightFormat WeightFormat::ggml(Element element) {
+  const kernels::formats::FormatTraits::GgufBlock g = kernels::formats::known(element)
+                                                          ? kernels::formats::traits(element).gguf
+                                                          : kernels::formats::FormatTraits::GgufBlock{};
+  return {element, g.bits, 1, g.weights, element == Element::ggml_mxfp4 ? DType::f8_e8m0 : DType::f16, false};
+}
+
+}  // namespace moekit

@@ -34,6 +34,13 @@ struct FormatTraits {
   float (*decode)(const WeightMatrix& B, std::int64_t n, std::int64_t k);
   /// The scales lie inside the container's blocks (ggml's types): no scale or bias arrays.
   bool inline_scales = false;
+  /// ggml's block types: the type's number in GGUF files, its code bits, weights and bytes per
+  /// block (the one statement of them: the GGUF reader and loader, WeightFormat::ggml and the
+  /// benchmarks read them here). gguf_id -1 for the other formats.
+  struct GgufBlock {
+    int gguf_id = -1;
+    int bits = 0, weights = 0, bytes = 0;
+  } gguf{};
 };
 
 /// Whether `element` is one of the quantized formats of the list.
@@ -43,8 +50,16 @@ bool known(Element element) noexcept;
 /// outside the enumeration (a corrupt descriptor), naming it.
 const FormatTraits& traits(Element element);
 
-/// Whether a quantized format keeps its scales inside its blocks (no scale array).
+/// Whether a quantized format keeps its scales inside its blocks (no scale array): ggml's types.
 bool inline_scales(const WeightFormat& f);
+
+/// Whether `element` is a ggml block type with an integer form (Type::kInt8): the int8 mode's
+/// kernels take it.
+bool ggml_int8(Element element) noexcept;
+
+/// The ggml block type numbered `gguf_id` in GGUF files (FormatTraits::gguf), or Element::plain
+/// for a number that is not one of the formats of the list.
+Element gguf_element(std::uint32_t gguf_id) noexcept;
 
 /// Rows and columns of a quantized matrix's scale (and bias) array; 0 for a format whose scales
 /// lie inside its blocks.
