@@ -13,7 +13,7 @@
 // Figures are in cycles per group of 32 inputs (VNNI 12 rows × 16 columns, AVX2 4 × 8), at the
 // clock a chain of dependent `imul` (3 cycles each) measures.
 //
-// The kernel lives in an unnamed namespace of gemm_affine_int8.cpp, so this file includes that
+// The kernel lives in an unnamed namespace of int8_panels.cpp, so this file includes that
 // translation unit whole; the library it links then contributes nothing of that file.
 #include <algorithm>
 #include <chrono>
@@ -21,9 +21,9 @@
 #include <random>
 
 #include "ggml_blocks.hpp"
-#include "kernels/gemm_affine_int8.cpp"  // NOLINT(bugprone-suspicious-include)
+#include "kernels/int8_panels.cpp"  // NOLINT(bugprone-suspicious-include)
 
-namespace moekit::kernels {
+namespace moekit::kernels::int8 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -182,9 +182,9 @@ int run(int rounds) {
 }
 
 }  // namespace
-}  // namespace moekit::kernels
+}  // namespace moekit::kernels::int8
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 100;
-  return moekit::kernels::run(rounds);
+  return moekit::kernels::int8::run(rounds);
 }

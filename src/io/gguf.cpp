@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/formats/ggml_types.hpp"
 #include "kernels/formats/table.hpp"
 #include "util/error.hpp"
 #include "util/mapped_file.hpp"
@@ -188,10 +189,11 @@ constexpr GgmlTypeInfo kOtherTypes[] = {
     {41, "q1_0", 128, 18},    {42, "q2_0", 64, 18},
 };
 
-// Every type ggml_type_info knows: kOtherTypes and the block types of the format list.
+// Every type ggml_type_info knows: the block types of the format list, then kOtherTypes (a type
+// that gains a format is taken from its format, whether or not it is still listed there).
 const std::vector<GgmlTypeInfo>& ggml_types() {
   static const std::vector<GgmlTypeInfo> all = [] {
-    std::vector<GgmlTypeInfo> v(std::begin(kOtherTypes), std::end(kOtherTypes));
+    std::vector<GgmlTypeInfo> v;
 #define MOEKIT_GGUF_TYPE(f)                                                                                            \
   {                                                                                                                    \
     const kernels::formats::FormatTraits& t = kernels::formats::traits(Element::f);                                    \
@@ -200,6 +202,8 @@ const std::vector<GgmlTypeInfo>& ggml_types() {
   }
     MOEKIT_GGML_FORMATS(MOEKIT_GGUF_TYPE)
 #undef MOEKIT_GGUF_TYPE
+    for (const GgmlTypeInfo& t : kOtherTypes)
+      if (std::none_of(v.begin(), v.end(), [&](const GgmlTypeInfo& f) { return f.id == t.id; })) v.push_back(t);
     return v;
   }();
   return all;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "kernels/formats/ggml_types.hpp"
 #include "kernels/formats/table.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/gguf.hpp"

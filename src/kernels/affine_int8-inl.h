@@ -1,6 +1,6 @@
-// The x86 kernels of the int8 fast mode (gemm_affine_int8.cpp), included once per instruction
-// set: AVX2 (`vpmaddubsw` + `vpmaddwd`; 8-bit codes widened to int16 and `vpmaddwd`) and
-// AVX512-VNNI on 256-bit vectors (`vpdpbusd`: four u8 × int8 products into each int32 lane in
+// The x86 row kernels of the int8 fast mode on MLX affine, e2m1 and int4 codes (int8_rows.cpp),
+// included after int8_codes-inl.h once per instruction set: AVX2 (`vpmaddubsw` + `vpmaddwd`; 8-bit codes widened to
+// int16 and `vpmaddwd`) and AVX512-VNNI on 256-bit vectors (`vpdpbusd`: four u8 × int8 products into each int32 lane in
 // one instruction, 4- and 8-bit codes alike). Each group's integer sum is exact either way and
 // reduced to one int32 before any float step, and the float part is the same code, so the two
 // give the same bits for every format (tested).
@@ -11,56 +11,12 @@
 //   MOEKIT_I8_VNNI  1: vpdpbusd (8-bit activations as int8 for 8-bit codes too)
 // No include guard: included twice on purpose.
 
-// The 8 lanes of v summed pairwise in a fixed order.
-MOEKIT_I8_ATTR inline float MOEKIT_I8_NAME(reduce8)(__m256 v) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
-}
-
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(load256)(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
-// isum plus, in each int32 lane, the four products of its bytes: u (u8) times a (int8). VNNI:
-// `vpdpbusd`; AVX2: `vpmaddubsw` + `vpmaddwd`, whose int16 pair sums are exact only for small u
-// (4-bit codes: affine ≤ 15, signed w + c ≤ 24), the only ones it is given.
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(dot4)(__m256i isum, __m256i u, __m256i a) {
-#if MOEKIT_I8_VNNI
-  return _mm256_dpbusd_epi32(isum, u, a);
-#else
-  return _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
-#endif
-}
-
 // A 64-chunk's 4-bit codes from its 32 bytes (QuantA::pair64): lo the low nibbles (even
 // elements), hi the high ones (odd elements).
 MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(nibbles64)(const std::uint8_t* p, __m256i& lo, __m256i& hi) {
   const __m256i v = MOEKIT_I8_NAME(load256)(p), low4 = _mm256_set1_epi8(0x0F);
   lo = _mm256_and_si256(v, low4);
   hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-}
-
-// Eight groups' exact int32 sums in order, as one vector, from the lane vectors of the units
-// that hold them (each lane a partial sum of one group), paired by `vphaddd`: h[p] = hadd(unit
-// 2p, unit 2p + 1). kSub groups per unit: 1 (8 units; a unit's 8 lanes one group), 2 (4 units;
-// lanes 0-3 the first group, 4-7 the second: a 64-chunk of groups of 32) or 4 (2 units; lanes
-// {0, 1}, {2, 3}, {4, 5}, {6, 7}: groups of 16).
-template <int kSub>
-MOEKIT_I8_ATTR inline __m256i MOEKIT_I8_NAME(group_sums8)(const __m256i (&h)[4]) {
-  if constexpr (kSub == 1) {
-    // t0's 128-bit halves: groups 0-3's sums of lanes 0-3 and of lanes 4-7; t1: groups 4-7's.
-    const __m256i t0 = _mm256_hadd_epi32(h[0], h[1]), t1 = _mm256_hadd_epi32(h[2], h[3]);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20), _mm256_permute2x128_si256(t0, t1, 0x31));
-  } else if constexpr (kSub == 2) {
-    // t: groups 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high one.
-    const __m256i t = _mm256_hadd_epi32(h[0], h[1]);
-    const __m128i even = _mm256_castsi256_si128(t), odd = _mm256_extracti128_si256(t, 1);
-    return _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd));
-  } else {
-    // h[0]: groups 0, 1, 4, 5 in the low half, 2, 3, 6, 7 in the high one.
-    return _mm256_permute4x64_epi64(h[0], 0xD8);
-  }
 }
 
 // The int32 lanes of one unit of B's row against MR rows of A: `codes` the unit's first code

@@ -1,4 +1,4 @@
-// What the two AMX kernels share (gemm_amx.cpp: bf16; gemm_affine_int8.cpp: int8): the tile
+// What the two AMX kernels share (gemm_amx.cpp: bf16; gemm_amx_int8.cpp: int8): the tile
 // configuration and the split of a product over the pool. Internal.
 #pragma once
 

@@ -23,7 +23,7 @@ struct CpuFeatures {
 /// The reading, made on first use (thread-safe).
 const CpuFeatures& cpu_features() noexcept;
 
-/// The int8 fast mode's instruction paths (gemm_affine_int8.cpp, ggml_*-inl.h). `best` is a
+/// The int8 fast mode's instruction paths (int8_rows.cpp, int8_panels.cpp, gemm_amx_int8.cpp). `best` is a
 /// caller's "whatever cpu_paths() says" and is never a resolved path.
 enum class Int8Path { best, portable, avx2, avx512vnni, amx };
 

@@ -68,9 +68,9 @@ enum class Kernel {
   outer,         ///< f32/bf16/f16 packed in panels: one FMA chain per element (gemm_panel.cpp)
   quant_fused,   ///< exact, quantized: the codes decoded in registers (gemm_quant.cpp)
   quant_blocks,  ///< exact, quantized: a block of B decoded to f32 scratch, then `dot`'s order
-  int8_rows,     ///< int8: activations quantized per group, the row kernel (gemm_affine_int8.cpp)
-  int8_panels,   ///< int8, ggml's types, many rows: the panel kernel (ggml_panel-inl.h)
-  int8_amx,      ///< int8, MLX affine, many rows: AMX-INT8 tiles (gemm_affine_int8.cpp)
+  int8_rows,     ///< int8: activations quantized per group, the row kernel (int8_rows.cpp)
+  int8_panels,   ///< int8, ggml's types, many rows: the panel kernel (int8_panels.cpp)
+  int8_amx,      ///< int8, MLX affine, many rows: AMX-INT8 tiles (gemm_amx_int8.cpp)
   bf16_fma,      ///< bf16: rounded rows kept as f32, `dot` (or quant_blocks' decode) on them
   bf16_dp,       ///< bf16: `vdpbf16ps` (gemm_bf16.cpp)
   bf16_amx,      ///< bf16: AMX-BF16 tiles (gemm_amx.cpp)

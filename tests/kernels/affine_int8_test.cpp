@@ -1,4 +1,4 @@
-// The fast mode of gemm_nt on MLX affine weights (int8 activations, kernels/gemm_affine_int8.cpp)
+// The fast mode of gemm_nt on MLX affine weights (int8 activations, kernels/int8_rows.cpp, gemm_amx_int8.cpp)
 // beyond the conformance table (conformance.hpp holds every path — portable, avx2, avx512vnni,
 // amx and gemm_nt's dispatch — to the bound its arithmetic guarantees against the exact kernel
 // and to its sibling path): its typical error, the epilogue and gathered rows as materialised

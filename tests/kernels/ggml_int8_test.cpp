@@ -1,4 +1,4 @@
-// The int8 fast mode on ggml's block types (kernels/gemm_affine_int8.cpp, ggml_int8-inl.h)
+// The int8 fast mode on ggml's block types (kernels/int8_rows.cpp, int8_panels.cpp)
 // against ggml itself (tests/goldens/gguf/blocks.gguf: rows ggml's C quantizer wrote, rows of
 // random bytes, each with ggml's dequantization):
 //  - each type's integer form (ggml_common.hpp) gives ggml's weights to f32 rounding;

@@ -6,7 +6,7 @@
 // once (moekit compiles with -ffp-contract=off, so `q·d − m` is never fused; docs/numerics.md).
 // The rules template below turns that into the format table's entry (table.hpp).
 //
-// The int8 fast mode (kernels/gemm_ggml_int8-inl.h) needs each type as integers: a type with
+// The int8 fast mode (kernels/int8_rows.cpp, int8_panels.cpp) needs each type as integers: a type with
 // kInt8 gives Int8(block, q, qs16, ws, wb), its weights as w_k = ws[k/32] · qs16[k/16] · q[k] +
 // wb[k/32] in real arithmetic — q an int8 code, qs16 an integer per 16 weights (the K-quants'
 // sub-block scales, else 1), ws and wb a float per 32 (wb 0 where the type has no min or bias).
@@ -72,9 +72,9 @@ inline void k45_terms(const std::uint8_t* b, std::int16_t* qs16, float* ws, floa
 inline constexpr std::int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                1,    13,   25,  38,  53,  69,  89,  113};
 
-/// What the int8 mode's x86 kernels (ggml_int8-inl.h, ggml_panel-inl.h) know of a block type
-/// beyond its integer form (Int8): each type's file states its own (Type::kInt8Facts), and the
-/// kernels read nothing else of a type's identity.
+/// What the int8 mode's x86 kernels (ggml_int8-inl.h, ggml_int8_k-inl.h, ggml_unpack-inl.h, ggml_pack-inl.h) know of a
+/// block type beyond its integer form (Int8): each type's file states its own (Type::kInt8Facts), and the kernels read
+/// nothing else of a type's identity.
 struct Int8Facts {
   bool signed_codes = false;  ///< Int8's codes are signed (q8_0, iq4_nl); else unsigned
   int row_offset = 0;         ///< the row kernel multiplies code − row_offset (S_g loses offset · Σa)

@@ -1,5 +1,8 @@
-// Every ggml block type's file (ggml_<type>.hpp), for the code that dispatches over them all
-// (MOEKIT_GGML_FORMATS in table.hpp lists them).
+// Every ggml block type (GGUF's quantized tensors moekit computes on): its file and its line in
+// the list. A type is one file, ggml_<type>.hpp — its block, bytes, GGUF number, decode, integer
+// form and int8 facts — an include and a list entry here, and an Element enumerator
+// (moekit/weight_format.hpp); the format table, the GGUF reader and loader, the exact and int8
+// kernels and the benchmarks take it from these.
 #pragma once
 
 #include "kernels/formats/ggml_iq4_nl.hpp"
@@ -15,3 +18,7 @@
 #include "kernels/formats/ggml_q5_k.hpp"
 #include "kernels/formats/ggml_q6_k.hpp"
 #include "kernels/formats/ggml_q8_0.hpp"
+
+// X(element): one entry per type; `element` names its Element enumerator and its namespace.
+#define MOEKIT_GGML_FORMATS(X) \
+  X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) X(iq4_xs) X(ggml_mxfp4)

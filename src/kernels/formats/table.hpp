@@ -13,10 +13,9 @@
 
 // X(element): one line per quantized format; `element` names both the Element enumerator and the
 // format's namespace (kernels::formats::element, and kernels::HWY_NAMESPACE::element for SIMD).
+// The ggml block types' list, MOEKIT_GGML_FORMATS, is in ggml_types.hpp beside their includes:
+// a file that expands either list includes it.
 #define MOEKIT_QUANTIZED_FORMATS(X) X(affine) X(e2m1) X(e4m3) X(int4) MOEKIT_GGML_FORMATS(X)
-// The ggml block types (GGUF), one file each (ggml_<type>.hpp); their kernels share ggml-inl.h.
-#define MOEKIT_GGML_FORMATS(X) \
-  X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) X(iq4_xs) X(ggml_mxfp4)
 
 namespace moekit::kernels::formats {
 
