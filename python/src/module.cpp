@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -427,6 +428,24 @@ void bind_layer(nb::module_& m) {
           "the CPU has it); the router stays fp32. ValueError for weights that are not bf16 rows, and for\n"
           "turning it off once pack_weights() packed AMX tiles.")
       .def_prop_ro("bf16_activations", &MoeLayer::bf16_activations, "Whether the bf16 compute mode is on.")
+      .def(
+          "set_compute_mode",
+          [](MoeLayer& l, const std::string& mode) {
+            const std::optional<ComputeMode> m = compute_mode_from_name(mode);
+            if (!m)
+              throw std::invalid_argument("[moekit.MoeLayer.set_compute_mode] mode '" + mode +
+                                          "' is not one of exact, int8, bf16");
+            nb::gil_scoped_release release;
+            std::unique_lock lock(compute_mutex());
+            l.set_compute_mode(*m);
+          },
+          "mode"_a,
+          "The arithmetic of the experts' projections: 'exact' (the default), 'int8' (as\n"
+          "set_int8_activations(True)) or 'bf16' (as set_bf16_activations(True), and its ValueErrors).\n"
+          "The router stays exact. Waits for forwards in flight.")
+      .def_prop_ro(
+          "compute_mode", [](const MoeLayer& l) { return std::string(compute_mode_name(l.compute_mode())); },
+          "'exact', 'int8' or 'bf16' (set_compute_mode).")
       .def(
           "forward_train",
           [](const MoeLayer& l, nb::handle x, bool keep) { return forward_train_tagged(l, owner_tag(l), x, keep); },

@@ -125,9 +125,17 @@ def test_bf16_compute_mode_against_torch_bf16():
     y_torch = np.load(d / "torch_bf16" / "output.npy")
     y_exact = layer.forward(x)
     assert not layer.bf16_activations
+    assert layer.compute_mode == "exact"
     layer.set_bf16_activations(True)
     assert layer.bf16_activations
+    assert layer.compute_mode == "bf16"
     y = layer.forward(x)
+    layer.set_compute_mode("exact")
+    np.testing.assert_array_equal(layer.forward(x), y_exact)
+    layer.set_compute_mode("bf16")
+    np.testing.assert_array_equal(layer.forward(x), y)
+    with pytest.raises(ValueError, match="not one of exact, int8, bf16"):
+        layer.set_compute_mode("fp4")
     assert rel_err(y, y_torch) <= 1e-2  # torch rounds after every op: bf16 noise apart
     assert 1e-5 < rel_err(y, y_exact) <= 1e-2  # the mode is on, and costs bf16 rounding only
     layer.set_bf16_activations(False)

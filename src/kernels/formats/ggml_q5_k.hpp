@@ -1,4 +1,4 @@
-// ggml q5_K: blocks of 256 weights in 176 bytes — f16 d, f16 dmin, 12 bytes of eight 6-bit
+// ggml q5_K: blocks of 256 weights (kBytes bytes) — f16 d, f16 dmin, 12 bytes of eight 6-bit
 // scales and mins, 32 bytes of fifth bits (sub-block s: bit s of qh[l]), 128 bytes of low nibbles
 // laid out as q4_K's. Sub-block s: w = (d·scale_s)·q − dmin·min_s.
 #pragma once
