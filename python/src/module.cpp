@@ -15,8 +15,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -384,7 +384,8 @@ void bind_layer(nb::module_& m) {
            "to hand it back). With return_routing=True: (y, ids [..., K] int32, weights [..., K]\n"
            "float32, logits [..., E] float32). Raises ValueError for a wrong shape or dtype or\n"
            "non-finite logits. The GIL is released while it computes.")
-      .def_prop_ro("config", [](const MoeLayer& l) { return l.config(); }, "A copy of the layer's MoeConfig.")
+      .def_prop_ro(
+          "config", [](const MoeLayer& l) { return l.config(); }, "A copy of the layer's MoeConfig.")
       .def_prop_ro("weights", &layer_weights,
                    "The stored tensors as read-only numpy views, no copy: 'router', 'router_bias',\n"
                    "'selection_bias', 'experts.gate' / 'experts.up' / 'experts.down' ([E, out, in]\n"
@@ -393,8 +394,9 @@ void bind_layer(nb::module_& m) {
                    "'shared_gate'. bfloat16 tensors show their raw bits as uint16 (moekit.weights_as_bf16\n"
                    "reinterprets them where ml_dtypes is installed).")
       .def_prop_ro("layout", [](const MoeLayer& l) { return weights_snapshot(l).layout; })
-      .def_prop_ro("mapped", [](const MoeLayer& l) { return weights_snapshot(l).mapped; },
-                   "True when the experts are used in place from the memory-mapped file.")
+      .def_prop_ro(
+          "mapped", [](const MoeLayer& l) { return weights_snapshot(l).mapped; },
+          "True when the experts are used in place from the memory-mapped file.")
       .def_prop_ro("block", [](const MoeLayer& l) { return l.weights().block; })
       .def(
           "pack_weights",
