@@ -1,5 +1,5 @@
 // The `moekit` command line, run as a child process: outputs equal the in-process library bit
-// for bit, and every failure is exit code != 0, one "moekit: error: " line on stderr and no
+// for bit, and every failure is exit code 1, one "moekit: error: " line on stderr and no
 // output file.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -89,12 +89,12 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.rfind(prefix, 0) == 0;
 }
 
-// Exit code != 0 (not a signal), exactly one "moekit: error: " line, and nothing left in `dir`
+// Exit code 1 (not a signal), exactly one "moekit: error: " line, and nothing left in `dir`
 // except the files that were there before.
 void expect_clean_failure(const RunResult& r, const fs::path& dir,
                           const std::vector<std::string>& files_before) {
   EXPECT_TRUE(r.exited) << "killed by a signal";
-  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(starts_with(r.err, "moekit: error: ")) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   std::vector<std::string> now;
@@ -333,18 +333,22 @@ TEST_F(Cli, InspectDenseLayerFails) {
   EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
-TEST_F(Cli, ParseErrorsExitNonZeroWithoutCrashing) {
+// A command line that does not parse is an error like any other: exit 1, one "moekit: error: "
+// line (every kind, for every subcommand: cli_errors_test.cpp); `moekit` alone exits 1 too.
+TEST_F(Cli, ParseErrorsAreOneErrorLineAndExitOne) {
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {},
            {"no_such_command"},
            {"forward", "--model", model()},
            {"demo", "--threads", "-1"},
            {"forward", "--model", model(), "--layer", "x", "--input", "a", "--output", "b"}}) {
     const RunResult r = run(args);
     EXPECT_TRUE(r.exited);
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_FALSE(r.err.empty());
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_TRUE(starts_with(r.err, "moekit: error: ")) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
   }
+  EXPECT_EQ(run({}).exit_code, 1);
   const RunResult help = run({"forward", "--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("--ids-out"), std::string::npos);
