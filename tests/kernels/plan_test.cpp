@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct PlanRow {
   kernels::WeightLayout layout = kernels::WeightLayout::rows;
   ComputeMode mode = ComputeMode::exact;
 };
+
+// Its name in ctest's and gtest's listings, instead of the struct's bytes.
+void PrintTo(const PlanRow& row, std::ostream* os) { *os << row.name; }
 
 std::vector<PlanRow> plan_rows() {
   std::vector<PlanRow> rows;
