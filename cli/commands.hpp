@@ -35,6 +35,8 @@ void register_bench(CLI::App& app);
 void register_demo(CLI::App& app);
 /// `moekit forward`: runs one MoE layer of a checkpoint on an .npy input.
 void register_forward(CLI::App& app);
+/// `moekit generate`: a whole model continues a prompt.
+void register_generate(CLI::App& app);
 /// `moekit inspect`: what moekit reads from a checkpoint folder.
 void register_inspect(CLI::App& app);
 /// `moekit train`: trains a byte-level language model with MoE blocks (loss-free balancing).

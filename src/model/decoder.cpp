@@ -1,0 +1,326 @@
+// The one decoder every family runs (decoder.hpp): embeddings, per layer RMSNorm -> attention
+// (projections, QK-norm, RoPE, the KV cache, causal / windowed / chunked softmax with optional
+// sinks) -> residual -> RMSNorm -> MoE block or dense MLP -> residual; the final norm and the head.
+// Every projection is kernels::gemm_nt on the weights as stored, in the model's compute mode.
+#include "model/decoder.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "experts/weight_matrix.hpp"
+#include "kernels/gemm.hpp"
+#include "moekit/causal_lm.hpp"
+#include "util/error.hpp"
+#include "util/thread_pool.hpp"
+
+namespace moekit {
+
+struct CausalLm::Impl {
+  model::Decoder d;
+  LmOptions options;
+  std::vector<std::int32_t> eog;  // the tokenizer's end-of-generation ids
+};
+
+namespace model {
+namespace {
+
+using kernels::Output;
+using kernels::RowSource;
+using kernels::Threads;
+using kernels::WeightMatrix;
+
+// y [M, out] = x [M, in] Wᵀ (+ b).
+void project(const Linear& l, const float* x, std::int64_t M, float* y, ComputeMode mode) {
+  const std::int64_t out = l.w.rows, in = l.w.cols;
+  // The bf16 mode applies to the experts; the other projections stay exact (docs/models.md).
+  const ComputeMode m = mode == ComputeMode::bf16 ? ComputeMode::exact : mode;
+  kernels::gemm_nt(RowSource{x, in}, weight_matrix(l.w, 0), Output{y, out}, M, out, in, Threads::pool, m);
+  if (l.bias.numel() > 0) {
+    const float* b = l.bias.data_as<float>();
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < out; ++j) y[i * out + j] += b[j];
+  }
+}
+
+// One kv group's attention for tokens [t0, t1) of the chunk: scores = q kᵀ · scale over the keys
+// their masks leave, softmax (with the sink), out = p v.
+struct AttentionTask {
+  const Decoder& d;
+  const Attention& at;
+  const float* q;   // [T, H, hd]
+  const float* kc;  // cache [ctx, KV, hd]
+  const float* vc;  // cache [ctx, KV, hdv]
+  float* out;       // [T, H, hdv]
+  std::int64_t p0;  // position of token 0 of the chunk
+
+  std::int64_t first_key(std::int64_t p) const {
+    std::int64_t lo = 0;
+    if (at.window > 0) lo = std::max<std::int64_t>(lo, p - at.window + 1);
+    if (at.chunk > 0) lo = std::max<std::int64_t>(lo, p / at.chunk * at.chunk);
+    return lo;
+  }
+
+  void run(std::int64_t g, std::int64_t t0, std::int64_t t1) const {
+    const std::int64_t H = d.H, KV = d.KV, hd = d.head_dim, hdv = d.v_head_dim, Hg = H / KV;
+    const std::int64_t rows = (t1 - t0) * Hg;
+    const std::int64_t lo = first_key(p0 + t0), hi = p0 + t1;  // keys [lo, hi)
+    const std::int64_t n = hi - lo;
+    thread_local std::vector<std::int32_t> index;
+    thread_local std::vector<float> scores, scale, o;
+    index.resize(static_cast<std::size_t>(rows));
+    scores.resize(static_cast<std::size_t>(rows * n));
+    scale.assign(static_cast<std::size_t>(rows), d.attn_scale);
+    o.assign(static_cast<std::size_t>(rows * hdv), 0.0f);
+    for (std::int64_t i = 0; i < rows; ++i)
+      index[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((t0 + i / Hg) * H + g * Hg + i % Hg);
+    const WeightMatrix K{kc + (lo * KV + g) * hd, DType::f32, KV * hd};
+    kernels::gemm_nt(RowSource{q, hd, index.data()}, K, Output{scores.data(), n, scale.data()}, rows, n, hd,
+                     Threads::caller);
+    const float* sinks = at.sinks.numel() > 0 ? at.sinks.data_as<float>() : nullptr;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int64_t p = p0 + t0 + i / Hg;
+      const std::int64_t a = first_key(p) - lo, b = p - lo + 1;  // this row's keys [a, b)
+      float* s = scores.data() + i * n;
+      float mx = sinks ? sinks[g * Hg + i % Hg] : -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = a; j < b; ++j) mx = std::max(mx, s[j]);
+      float sum = sinks ? std::exp(sinks[g * Hg + i % Hg] - mx) : 0.0f;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float e = j >= a && j < b ? std::exp(s[j] - mx) : 0.0f;
+        s[j] = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      for (std::int64_t j = a; j < b; ++j) s[j] *= inv;
+    }
+    const WeightMatrix V{vc + (lo * KV + g) * hdv, DType::f32, KV * hdv};
+    kernels::gemm_nn(RowSource{scores.data(), n}, V, Output{o.data(), hdv}, rows, hdv, n, Threads::caller);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      float* dst = out + ((t0 + i / Hg) * H + g * Hg + i % Hg) * hdv;
+      std::copy_n(o.data() + i * hdv, hdv, dst);
+    }
+  }
+};
+
+// RMSNorm of each of `rows` rows of width n.
+void norm_rows(const float* x, const Tensor& w, std::int64_t rows, std::int64_t n, double eps, float* y) {
+  const float* wp = w.numel() > 0 ? w.data_as<float>() : nullptr;
+  for (std::int64_t i = 0; i < rows; ++i) rms_norm(x + i * n, wp, n, eps, y + i * n);
+}
+
+// Queries and keys normalised, rotated and (Llama-4's NoPE layers) temperature-scaled.
+void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, std::int64_t p0, float* q, float* k) {
+  const std::int64_t H = d.H, KV = d.KV, hd = d.head_dim;
+  switch (at.qk_norm) {
+    case QkNorm::per_head:
+      norm_rows(q, at.q_norm, T * H, hd, d.rms_eps, q);
+      norm_rows(k, at.k_norm, T * KV, hd, d.rms_eps, k);
+      break;
+    case QkNorm::whole:
+      norm_rows(q, at.q_norm, T, H * hd, d.rms_eps, q);
+      norm_rows(k, at.k_norm, T, KV * hd, d.rms_eps, k);
+      break;
+    case QkNorm::none:
+    case QkNorm::l2:
+      break;
+  }
+  if (at.rope) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t h = 0; h < H; ++h) apply_rope(d.rope, p0 + t, q + (t * H + h) * hd);
+      for (std::int64_t h = 0; h < KV; ++h) apply_rope(d.rope, p0 + t, k + (t * KV + h) * hd);
+    }
+  }
+  if (at.qk_norm == QkNorm::l2) {  // after the rotation (Llama-4)
+    const Tensor none;
+    norm_rows(q, none, T * H, hd, d.rms_eps, q);
+    norm_rows(k, none, T * KV, hd, d.rms_eps, k);
+  }
+  if (at.temperature_tuning) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      const double p = static_cast<double>(p0 + t);
+      const float s =
+          static_cast<float>(std::log(std::floor((p + 1.0) / d.temp_floor_scale) + 1.0) * d.temp_attn_scale + 1.0);
+      for (std::int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= s;
+    }
+  }
+}
+
+}  // namespace
+
+// Runs tokens ids[0, T) at positions [p0, p0 + T) of a sequence whose caches are k, v; leaves
+// the final hidden states (before the final norm) in x [T, D].
+void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std::int64_t T, std::int64_t p0,
+                std::vector<Tensor>& kcache, std::vector<Tensor>& vcache, Tensor& x) {
+  const std::int64_t D = d.D, H = d.H, KV = d.KV, hd = d.head_dim, hdv = d.v_head_dim;
+  x = Tensor::uninitialized({T, D}, DType::f32);
+  float* xp = x.data_as<float>();
+  for (std::int64_t t = 0; t < T; ++t) {
+    const WeightMatrix e = weight_matrix(d.embed, 0);
+    if (d.embed.quantized()) {
+      kernels::dequantize_rows(e, ids[t], 1, D, xp + t * D);
+    } else {
+      for (std::int64_t i = 0; i < D; ++i)
+        xp[t * D + i] = kernels::load_f32(e.data, e.dtype, static_cast<std::int64_t>(ids[t]) * e.ld + i);
+    }
+  }
+  Tensor a = Tensor::uninitialized({T, D}, DType::f32);
+  Tensor q = Tensor::uninitialized({T, H * hd}, DType::f32), k = Tensor::uninitialized({T, KV * hd}, DType::f32);
+  Tensor v = Tensor::uninitialized({T, KV * hdv}, DType::f32), o = Tensor::uninitialized({T, H * hdv}, DType::f32);
+  Tensor y = Tensor::uninitialized({T, D}, DType::f32);
+  for (std::size_t l = 0; l < d.layers.size(); ++l) {
+    const Layer& layer = d.layers[l];
+    const Attention& at = layer.attn;
+    norm_rows(xp, layer.attn_norm, T, D, d.rms_eps, a.data_as<float>());
+    project(at.q, a.data_as<float>(), T, q.data_as<float>(), mode);
+    project(at.k, a.data_as<float>(), T, k.data_as<float>(), mode);
+    project(at.v, a.data_as<float>(), T, v.data_as<float>(), mode);
+    prepare_qk(d, at, T, p0, q.data_as<float>(), k.data_as<float>());
+    float* kc = kcache[l].data_as<float>();
+    float* vc = vcache[l].data_as<float>();
+    std::copy_n(k.data_as<float>(), T * KV * hd, kc + p0 * KV * hd);
+    std::copy_n(v.data_as<float>(), T * KV * hdv, vc + p0 * KV * hdv);
+    const AttentionTask task{d, at, q.data_as<float>(), kc, vc, o.data_as<float>(), p0};
+    constexpr std::int64_t kTokensPerTask = 32;
+    const std::int64_t blocks = (T + kTokensPerTask - 1) / kTokensPerTask;
+    detail::parallel_tasks(KV * blocks, [&](std::int64_t i) {
+      const std::int64_t g = i % KV, b = i / KV;
+      task.run(g, b * kTokensPerTask, std::min(T, (b + 1) * kTokensPerTask));
+    });
+    project(at.o, o.data_as<float>(), T, y.data_as<float>(), mode);
+    for (std::int64_t i = 0; i < T * D; ++i) xp[i] += y.data_as<float>()[i];
+    norm_rows(xp, layer.ffn_norm, T, D, d.rms_eps, a.data_as<float>());
+    if (layer.moe) {
+      const Tensor f = layer.moe->forward(a);
+      for (std::int64_t i = 0; i < T * D; ++i) xp[i] += f.data_as<float>()[i];
+    } else {
+      run_dense_ffn(layer.dense, layer.dense_body, a, x, /*accumulate=*/true, nullptr, mode);
+    }
+  }
+}
+
+}  // namespace model
+
+Sequence::~Sequence() = default;
+
+void Sequence::truncate(std::int64_t n) {
+  if (n < 0 || n > n_)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::Sequence::truncate] " << n << " outside [0, " << n_ << "]"));
+  n_ = n;
+}
+
+std::size_t Sequence::nbytes() const noexcept {
+  std::size_t b = 0;
+  for (const Tensor& t : k_) b += t.nbytes();
+  for (const Tensor& t : v_) b += t.nbytes();
+  return b;
+}
+
+CausalLm::~CausalLm() = default;
+
+std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOptions& options) {
+  if (options.prefill_chunk < 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm] prefill_chunk " << options.prefill_chunk << " < 1"));
+  std::shared_ptr<CausalLm> lm(new CausalLm());
+  lm->impl_ = std::make_unique<Impl>();
+  lm->impl_->options = options;
+  lm->impl_->d = model::read_gguf(path, options);
+  lm->impl_->options.ctx = lm->impl_->d.info.ctx;
+  return lm;
+}
+
+const LmInfo& CausalLm::info() const noexcept { return impl_->d.info; }
+const LmOptions& CausalLm::options() const noexcept { return impl_->options; }
+std::shared_ptr<const Tokenizer> CausalLm::tokenizer() const noexcept { return impl_->d.tokenizer; }
+
+std::unique_ptr<Sequence> CausalLm::new_sequence() const {
+  const model::Decoder& d = impl_->d;
+  std::unique_ptr<Sequence> s(new Sequence());
+  s->ctx_ = d.info.ctx;
+  for (std::size_t l = 0; l < d.layers.size(); ++l) {
+    s->k_.push_back(Tensor::uninitialized({s->ctx_, d.KV, d.head_dim}, DType::f32));
+    s->v_.push_back(Tensor::uninitialized({s->ctx_, d.KV, d.v_head_dim}, DType::f32));
+  }
+  return s;
+}
+
+Tensor CausalLm::forward(Sequence& seq, const std::vector<std::int32_t>& ids, bool all_logits) const {
+  const model::Decoder& d = impl_->d;
+  const std::int64_t T = static_cast<std::int64_t>(ids.size());
+  if (T == 0) throw std::invalid_argument("[moekit::CausalLm::forward] no tokens");
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= d.vocab)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::forward] token id "
+                                             << ids[i] << " at " << i << " outside the vocabulary [0, " << d.vocab
+                                             << ")"));
+  if (seq.k_.size() != d.layers.size() || seq.ctx_ != d.info.ctx)
+    throw std::invalid_argument("[moekit::CausalLm::forward] the sequence was made by another model");
+  if (seq.n_ + T > seq.ctx_)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::forward] " << seq.n_ << " + " << T
+                                                                          << " tokens pass the context of " << seq.ctx_
+                                                                          << " (--ctx)"));
+  const std::int64_t D = d.D, V = d.vocab;
+  Tensor logits = Tensor::uninitialized({all_logits ? T : 1, V}, DType::f32);
+  const ComputeMode mode = impl_->options.mode;
+  Tensor x;
+  Tensor normed;
+  for (std::int64_t c0 = 0; c0 < T; c0 += impl_->options.prefill_chunk) {
+    const std::int64_t n = std::min(impl_->options.prefill_chunk, T - c0);
+    model::run_layers(d, mode, ids.data() + c0, n, seq.n_, seq.k_, seq.v_, x);
+    seq.n_ += n;
+    // The head on the rows asked for: all of them, or the last token's.
+    const std::int64_t first = all_logits ? 0 : n - 1;
+    if (!all_logits && c0 + n < T) continue;
+    const std::int64_t rows = n - first;
+    normed = Tensor::uninitialized({rows, D}, DType::f32);
+    for (std::int64_t i = 0; i < rows; ++i)
+      model::rms_norm(x.data_as<float>() + (first + i) * D, d.output_norm.data_as<float>(), D, d.rms_eps,
+                      normed.data_as<float>() + i * D);
+    float* out = logits.data_as<float>() + (all_logits ? c0 : 0) * V;
+    const ComputeMode m = mode == ComputeMode::bf16 ? ComputeMode::exact : mode;
+    kernels::gemm_nt(kernels::RowSource{normed.data_as<float>(), D}, weight_matrix(d.head, 0), kernels::Output{out, V},
+                     rows, V, D, kernels::Threads::pool, m);
+  }
+  return logits;
+}
+
+std::vector<std::int32_t> CausalLm::generate(const std::vector<std::int32_t>& prompt, std::int64_t max_tokens,
+                                             const SamplingParams& sampling, const TokenCallback& on_token,
+                                             GenerateTimings* timings) const {
+  if (prompt.empty()) throw std::invalid_argument("[moekit::CausalLm::generate] empty prompt");
+  if (max_tokens < 0) throw std::invalid_argument("[moekit::CausalLm::generate] max_tokens < 0");
+  validate(sampling);
+  std::unique_ptr<Sequence> seq = new_sequence();
+  if (static_cast<std::int64_t>(prompt.size()) > seq->capacity())
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::generate] the prompt's "
+                                           << prompt.size() << " tokens pass the context of " << seq->capacity()
+                                           << " (--ctx)"));
+  using clock = std::chrono::steady_clock;
+  GenerateTimings tm;
+  tm.prompt_tokens = static_cast<std::int64_t>(prompt.size());
+  const auto t0 = clock::now();
+  Tensor logits = forward(*seq, prompt);
+  const auto t1 = clock::now();
+  tm.prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  Sampler sampler(sampling);
+  std::vector<std::int32_t> history = prompt, out;
+  const std::vector<std::int32_t>& eog = impl_->eog;
+  const std::int64_t V = impl_->d.vocab;
+  const std::int64_t limit = std::min(max_tokens, seq->capacity() - seq->size());
+  for (std::int64_t i = 0; i < limit; ++i) {
+    const std::int32_t id = sampler.sample(logits.data_as<float>(), V, history);
+    out.push_back(id);
+    history.push_back(id);
+    const bool stop = std::find(eog.begin(), eog.end(), id) != eog.end();
+    if (on_token && !on_token(id)) break;
+    if (stop || i + 1 == limit) break;
+    logits = forward(*seq, {id});
+  }
+  tm.generated_tokens = static_cast<std::int64_t>(out.size());
+  tm.decode_ms = std::chrono::duration<double, std::milli>(clock::now() - t1).count();
+  if (timings) *timings = tm;
+  return out;
+}
+
+}  // namespace moekit

@@ -1,0 +1,98 @@
+// The decoder as data: what one whole model is made of, read from its file by a reader
+// (gguf_reader.cpp) and run by one forward (decoder.cpp). Internal.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/causal_lm.hpp"
+#include "moekit/experts.hpp"
+#include "moekit/layer.hpp"
+#include "moekit/tensor.hpp"
+
+namespace moekit::model {
+
+/// Which elements of a head RoPE rotates together: neox (rotate-half: i and i + n/2, transformers'
+/// layout) or interleaved (2i and 2i + 1: llama.cpp's "norm" rope, which its converter reaches by
+/// permuting llama-architecture Q/K rows).
+enum class RopeLayout { neox, interleaved };
+
+struct Rope {
+  RopeLayout layout = RopeLayout::neox;
+  std::int64_t dims = 0;          ///< rotated elements of each head (partial rotary: fewer than head_dim)
+  std::vector<float> inv_freq;    ///< dims / 2 frequencies, scaling applied (YaRN, llama3, linear, rope_freqs)
+  float attention_factor = 1.0f;  ///< multiplies cos and sin (YaRN's mscale)
+};
+
+/// The frequencies of a RoPE of `dims` dimensions and base `theta`, as transformers computes them
+/// (float32 powers).
+std::vector<float> rope_frequencies(double theta, std::int64_t dims);
+
+/// YaRN (transformers' _compute_yarn_parameters): the frequencies blended between extrapolation
+/// and interpolation by `factor` over [beta_slow, beta_fast] rotations of `original_ctx`;
+/// `truncate` rounds the correction range outwards (transformers' default; GPT-OSS turns it off).
+/// Returns the attention factor (0.1 ln(factor) + 1 unless given > 0).
+float apply_yarn(std::vector<float>& inv_freq, double theta, std::int64_t dims, double factor, double original_ctx,
+                 double beta_fast, double beta_slow, bool truncate, double attention_factor);
+
+/// Query/key normalisation.
+enum class QkNorm {
+  none,
+  per_head,  ///< RMSNorm over each head's head_dim elements, one weight [head_dim] (Qwen3, GLM-4.5)
+  whole,     ///< RMSNorm over the whole projection [heads · head_dim] (OLMoE, MiniMax-M2)
+  l2,        ///< L2 normalisation of each head without weight (Llama-4's rope layers)
+};
+
+/// A projection y = x Wᵀ (+ b): W [out, in] in its stored format, b f32 [out] or undefined.
+struct Linear {
+  ExpertMatrix w;
+  Tensor bias;
+};
+
+struct Attention {
+  Linear q, k, v, o;
+  QkNorm qk_norm = QkNorm::none;
+  Tensor q_norm, k_norm;    ///< f32 weights (per_head: [head_dim]; whole: [heads · head_dim])
+  Tensor sinks;             ///< [heads] f32: one extra logit per head in the softmax (GPT-OSS)
+  bool rope = true;         ///< false: a NoPE layer (Llama-4)
+  std::int64_t window = 0;  ///< sliding window: a query sees the last `window` positions, itself included
+  std::int64_t chunk = 0;   ///< chunked local attention: a query sees its own chunk of `chunk` positions
+  bool temperature_tuning =
+      false;  ///< Llama-4's NoPE layers: q scaled by log(floor((p + 1) / floor_scale) + 1) · scale + 1
+};
+
+struct Layer {
+  Tensor attn_norm, ffn_norm;  ///< f32 [D]
+  Attention attn;
+  std::unique_ptr<MoeLayer> moe;  ///< the MoE block, or null for a dense layer
+  ExpertWeights dense;            ///< a dense layer's MLP (E = 1)
+  ExpertBody dense_body;
+};
+
+struct Decoder {
+  LmInfo info;
+  std::int64_t D = 0, H = 0, KV = 0, head_dim = 0, v_head_dim = 0, vocab = 0;
+  double rms_eps = 1e-6;
+  float attn_scale = 1.0f;  ///< the softmax scale (head_dim^-1/2)
+  Rope rope;
+  double temp_floor_scale = 8192, temp_attn_scale = 0.1;  ///< Llama-4's temperature tuning
+  ExpertMatrix embed;                                     ///< [vocab, D]
+  Tensor output_norm;                                     ///< f32 [D]
+  ExpertMatrix head;                                      ///< [vocab, D] (the embedding when tied)
+  std::vector<Layer> layers;
+  std::vector<std::shared_ptr<const void>> keep_alive;
+  std::shared_ptr<const Tokenizer> tokenizer;
+};
+
+/// Reads a GGUF model (gguf_reader.cpp).
+Decoder read_gguf(const std::string& path, const LmOptions& options);
+
+/// RMSNorm of n elements: y = x / sqrt(mean(x²) + eps) · w (w null: no weight), sums in double.
+void rms_norm(const float* x, const float* w, std::int64_t n, double eps, float* y);
+
+/// Rotates `x` (one head, `rope.dims` leading elements) to position `pos`.
+void apply_rope(const Rope& rope, std::int64_t pos, float* x);
+
+}  // namespace moekit::model
