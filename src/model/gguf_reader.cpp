@@ -222,14 +222,17 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
     if (r.find("attn_sinks.weight")) at.sinks = r.f32("attn_sinks.weight", {d.H});
     if (a.swa_even_layers && l % 2 == 0) at.window = window;
     if (a.llama4) {
-      const std::int64_t step = meta.integer("no_rope_layer_step", 4);
-      at.rope = step <= 0 || (l + 1) % step != 0;
-      if (at.rope) {
-        at.chunk = meta.integer("attention.chunk_size", 0);
-        if (meta.integer("use_kq_norm", 1) != 0) at.qk_norm = QkNorm::l2;  // (bool key: read as an integer)
-      } else {
-        at.temperature_tuning = true;
+      // llama.cpp's llama4: without a sliding_window key of 0, every 4th layer is NoPE with full
+      // attention and temperature tuning, the others chunked (8192) with the L2 QK-norm, except
+      // on the 128-expert model (Maverick); the constants are Llama-4's release values, which
+      // llama.cpp's converter does not store.
+      const bool all_rope = meta.has("attention.sliding_window") && window == 0;
+      at.rope = all_rope || (l + 1) % 4 != 0;
+      if (!all_rope && at.rope) {
+        at.chunk = 8192;
+        if (meta.integer("expert_count", 0) != 128) at.qk_norm = QkNorm::l2;
       }
+      at.temperature_tuning = !all_rope && !at.rope;
     }
     const bool moe = has_experts && r.find("ffn_gate_inp.weight") != nullptr;
     if (moe) {
