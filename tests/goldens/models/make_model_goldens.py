@@ -105,12 +105,12 @@ def families():
              "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
              "routing": "top-2 of the router logits (with bias), softmax over those 2"}),
         "minimax-m2": ("MiniMaxM2ForCausalLM", tf.MiniMaxM2Config(
-            **{**common, "head_dim": 32, "num_attention_heads": 2, "num_key_value_heads": 1},
+            **{**common, "head_dim": 32},
             intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
             rotary_dim=16, use_qk_norm=True, qk_norm_type="per_layer", use_routing_bias=True,
             scoring_func="sigmoid", rope_parameters={"rope_type": "default", "rope_theta": 5000000.0}),
             "minimax-m2", "partial rotary (rotary_dim 16 of head_dim 32, NeoX halves); q/k RMSNorm over the whole "
-            "projection; sigmoid routing with e_score_correction_bias, renormalized; GQA 2:1",
+            "projection (128 and 64 wide); sigmoid routing with e_score_correction_bias, renormalized",
             {"routing": "sigmoid, top-2 chosen on sigmoid + e_score_correction_bias, weights sigmoid renormalized"}),
         "llama4": ("Llama4ForCausalLM", tf.Llama4TextConfig(
             **{**common, "num_hidden_layers": 4}, intermediate_size=32, intermediate_size_mlp=64,
@@ -312,18 +312,40 @@ def weights_from_gguf(model, f32_path, q_path):
     return m, types
 
 
-def gguf_summary(path):
+def facts(out):
+    """Markdown, per file pair: the metadata keys (tokenizer and general.* left out), the tensors
+    outside the blocks and those of each distinct kind of block, with their GGUF shapes (ne: the
+    fastest-varying dimension first) and their types in the q8_0 file."""
     import gguf
 
-    r = gguf.GGUFReader(str(path))
-    keys = {}
-    for f in r.fields.values():
-        if f.name.startswith("tokenizer.") or f.name.startswith("GGUF."):
-            continue
-        c = f.contents()
-        keys[f.name] = c
-    tensors = [(t.name, [int(x) for x in t.shape], t.tensor_type.name) for t in r.tensors]
-    return keys, tensors
+    for name in families():
+        f32 = gguf.GGUFReader(str(out / f"{name}.f32.gguf"))
+        q8 = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out / f"{name}.q8_0.gguf")).tensors}
+        arch = f32.fields["general.architecture"].contents()
+        print(f"### {name} (`{arch}`)\n")
+        keys = [f"`{f.name.removeprefix(arch + '.')}` = {f.contents()!r}" for f in f32.fields.values()
+                if not f.name.startswith(("tokenizer.", "GGUF.", "general."))]
+        print("keys (`" + arch + ".` left out): " + ", ".join(keys) + "\n")
+        blocks, seen = {}, {}
+        for t in f32.tensors:
+            parts = t.name.split(".")
+            b = int(parts[1]) if parts[0] == "blk" else None
+            blocks.setdefault(b, []).append(t)
+        print("| tensor | ne (GGUF order) | q8_0 file |\n|---|---|---|")
+        for b, ts in sorted(blocks.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+            kind = tuple(sorted(".".join(t.name.split(".")[2:]) for t in ts)) if b is not None else None
+            if kind is not None and kind in seen:
+                continue
+            if kind is not None:
+                seen[kind] = b
+            for t in sorted(ts, key=lambda t: t.name):
+                print(f"| `{t.name}` | {[int(x) for x in t.shape]} | {q8[t.name]} |")
+        others = sorted(b for b in blocks if b is not None and b not in seen.values())
+        kinds = {b: next(v for k, v in seen.items() if k == tuple(sorted(
+            ".".join(t.name.split(".")[2:]) for t in blocks[b]))) for b in others}
+        if kinds:
+            print("\n" + ", ".join(f"blk.{b} as blk.{k}" for b, k in kinds.items()) + ".")
+        print()
 
 
 def reload_check(tf, hf_dir, model, prompt):
@@ -341,10 +363,14 @@ def main():
     ap.add_argument("--llama-cpp", required=True, type=Path)
     ap.add_argument("--only", default="")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    ap.add_argument("--facts", action="store_true", help="print the GGUFs' keys and tensors (README) and stop")
     args = ap.parse_args()
     sys.path.insert(0, str(args.llama_cpp / "gguf-py"))
     sys.path.insert(0, str(args.llama_cpp))
     import transformers as tf
+
+    if args.facts:
+        return facts(args.out)
 
     torch.set_num_threads(1)
     logging.getLogger("hf-to-gguf").setLevel(logging.WARNING)
