@@ -3,10 +3,10 @@
 transformers' own float64 output: the references for moekit's whole-model decoder.
 
     tests/goldens/models/make_model_goldens.sh            (sets up the tree, then runs this)
-    PYTHON tests/goldens/models/make_model_goldens.py \\
-        --llama-cpp <llama-cpp-python sdist>/vendor/llama.cpp [--only qwen3moe,gpt-oss]
+    $PYTHON tests/goldens/models/make_model_goldens.py \\
+        --llama-cpp <llama-cpp-python sdist>/vendor/llama.cpp [--only qwen3moe,gpt-oss] [--facts]
 
-For each family (FAMILIES below): a tiny transformers model (vocab 256, hidden 64, 4 query heads
+For each family (families() below): a tiny transformers model (vocab 256, hidden 64, 4 query heads
 over 2 key/value heads, 3 or 4 layers) with every parameter drawn anew from a seeded generator
 (randomize; the constructors' init leaves some at 0 or 1), its values then made pairwise distinct
 (unique_values), is written with save_pretrained to `<name>/` (float32 safetensors), converted
