@@ -8,7 +8,7 @@
 # (LLAMA_CPP_PYTHON_VERSION, default 0.3.36) into build-peers/ggml/, whose convert_hf_to_gguf.py
 # machinery (conversion/) and gguf-py the generator runs in-process.
 #
-# Versions of the checked-in files: transformers 5.25.0, torch 2.15.0 (CPU), numpy 2.4.6, the
+# Versions of the checked-in files: transformers 5.25.0, torch 2.15.0+cu132 (run on CPU), numpy 2.4.6, the
 # llama.cpp tree of llama-cpp-python 0.3.36 with its own gguf-py. Other transformers versions may
 # change the saved config.json or the models' code (and so the references).
 #
