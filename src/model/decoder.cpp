@@ -13,6 +13,7 @@
 #include "experts/weight_matrix.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/causal_lm.hpp"
+#include "moekit/gguf.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
@@ -149,6 +150,35 @@ void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, std::int6
 
 }  // namespace
 
+std::string describe_attention(const Decoder& d) {
+  std::vector<std::string> parts;
+  const Attention& a0 = d.layers.front().attn;
+  if (a0.q.bias.numel() > 0) parts.push_back("q/k/v biases");
+  if (a0.o.bias.numel() > 0) parts.push_back("output bias");
+  for (const Layer& l : d.layers)
+    if (l.attn.qk_norm != QkNorm::none) {
+      parts.push_back(l.attn.qk_norm == QkNorm::per_head ? "qk-norm per head"
+                      : l.attn.qk_norm == QkNorm::whole  ? "qk-norm over the projection"
+                                                         : "l2 qk-norm on rope layers");
+      break;
+    }
+  if (a0.sinks.numel() > 0) parts.push_back("sinks");
+  std::vector<std::int64_t> windowed, nope, chunked;
+  std::int64_t window = 0, chunk = 0;
+  for (std::size_t l = 0; l < d.layers.size(); ++l) {
+    const Attention& a = d.layers[l].attn;
+    if (a.window > 0) windowed.push_back(static_cast<std::int64_t>(l)), window = a.window;
+    if (a.chunk > 0) chunked.push_back(static_cast<std::int64_t>(l)), chunk = a.chunk;
+    if (!a.rope) nope.push_back(static_cast<std::int64_t>(l));
+  }
+  if (!windowed.empty()) parts.push_back(MOEKIT_MSG("window " << window << " on layers " << compact_ranges(windowed)));
+  if (!chunked.empty()) parts.push_back(MOEKIT_MSG("chunks of " << chunk << " on layers " << compact_ranges(chunked)));
+  if (!nope.empty()) parts.push_back("NoPE + temperature tuning on layers " + compact_ranges(nope));
+  std::string s;
+  for (const std::string& p : parts) s += (s.empty() ? "" : ", ") + p;
+  return s.empty() ? "plain" : s;
+}
+
 // Runs tokens ids[0, T) at positions [p0, p0 + T) of a sequence whose caches are k, v; leaves
 // the final hidden states (before the final norm) in x [T, D].
 void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std::int64_t T, std::int64_t p0,
@@ -225,7 +255,8 @@ std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOption
   std::shared_ptr<CausalLm> lm(new CausalLm());
   lm->impl_ = std::make_unique<Impl>();
   lm->impl_->options = options;
-  lm->impl_->d = model::read_gguf(path, options);
+  lm->impl_->d = is_gguf_path(path) ? model::read_gguf(path, options) : model::read_hf(path, options);
+  lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
   lm->impl_->options.ctx = lm->impl_->d.info.ctx;
   return lm;
 }

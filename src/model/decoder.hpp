@@ -88,6 +88,10 @@ struct Decoder {
 
 /// Reads a GGUF model (gguf_reader.cpp).
 Decoder read_gguf(const std::string& path, const LmOptions& options);
+/// Reads a Hugging Face / mlx-lm checkpoint folder (hf_reader.cpp).
+Decoder read_hf(const std::string& path, const LmOptions& options);
+/// "qk-norm per head, sinks, window 128 on layers 0, 2", ... (LmInfo::attention).
+std::string describe_attention(const Decoder& d);
 
 /// RMSNorm of n elements: y = x / sqrt(mean(x²) + eps) · w (w null: no weight), sums in double.
 void rms_norm(const float* x, const float* w, std::int64_t n, double eps, float* y);

@@ -201,7 +201,6 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
   MoeConfig moe_config;
   if (has_experts) moe_config = gguf_config(m);
   const std::int64_t window = meta.integer("attention.sliding_window", 0);
-  std::string features;
   for (std::int64_t l = 0; l < L; ++l) {
     const detail::GgufTensors r(m, "blk." + std::to_string(l) + ".");
     Layer layer;
@@ -251,19 +250,6 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
     }
     d.layers.push_back(std::move(layer));
   }
-  const Attention& a0 = d.layers.front().attn;
-  if (a0.q.bias.numel() > 0) features += "q/k/v biases";
-  if (a0.o.bias.numel() > 0) features += features.empty() ? "output bias" : ", output bias";
-  if (a0.qk_norm != QkNorm::none)
-    features +=
-        std::string(features.empty() ? "" : ", ") + (a0.qk_norm == QkNorm::per_head ? "qk-norm per head"
-                                                     : a0.qk_norm == QkNorm::whole  ? "qk-norm over the projection"
-                                                                                    : "l2 qk-norm");
-  if (a0.sinks.numel() > 0) features += features.empty() ? "sinks" : ", sinks";
-  if (a.swa_even_layers && window > 0)
-    features += MOEKIT_MSG((features.empty() ? "" : ", ") << "window " << window << " on even layers");
-  if (a.llama4) features += features.empty() ? "llama4 NoPE/chunked layers" : ", llama4 NoPE/chunked layers";
-  info.attention = features.empty() ? "plain" : features;
   info.num_layers = L;
   info.hidden_size = d.D;
   info.vocab_size = d.vocab;
