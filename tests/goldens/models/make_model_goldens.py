@@ -23,6 +23,8 @@ in-process by llama.cpp's converter classes to `<name>.f32.gguf` and `<name>.q8_
                   dequantized by gguf-py (weights_from_gguf: no per-family mapping, the values
                   are found again because they are all distinct)
   not_in_gguf     config values that change the output but that the converter writes no key for
+  *_gguf          (llama4: GGUF_SEMANTICS) logits, greedy_*, logits_q8_0 again with the config changed to
+                  the constants llama.cpp hardcodes for that arch, same weights and prompt
 
 "float64" means every operation: transformers casts to float32 in places even after
 model.double() (RMSNorm, router softmax/sigmoid, attention softmax, RoPE tables, Llama 4's
@@ -148,6 +150,47 @@ class Float64(TorchFunctionMode):
             if isinstance(o, torch.Tensor) and o.dtype in LOW + (torch.complex64,):
                 self.low.add(getattr(func, "__name__", str(func)))
         return out
+
+
+# Families whose GGUF llama.cpp reads with constants of its own where the config says otherwise:
+# the config changes that give llama.cpp's model on the same weights, and why. ref.json then also
+# gets logits_gguf, greedy_ids_gguf, greedy_margins_gguf, greedy_logits_gguf, logits_q8_0_gguf.
+GGUF_SEMANTICS = {
+    "llama4": ({"attention_chunk_size": 8192, "floor_scale": 8192, "attn_scale": 0.1},
+               "the *_gguf fields: the same weights and prompt with the config changed to the constants "
+               "llama.cpp (src/models/llama4.cpp) hardcodes for a llama4 GGUF, which has no keys for them: "
+               "attention_chunk_size 8 -> 8192, floor_scale 4 -> 8192, attn_scale 0.1 (unchanged). Over 27 "
+               "positions that is plain causal attention on layers 0-2 and an attention temperature of exactly "
+               "1 on layer 3. no_rope_layers [1, 1, 1, 0] (NoPE every 4th layer) and use_qk_norm true (not a "
+               "128-expert model) already match llama.cpp's rule; everything else unchanged."),
+}
+
+
+def check_llama_cpp_rules(name, config):
+    """The settings llama.cpp derives rather than reads must already be its derivation."""
+    if name == "llama4":
+        n = config.num_hidden_layers
+        assert list(config.no_rope_layers) == [int((i + 1) % 4 != 0) for i in range(n)], config.no_rope_layers
+        assert config.use_qk_norm == (config.num_local_experts != 128), config.use_qk_norm
+        assert config.attn_temperature_tuning and config.layer_types == [
+            "chunked_attention" if (i + 1) % 4 else "full_attention" for i in range(n)], config.layer_types
+
+
+def with_config(tf, model, changes):
+    """The same weights in a model of the same class whose config has `changes`."""
+    config = copy.deepcopy(model.config)
+    for k, v in changes.items():
+        setattr(config, k, v)
+    m = type(model)(config)
+    if hasattr(m, "set_experts_implementation"):
+        m.set_experts_implementation("eager")
+    m.load_state_dict(model.state_dict(), strict=True)
+    m.eval()
+    for mod in m.modules():  # the attention modules copied the config values at construction
+        for k, v in changes.items():
+            if hasattr(mod, k) and not isinstance(getattr(mod, k), torch.nn.Module):
+                assert getattr(mod, k) == v, (type(mod), k)
+    return m
 
 
 # larger draws where a feature only shows on large values: gpt-oss's swiglu clamps at 7
@@ -415,6 +458,35 @@ def main():
                 "(F32 tensors there - norms, biases, routers, sinks - unchanged), then the same float64 forward. "
                 f"The saved folder reloads to the same float32 logits within {reload:.2g}."),
         }
+        if name in GGUF_SEMANTICS:
+            changes, why = GGUF_SEMANTICS[name]
+            check_llama_cpp_rules(name, model.config)
+            mg = with_config(tf, model, changes)
+            logits_g, ids_g, margins_g, chosen_g, recompute_g = greedy(as_float64(mg), prompt)
+            if min(margins_g) < MIN_MARGIN:  # the prompt is fixed by the fields above: reported, not replaced
+                print(f"{name}: WARNING gguf-semantics greedy margin {min(margins_g):.4g} < {MIN_MARGIN}", flush=True)
+            logits_qg, _ = forward64(as_float64(with_config(tf, mq, changes)), prompt)
+            notes = ref.pop("notes")
+            del ref["not_in_gguf"]  # kept last, with notes
+            ref.update({
+                "gguf_semantics": why,
+                "logits_gguf": logits_g.tolist(),
+                "greedy_ids_gguf": ids_g,
+                "greedy_margins_gguf": margins_g,
+                "greedy_logits_gguf": chosen_g.tolist(),
+                "logits_q8_0_gguf": logits_qg.numpy().tolist(),
+                "not_in_gguf": not_in_gguf,
+            })
+            rc = "not checked (margin under the minimum)" if recompute_g != recompute_g else f"within {recompute_g:.2g}"
+            gguf_note = (f" *_gguf: the same forward and greedy steps with {changes} (gguf_semantics); min greedy "
+                         f"margin {min(margins_g):.4g}; full recompute {rc}; they differ from logits by up to "
+                         f"{np.abs(logits_g - logits).max():.3g}.")
+            ref["notes"] = notes + gguf_note
+            print(f"{name}: gguf semantics {changes}: min margin {min(margins_g):.4g} at step "
+                  f"{int(np.argmin(margins_g))}; greedy {ids_g}; logits_gguf - logits max "
+                  f"{np.abs(logits_g - logits).max():.3g} (first differing position "
+                  f"{int(np.argmax(np.abs(logits_g - logits).max(1) > 0))}); logits_q8_0_gguf - logits_q8_0 max "
+                  f"{np.abs(logits_qg.numpy() - logits_q.numpy()).max():.3g}; recompute {recompute_g:.2g}", flush=True)
         (args.out / f"{name}.ref.json").write_text(json.dumps(ref) + "\n")
         dq = float(np.abs(logits_q.numpy() - logits).max())
         print(f"{name}: min margin {min(margins):.4g} at step {int(np.argmin(margins))}; "
