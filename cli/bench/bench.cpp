@@ -344,6 +344,10 @@ void run_bench(const Options& o) {
     if (o.decode) throw std::invalid_argument("--decode runs in one process; it does not go with --expert-parallel");
     return run_expert_parallel(o);
   }
+  if (o.e2e) {
+    if (o.decode || o.expert_parallel) throw std::invalid_argument("--e2e goes with neither --decode nor --expert-parallel");
+    return run_e2e(o);
+  }
   if (o.decode) return run_decode(o);
   const Plan p = check_options(o);
   const bool progress = isatty(STDERR_FILENO) != 0;
@@ -397,6 +401,12 @@ void register_bench(CLI::App& app) {
   auto* model = cmd->add_option("--model", opt->model,
                                 "With --decode: a checkpoint folder whose MoE layers (all, or the first --layers) are "
                                 "timed as stored, in place of --shape and --dtype");
+  cmd->add_flag("--e2e", opt->e2e,
+                "A whole model (--model: GGUF file or checkpoint folder) as llama-bench measures one: pp<p> (a "
+                "prompt of -p random tokens) and tg<n> (-n tokens one at a time), tokens/s and the share of time "
+                "outside the MoE blocks");
+  cmd->add_option("-p,--prompt-tokens", opt->prompt_tokens, "--e2e: prompt tokens of the pp test (default 512; 0: none)");
+  cmd->add_option("-n,--gen-tokens", opt->gen_tokens, "--e2e: tokens of the tg test (default 128; 0: none)");
   cmd->add_flag("--int8", opt->int8,
                 "With --model: the checkpoint's quantized layers in the int8 fast mode (int8 activations; "
                 "docs/numerics.md)");
@@ -421,6 +431,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--dram-mib", opt->dram_mib, "DRAM read buffer in MiB (default 1024)")->group("");
   cmd->callback([opt, model, shape, dtype] {
     try {
+      if (model->count() > 0 && !opt->e2e && !opt->decode)
+        throw std::invalid_argument("--model goes with --decode (its MoE layers) or --e2e (the whole model)");
       if (model->count() > 0 && (shape->count() > 0 || dtype->count() > 0))
         throw std::invalid_argument("--model times the checkpoint's own layers as stored: drop --shape and --dtype");
       bench::run_bench(*opt);

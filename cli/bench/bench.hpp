@@ -25,6 +25,8 @@ struct Options {
   bool expert_parallel = false;
   bool decode = false;
   bool int8 = false;  ///< --int8: a --model checkpoint's quantized layers in the fast mode
+  bool e2e = false;   ///< --e2e: a whole model (--model), pp / tg as llama-bench measures them
+  std::string prompt_tokens = "512", gen_tokens = "128";  ///< --e2e's -p and -n
 };
 
 // ---- formats.cpp: what the options name ------------------------------------------------------
@@ -180,6 +182,11 @@ std::unique_ptr<MoeLayer> build_checked(const BenchShape& s, const WeightFormat&
 
 /// `moekit bench --decode`: decode at the memory limit (docs/cli.md).
 void run_decode(const Options& o);
+
+// ---- e2e.cpp: a whole model -------------------------------------------------------------------
+
+/// `--e2e`: the model at --model timed as llama-bench times one (pp<p>, tg<n>).
+void run_e2e(const Options& o);
 
 // ---- expert_parallel.cpp ---------------------------------------------------------------------
 

@@ -106,6 +106,15 @@ struct GenerateTimings {
   double prefill_ms = 0, decode_ms = 0;
 };
 
+/// Where a model's forward time went since the last reset (wall time on the calling thread).
+struct LmStats {
+  double moe_ms = 0;        ///< the MoE blocks (routing, experts, shared experts)
+  double dense_ffn_ms = 0;  ///< dense layers' MLPs
+  double attention_ms = 0;  ///< projections, QK-norm, RoPE, the cache and the softmax
+  double head_ms = 0;       ///< embeddings, final norm and the head
+  std::int64_t tokens = 0;
+};
+
 /// Called with each generated token as it is made; return false to stop.
 using TokenCallback = std::function<bool(std::int32_t id)>;
 
@@ -138,6 +147,11 @@ class CausalLm {
   std::vector<std::int32_t> generate(const std::vector<std::int32_t>& prompt, std::int64_t max_tokens,
                                      const SamplingParams& sampling, const TokenCallback& on_token = {},
                                      GenerateTimings* timings = nullptr) const;
+
+  /// Time per part of every forward since the last reset_stats() (or open). Not thread-safe
+  /// against concurrent forwards.
+  LmStats stats() const;
+  void reset_stats() const;
 
   struct Impl;
 

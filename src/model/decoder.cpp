@@ -23,6 +23,7 @@ struct CausalLm::Impl {
   model::Decoder d;
   LmOptions options;
   std::vector<std::int32_t> eog;  // the tokenizer's end-of-generation ids
+  mutable LmStats stats;
 };
 
 namespace model {
@@ -181,8 +182,12 @@ std::string describe_attention(const Decoder& d) {
 
 // Runs tokens ids[0, T) at positions [p0, p0 + T) of a sequence whose caches are k, v; leaves
 // the final hidden states (before the final norm) in x [T, D].
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
 void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std::int64_t T, std::int64_t p0,
-                std::vector<Tensor>& kcache, std::vector<Tensor>& vcache, Tensor& x) {
+                std::vector<Tensor>& kcache, std::vector<Tensor>& vcache, Tensor& x, LmStats& stats) {
+  auto t = Clock::now();
   const std::int64_t D = d.D, H = d.H, KV = d.KV, hd = d.head_dim, hdv = d.v_head_dim;
   x = Tensor::uninitialized({T, D}, DType::f32);
   float* xp = x.data_as<float>();
@@ -199,7 +204,9 @@ void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std
   Tensor q = Tensor::uninitialized({T, H * hd}, DType::f32), k = Tensor::uninitialized({T, KV * hd}, DType::f32);
   Tensor v = Tensor::uninitialized({T, KV * hdv}, DType::f32), o = Tensor::uninitialized({T, H * hdv}, DType::f32);
   Tensor y = Tensor::uninitialized({T, D}, DType::f32);
+  stats.head_ms += ms_since(t);
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
+    t = Clock::now();
     const Layer& layer = d.layers[l];
     const Attention& at = layer.attn;
     norm_rows(xp, layer.attn_norm, T, D, d.rms_eps, a.data_as<float>());
@@ -221,11 +228,15 @@ void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std
     project(at.o, o.data_as<float>(), T, y.data_as<float>(), mode);
     for (std::int64_t i = 0; i < T * D; ++i) xp[i] += y.data_as<float>()[i];
     norm_rows(xp, layer.ffn_norm, T, D, d.rms_eps, a.data_as<float>());
+    stats.attention_ms += ms_since(t);
+    t = Clock::now();
     if (layer.moe) {
       const Tensor f = layer.moe->forward(a);
       for (std::int64_t i = 0; i < T * D; ++i) xp[i] += f.data_as<float>()[i];
+      stats.moe_ms += ms_since(t);
     } else {
       run_dense_ffn(layer.dense, layer.dense_body, a, x, /*accumulate=*/true, nullptr, mode);
+      stats.dense_ffn_ms += ms_since(t);
     }
   }
 }
@@ -260,6 +271,9 @@ std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOption
   lm->impl_->options.ctx = lm->impl_->d.info.ctx;
   return lm;
 }
+
+LmStats CausalLm::stats() const { return impl_->stats; }
+void CausalLm::reset_stats() const { impl_->stats = LmStats{}; }
 
 const LmInfo& CausalLm::info() const noexcept { return impl_->d.info; }
 const LmOptions& CausalLm::options() const noexcept { return impl_->options; }
@@ -298,8 +312,10 @@ Tensor CausalLm::forward(Sequence& seq, const std::vector<std::int32_t>& ids, bo
   Tensor normed;
   for (std::int64_t c0 = 0; c0 < T; c0 += impl_->options.prefill_chunk) {
     const std::int64_t n = std::min(impl_->options.prefill_chunk, T - c0);
-    model::run_layers(d, mode, ids.data() + c0, n, seq.n_, seq.k_, seq.v_, x);
+    model::run_layers(d, mode, ids.data() + c0, n, seq.n_, seq.k_, seq.v_, x, impl_->stats);
     seq.n_ += n;
+    impl_->stats.tokens += n;
+    const auto t_head = model::Clock::now();
     // The head on the rows asked for: all of them, or the last token's.
     const std::int64_t first = all_logits ? 0 : n - 1;
     if (!all_logits && c0 + n < T) continue;
