@@ -123,8 +123,10 @@ std::string unsafe_pattern(const std::string& re) {
 // Fine-grained FP8 (transformers' FineGrainedFP8Config; DeepSeek-V3, Qwen3-FP8, MiniMax-M2).
 ReleaseQuant fp8(const Fields& f) {
   ReleaseQuant r;
+  // DeepSeek-V3 writes "e4m3", MiniMax-M2 torch's dtype name "float8_e4m3fn": the same format.
   const std::string fmt = f.string("fmt", "e4m3");
-  if (fmt != "e4m3") f.bad("fmt '" + fmt + "' is not supported (supported: e4m3)");
+  if (fmt != "e4m3" && fmt != "float8_e4m3fn")
+    f.bad("fmt '" + fmt + "' is not supported (supported: e4m3, float8_e4m3fn)");
   const std::string scale_fmt = f.string("scale_fmt", "float");
   if (scale_fmt != "float" && scale_fmt != "ue8m0")
     f.bad("scale_fmt '" + scale_fmt + "' is not supported (supported: float, ue8m0)");

@@ -430,6 +430,20 @@ TEST(Fp8Errors, ScalesMustBeThereWithTheirShapeDtypeAndValues) {
                {down + ".weight", "has shape (96, 160), expected (160, 96)"});
 }
 
+// MiniMax-M2's release spells the element torch's way; it is the same format.
+TEST(Fp8Spelling, MiniMaxsFloat8E4m3fnLoadsAsE4m3) {
+  const std::string dir =
+      mutated("fp8_e4m3fn", [](nlohmann::json& c) { c["quantization_config"]["fmt"] = "float8_e4m3fn"; },
+              kKeepTensors, kFp8Block);
+  const MoeLayer spelled = load_moe_layer(dir, 1);
+  const MoeLayer plain = load_moe_layer(kFp8Block, 1);
+  Tensor x({3, plain.config().hidden_size}, DType::f32);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = std::sin(0.37f * static_cast<float>(i));
+  const Tensor a = spelled.forward(x), b = plain.forward(x);
+  ASSERT_EQ(a.nbytes(), b.nbytes());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0);
+}
+
 TEST(Fp8Errors, ConfigAndTensorsMustAgree) {
   expect_error(mutated(
                    "fp8_no_method", [](nlohmann::json& c) { c.erase("quantization_config"); }, kKeepTensors, kFp8Block),
