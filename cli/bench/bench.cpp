@@ -345,7 +345,8 @@ void run_bench(const Options& o) {
     return run_expert_parallel(o);
   }
   if (o.e2e) {
-    if (o.decode || o.expert_parallel) throw std::invalid_argument("--e2e goes with neither --decode nor --expert-parallel");
+    if (o.decode || o.expert_parallel)
+      throw std::invalid_argument("--e2e goes with neither --decode nor --expert-parallel");
     return run_e2e(o);
   }
   if (o.decode) return run_decode(o);
@@ -405,7 +406,8 @@ void register_bench(CLI::App& app) {
                 "A whole model (--model: GGUF file or checkpoint folder) as llama-bench measures one: pp<p> (a "
                 "prompt of -p random tokens) and tg<n> (-n tokens one at a time), tokens/s and the share of time "
                 "outside the MoE blocks");
-  cmd->add_option("-p,--prompt-tokens", opt->prompt_tokens, "--e2e: prompt tokens of the pp test (default 512; 0: none)");
+  cmd->add_option("-p,--prompt-tokens", opt->prompt_tokens,
+                  "--e2e: prompt tokens of the pp test (default 512; 0: none)");
   cmd->add_option("-n,--gen-tokens", opt->gen_tokens, "--e2e: tokens of the tg test (default 128; 0: none)");
   cmd->add_flag("--int8", opt->int8,
                 "With --model: the checkpoint's quantized layers in the int8 fast mode (int8 activations; "

@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "io/gguf_tensors.hpp"
 #include "kernels/formats/ggml_types.hpp"
 #include "kernels/formats/table.hpp"
-#include "io/gguf_tensors.hpp"
 #include "kernels/gemm.hpp"
 #include "moekit/gguf.hpp"
 #include "moekit/model.hpp"

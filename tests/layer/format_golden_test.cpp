@@ -432,9 +432,9 @@ TEST(Fp8Errors, ScalesMustBeThereWithTheirShapeDtypeAndValues) {
 
 // MiniMax-M2's release spells the element torch's way; it is the same format.
 TEST(Fp8Spelling, MiniMaxsFloat8E4m3fnLoadsAsE4m3) {
-  const std::string dir =
-      mutated("fp8_e4m3fn", [](nlohmann::json& c) { c["quantization_config"]["fmt"] = "float8_e4m3fn"; },
-              kKeepTensors, kFp8Block);
+  const std::string dir = mutated(
+      "fp8_e4m3fn", [](nlohmann::json& c) { c["quantization_config"]["fmt"] = "float8_e4m3fn"; }, kKeepTensors,
+      kFp8Block);
   const MoeLayer spelled = load_moe_layer(dir, 1);
   const MoeLayer plain = load_moe_layer(kFp8Block, 1);
   Tensor x({3, plain.config().hidden_size}, DType::f32);
