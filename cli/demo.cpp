@@ -1,4 +1,5 @@
-// `moekit demo`: moekit's main job on an embedded default, no download. One DeepSeek-V3-shaped
+// `moekit demo`: moekit's main job on an embedded default, no download. First a whole model (a
+// small Qwen3-MoE-shaped one with random weights) generates; then one DeepSeek-V3-shaped
 // MoE layer (scaled down so it runs in seconds on two cores) with random weights built in
 // memory runs a batch of random tokens a few times; it prints the routing load per expert,
 // MaxVio, an output checksum and tokens/s. `--routing-only` instead routes a batch under every
@@ -15,6 +16,7 @@
 
 #include "commands.hpp"
 #include "format.hpp"
+#include "moekit/causal_lm.hpp"
 #include "moekit/moekit.hpp"
 #include "synth/random_layer.hpp"
 
@@ -85,8 +87,7 @@ void run_routing_demo(std::int64_t tokens, unsigned seed) {
     const auto t0 = std::chrono::steady_clock::now();
     const Tensor logits = router_logits(x, w, router_bias.view());
     const Routing r = route(cfg.router, logits, sel_bias.view());
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const auto counts = expert_counts(r.ids, E);
     std::printf("%-12s %s\n", p.name, describe(cfg.router).c_str());
     std::printf("  load per expert:");
@@ -161,35 +162,75 @@ void run_balance_demo(const MoeLayer& layer, std::int64_t tokens, std::uint64_t 
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::vector<std::int64_t> after = load(held_out);
-  std::printf("\naux-loss-free balancing (arXiv:2408.15664; DeepSeek-V3's selection bias, sign rule, u = %g):\n"
-              "  tokens sharing one direction, as real hidden states do, load the experts unevenly;\n"
-              "  %d bias updates from batches of %lld tokens took %.2f s (moekit train does this while training)\n",
-              kRate, kSteps, static_cast<long long>(tokens), s);
+  std::printf(
+      "\naux-loss-free balancing (arXiv:2408.15664; DeepSeek-V3's selection bias, sign rule, u = %g):\n"
+      "  tokens sharing one direction, as real hidden states do, load the experts unevenly;\n"
+      "  %d bias updates from batches of %lld tokens took %.2f s (moekit train does this while training)\n",
+      kRate, kSteps, static_cast<long long>(tokens), s);
   print_load("held-out load per expert before", before);
   print_load("held-out load per expert after ", after);
+}
+
+// A whole model generating: the random Qwen3-MoE-shaped model (CausalLm::random) continues a
+// random prompt greedily; the same prompt token by token gives the same bits.
+void run_model_demo(std::uint64_t seed) {
+  const std::shared_ptr<CausalLm> lm = CausalLm::random(seed);
+  const LmInfo& info = lm->info();
+  std::printf(
+      "moekit demo: a whole model generating — %s, %lld layers, hidden %lld, %lld heads / %lld KV heads,\n"
+      "  vocabulary %lld, MoE layers %s, seed %llu (the ids mean nothing: the weights are random)\n",
+      info.arch.c_str(), static_cast<long long>(info.num_layers), static_cast<long long>(info.hidden_size),
+      static_cast<long long>(info.num_heads), static_cast<long long>(info.num_kv_heads),
+      static_cast<long long>(info.vocab_size), compact_ranges(info.moe_layers).c_str(),
+      static_cast<unsigned long long>(seed));
+  std::vector<std::int32_t> prompt(64);
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] =
+        static_cast<std::int32_t>((seed * 2654435761u + i * 40503u) % static_cast<std::uint64_t>(info.vocab_size));
+  GenerateTimings tm;
+  SamplingParams sampling;
+  sampling.temperature = 0.8;
+  sampling.top_k = 40;
+  sampling.seed = seed;
+  std::printf("  prompt: %zu ids; sampled (temperature 0.8, top-k 40, seed %llu):", prompt.size(),
+              static_cast<unsigned long long>(seed));
+  const std::vector<std::int32_t> ids = lm->generate(
+      prompt, 32, sampling,
+      [](std::int32_t id) {
+        std::printf(" %d", id);
+        std::fflush(stdout);
+        return true;
+      },
+      &tm);
+  std::printf("\n  prefill %.0f tokens/s, decode %.0f tokens/s (%d threads)\n", 1e3 * tm.prompt_tokens / tm.prefill_ms,
+              tm.generated_tokens > 1 ? 1e3 * (tm.generated_tokens - 1) / tm.decode_ms : 0.0, num_threads());
+  // The prompt's last logits in one pass and token by token: the same bits (batch invariance).
+  std::unique_ptr<Sequence> a = lm->new_sequence(), b = lm->new_sequence();
+  const Tensor whole = lm->forward(*a, prompt);
+  Tensor step;
+  for (const std::int32_t id : prompt) step = lm->forward(*b, {id});
+  std::printf("  the prompt's last logits in one pass and token by token: %s\n\n",
+              std::memcmp(whole.data(), step.data(), whole.nbytes()) == 0 ? "bit-identical" : "DIFFERENT");
+  (void)ids;
+  std::fflush(stdout);
 }
 
 void run_layer_demo(std::int64_t tokens, int runs, std::uint64_t seed) {
   const MoeLayer layer = build_demo_layer(seed);
   const MoeConfig& cfg = layer.config();
-  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k,
-                     F = cfg.expert_width;
+  const std::int64_t D = cfg.hidden_size, E = cfg.router.num_experts, K = cfg.router.top_k, F = cfg.expert_width;
   Tensor x({tokens, D}, DType::f32);
   synth::fill_uniform(x, 1.0f, seed * 1000 + 400);  // beyond the layer's streams
 
-  std::printf(
-      "moekit demo: one DeepSeek-V3-shaped MoE layer (scaled down), random weights, seed %llu\n",
-      static_cast<unsigned long long>(seed));
-  std::printf("  family %s  D=%lld E=%lld K=%lld F=%lld  shared experts: width %lld\n",
-              cfg.model_type.c_str(), static_cast<long long>(D), static_cast<long long>(E),
-              static_cast<long long>(K), static_cast<long long>(F),
-              static_cast<long long>(cfg.shared_width));
+  std::printf("moekit demo: one DeepSeek-V3-shaped MoE layer (scaled down), random weights, seed %llu\n",
+              static_cast<unsigned long long>(seed));
+  std::printf("  family %s  D=%lld E=%lld K=%lld F=%lld  shared experts: width %lld\n", cfg.model_type.c_str(),
+              static_cast<long long>(D), static_cast<long long>(E), static_cast<long long>(K),
+              static_cast<long long>(F), static_cast<long long>(cfg.shared_width));
   std::printf("  routing: %s\n", describe(cfg.router).c_str());
-  std::printf(
-      "  expert weights: %s f32 (routed + shared)\n",
-      format_bytes(layer.weights().experts.nbytes() + layer.weights().shared.nbytes()).c_str());
-  std::printf("  tokens %lld, runs %d, threads %d\n\n", static_cast<long long>(tokens), runs,
-              num_threads());
+  std::printf("  expert weights: %s f32 (routed + shared)\n",
+              format_bytes(layer.weights().experts.nbytes() + layer.weights().shared.nbytes()).c_str());
+  std::printf("  tokens %lld, runs %d, threads %d\n\n", static_cast<long long>(tokens), runs, num_threads());
   std::fflush(stdout);
 
   std::vector<double> seconds;
@@ -207,8 +248,7 @@ void run_layer_demo(std::int64_t tokens, int runs, std::uint64_t seed) {
   }
 
   const std::vector<std::int64_t> counts = expert_counts(info.routing.ids, E);
-  std::printf("routing load per expert (%lld assignments = T*K, mean %.2f):\n",
-              static_cast<long long>(tokens * K),
+  std::printf("routing load per expert (%lld assignments = T*K, mean %.2f):\n", static_cast<long long>(tokens * K),
               static_cast<double>(tokens * K) / static_cast<double>(E));
   for (std::int64_t e = 0; e < E; ++e) {
     if (e % 16 == 0) std::printf("%s  e%-3lld", e ? "\n" : "", static_cast<long long>(e));
@@ -227,18 +267,16 @@ void run_layer_demo(std::int64_t tokens, int runs, std::uint64_t seed) {
 
   std::vector<double> sorted = seconds;
   std::sort(sorted.begin(), sorted.end());
-  const double median = sorted.size() % 2
-                            ? sorted[sorted.size() / 2]
-                            : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  const double median =
+      sorted.size() % 2 ? sorted[sorted.size() / 2] : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
   // FLOPs of what the layer computes: router GEMM, K routed and the shared expert(s), 3 GEMMs each.
-  const double flops =
-      2.0 * static_cast<double>(tokens) *
-      (static_cast<double>(E) * D + 3.0 * D * (static_cast<double>(K) * F + cfg.shared_width));
+  const double flops = 2.0 * static_cast<double>(tokens) *
+                       (static_cast<double>(E) * D + 3.0 * D * (static_cast<double>(K) * F + cfg.shared_width));
   std::printf(
       "forward: median %.3f ms, min %.3f ms over %d runs -> %.0f tokens/s, %.1f GFLOP/s (%d "
       "threads)\n",
-      median * 1e3, sorted.front() * 1e3, runs, static_cast<double>(tokens) / median,
-      flops / median * 1e-9, num_threads());
+      median * 1e3, sorted.front() * 1e3, runs, static_cast<double>(tokens) / median, flops / median * 1e-9,
+      num_threads());
   run_balance_demo(layer, tokens, seed);
 }
 
@@ -254,22 +292,20 @@ void register_demo(CLI::App& app) {
     CLI::Option* threads_option = nullptr;
   };
   auto opt = std::make_shared<Options>();
-  auto* cmd =
-      app.add_subcommand("demo", "Run moekit's main job on an embedded default (no download)");
-  cmd->add_option("--tokens", opt->tokens, "Tokens in the batch (default 512)")
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--runs", opt->runs, "Timed forward runs (default 5)")
-      ->check(CLI::Range(1, 1000));
+  auto* cmd = app.add_subcommand("demo", "Run moekit's main job on an embedded default (no download)");
+  cmd->add_option("--tokens", opt->tokens, "Tokens in the batch (default 512)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--runs", opt->runs, "Timed forward runs (default 5)")->check(CLI::Range(1, 1000));
   cmd->add_option("--seed", opt->seed, "Random seed (default 0)");
-  cmd->add_flag("--routing-only", opt->routing_only,
-                "Only route a batch under every family preset");
+  cmd->add_flag("--routing-only", opt->routing_only, "Only route a batch under every family preset");
   opt->threads_option = add_threads_option(*cmd, opt->threads);
   cmd->callback([opt] {
     apply_threads_option(opt->threads_option, opt->threads);
     if (opt->routing_only)
       run_routing_demo(opt->tokens, opt->seed);
-    else
+    else {
+      run_model_demo(opt->seed);
       run_layer_demo(opt->tokens, opt->runs, opt->seed);
+    }
   });
 }
 

@@ -40,10 +40,10 @@ std::vector<std::int32_t> parse_ids(const std::string& text) {
     }
     while (used < item.size() && item[used] == ' ') ++used;
     if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX)
-      throw std::invalid_argument("generate: --prompt-ids: '" + item + "' is not a token id (ids: 1,2,3)");
+      throw std::invalid_argument("[moekit generate] --prompt-ids: '" + item + "' is not a token id (ids: 1,2,3)");
     ids.push_back(static_cast<std::int32_t>(v));
   }
-  if (ids.empty()) throw std::invalid_argument("generate: --prompt-ids: no ids");
+  if (ids.empty()) throw std::invalid_argument("[moekit generate] --prompt-ids: no ids");
   return ids;
 }
 
@@ -53,13 +53,13 @@ void run(const GenerateOptions& opt) {
   lo.ctx = opt.ctx;
   lo.mode = opt.int8 ? ComputeMode::int8 : opt.bf16 ? ComputeMode::bf16 : ComputeMode::exact;
   validate(opt.sampling);
-  const std::shared_ptr<CausalLm> lm = CausalLm::open(opt.model, lo);
   std::vector<std::int32_t> prompt;
-  if (!opt.prompt_ids.empty()) {
-    prompt = parse_ids(opt.prompt_ids);
-  } else {
-    throw std::invalid_argument("generate: --prompt needs the model's tokenizer, which moekit cannot read yet from " +
-                                opt.model + "; give --prompt-ids");
+  if (!opt.prompt_ids.empty()) prompt = parse_ids(opt.prompt_ids);
+  const std::shared_ptr<CausalLm> lm = CausalLm::open(opt.model, lo);
+  if (prompt.empty()) {
+    throw std::invalid_argument(
+        "[moekit generate] --prompt needs the model's tokenizer, which moekit cannot read yet from " + opt.model +
+        "; give --prompt-ids");
   }
   const bool json = opt.output == "json";
   GenerateTimings tm;
@@ -112,7 +112,7 @@ void register_generate(CLI::App& app) {
   opt->threads_option = add_threads_option(*cmd, opt->threads);
   cmd->callback([opt] {
     if (opt->prompt.empty() && opt->prompt_ids.empty())
-      throw std::invalid_argument("generate: give --prompt or --prompt-ids");
+      throw std::invalid_argument("[moekit generate] give --prompt or --prompt-ids");
     run(*opt);
   });
 }

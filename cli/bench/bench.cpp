@@ -403,7 +403,7 @@ void register_bench(CLI::App& app) {
                                 "With --decode: a checkpoint folder whose MoE layers (all, or the first --layers) are "
                                 "timed as stored, in place of --shape and --dtype");
   cmd->add_flag("--e2e", opt->e2e,
-                "A whole model (--model: GGUF file or checkpoint folder) as llama-bench measures one: pp<p> (a "
+                "Time a whole model (--model: GGUF file or checkpoint folder) as llama-bench measures one: pp<p> (a "
                 "prompt of -p random tokens) and tg<n> (-n tokens one at a time), tokens/s and the share of time "
                 "outside the MoE blocks");
   cmd->add_option("-p,--prompt-tokens", opt->prompt_tokens,

@@ -126,6 +126,10 @@ class CausalLm {
   /// computes on). Throws std::runtime_error naming the file and the key or tensor; an
   /// architecture moekit does not run is named with those it does.
   static std::shared_ptr<CausalLm> open(const std::string& path, const LmOptions& options = {});
+  /// A small Qwen3-MoE-shaped model (4 layers, hidden 256, 8 heads over 2 KV heads, 32 experts
+  /// top-4, vocabulary 4096, no tokenizer) with random f32 weights drawn from `seed`, built in
+  /// memory: for demos, tests and benchmarks that need a whole model without a file.
+  static std::shared_ptr<CausalLm> random(std::uint64_t seed, const LmOptions& options = {});
   ~CausalLm();
 
   const LmInfo& info() const noexcept;

@@ -275,6 +275,18 @@ std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOption
 LmStats CausalLm::stats() const { return impl_->stats; }
 void CausalLm::reset_stats() const { impl_->stats = LmStats{}; }
 
+std::shared_ptr<CausalLm> CausalLm::random(std::uint64_t seed, const LmOptions& options) {
+  if (options.prefill_chunk < 1)
+    throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm] prefill_chunk " << options.prefill_chunk << " < 1"));
+  std::shared_ptr<CausalLm> lm(new CausalLm());
+  lm->impl_ = std::make_unique<Impl>();
+  lm->impl_->options = options;
+  lm->impl_->d = model::random_decoder(seed, options);
+  lm->impl_->options.ctx = lm->impl_->d.info.ctx;
+  lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
+  return lm;
+}
+
 const LmInfo& CausalLm::info() const noexcept { return impl_->d.info; }
 const LmOptions& CausalLm::options() const noexcept { return impl_->options; }
 std::shared_ptr<const Tokenizer> CausalLm::tokenizer() const noexcept { return impl_->d.tokenizer; }

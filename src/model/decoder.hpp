@@ -90,6 +90,8 @@ struct Decoder {
 Decoder read_gguf(const std::string& path, const LmOptions& options);
 /// Reads a Hugging Face / mlx-lm checkpoint folder (hf_reader.cpp).
 Decoder read_hf(const std::string& path, const LmOptions& options);
+/// A small Qwen3-MoE-shaped model with random f32 weights (random_model.cpp).
+Decoder random_decoder(std::uint64_t seed, const LmOptions& options);
 /// "qk-norm per head, sinks, window 128 on layers 0, 2", ... (LmInfo::attention).
 std::string describe_attention(const Decoder& d);
 

@@ -156,6 +156,7 @@ Linear linear(const detail::BlockReader& r, const std::string& name, std::int64_
 
 Decoder read_hf(const std::string& path, const LmOptions& options) {
   namespace fs = std::filesystem;
+  if (!fs::exists(path)) fail(path, "no such file or folder (a model is a GGUF file or a folder with config.json)");
   const std::string dir = fs::is_directory(path) ? path : fs::path(path).parent_path().string();
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   std::ifstream in(cfg_path);

@@ -195,6 +195,15 @@ std::vector<ErrorCase> error_cases() {
       {"demo", "given twice", {"--seed", "1", "--seed", "2"}, {"--seed"}},
       {"demo", "the top-level --version", {"--version"}, {"--version"}},
 
+      {"generate", "unknown option", {"--model", "m", "--prompt-ids", "1", "--frobnicate"}, {"--frobnicate"}},
+      {"generate", "missing value", {"--model", "m", "--prompt-ids"}, {"--prompt-ids"}},
+      {"generate", "missing required option", {"--prompt-ids", "1"}, {"--model"}},
+      {"generate", "out of range", {"--model", "m", "--prompt-ids", "1", "--top-p", "1.5"}, {"--top-p", "1.5"}},
+      {"generate", "not a number", {"--model", "m", "--prompt-ids", "1", "--max-tokens", "many"}, {"--max-tokens"}},
+      {"generate", "extra positional", {"--model", "m", "--prompt-ids", "1", "extra"}, {"extra"}},
+      {"generate", "excludes another option", {"--model", "m", "--prompt-ids", "1", "--prompt", "hi"}, {"--prompt"}},
+      {"generate", "not a token id", {"--model", "m", "--prompt-ids", "1,x"}, {"--prompt-ids", "'x'"}, true},
+
       {"forward", "unknown option", with(fwd, {"--frobnicate"}), {"--frobnicate"}},
       {"forward", "missing value", {"--model"}, {"--model"}},
       {"forward", "missing required option", {"--layer", "1", "--input", "x.npy", "--output", "y.npy"}, {"--model"}},
@@ -302,7 +311,7 @@ TEST(CliErrors, EveryOptionOfEverySubcommandsHelpFailsByTheContract) {
 }
 
 TEST(CliErrors, AnUnknownCommandIsNamedWithTheCommandsAndTheClosestOne) {
-  const std::string all = "(commands: backward, bench, demo, forward, inspect, quantize, train)";
+  const std::string all = "(commands: backward, bench, demo, forward, generate, inspect, quantize, train)";
   for (const auto& [word, closest] : std::vector<std::pair<std::string, std::string>>{{"frobnicate", "forward"},
                                                                                       {"trian", "train"},
                                                                                       {"inpsect", "inspect"},
@@ -343,7 +352,8 @@ TEST(CliErrors, NoArgumentsListsTheCommandsOnStderrAndExitsOne) {
         << r.err;
   }
   EXPECT_EQ(lines.back(),
-            "moekit: error: no command given (commands: backward, bench, demo, forward, inspect, quantize, train)");
+            "moekit: error: no command given (commands: backward, bench, demo, forward, generate, inspect, quantize, "
+            "train)");
   EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
                           [](const std::string& l) { return l.rfind("moekit: error: ", 0) == 0; }),
             1);
@@ -367,7 +377,7 @@ TEST(CliErrors, HelpOfTheCommandAndOfEverySubcommandExitsZeroOnStdout) {
   }
   const std::vector<std::string> commands = commands_in_help();
   EXPECT_EQ(commands,
-            (std::vector<std::string>{"backward", "bench", "demo", "forward", "inspect", "quantize", "train"}));
+            (std::vector<std::string>{"backward", "bench", "demo", "forward", "generate", "inspect", "quantize", "train"}));
   for (const std::string& command : commands) {
     const RunResult r = run({command, "--help"});
     EXPECT_EQ(r.exit_code, 0) << command;
