@@ -376,8 +376,8 @@ TEST(CliErrors, HelpOfTheCommandAndOfEverySubcommandExitsZeroOnStdout) {
     EXPECT_NE(r.out.find("--version"), std::string::npos) << r.out;
   }
   const std::vector<std::string> commands = commands_in_help();
-  EXPECT_EQ(commands,
-            (std::vector<std::string>{"backward", "bench", "demo", "forward", "generate", "inspect", "quantize", "train"}));
+  EXPECT_EQ(commands, (std::vector<std::string>{"backward", "bench", "demo", "forward", "generate", "inspect",
+                                                "quantize", "train"}));
   for (const std::string& command : commands) {
     const RunResult r = run({command, "--help"});
     EXPECT_EQ(r.exit_code, 0) << command;
