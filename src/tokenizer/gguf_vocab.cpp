@@ -243,7 +243,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     add_bos = def->add_bos;
 
     // Merges "left right" (split at the first space after the first byte), in rank order. A
-    // vocabulary without merges (moekit's test models) tokenizes into single characters.
+    // vocabulary without merges (moekit's test models) tokenizes into the tokens of single
+    // characters, where it has them (llama.cpp would refuse it).
     if (const GgufValue* merges = array_key(f, "tokenizer.ggml.merges", {GgufType::string}, 0)) {
       const std::vector<std::string_view> m = merges->as_strings();
       if (m.size() > static_cast<std::size_t>(INT32_MAX)) fail(f.path(), "tokenizer.ggml.merges: too many merges");

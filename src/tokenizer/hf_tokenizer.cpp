@@ -247,8 +247,10 @@ void read_decoder(const Reader& r, Tokenizer::Impl& t, const json& j, const std:
   }
 }
 
-// tokenizer_config.json's bos_token / eos_token: a string, or an added-token object's content.
-std::int32_t config_token(const Tokenizer::Impl& t, const json& cfg, const std::string& key, const std::string& file) {
+// tokenizer_config.json's bos_token / eos_token: a string, or an added-token object's content. A
+// token the vocabulary lacks is an error, unless `optional` (the pad token, which moekit never uses).
+std::int32_t config_token(const Tokenizer::Impl& t, const json& cfg, const std::string& key, const std::string& file,
+                          bool optional = false) {
   if (!cfg.is_object() || !cfg.contains(key) || cfg.at(key).is_null()) return -1;
   const json& v = cfg.at(key);
   std::string content;
@@ -259,6 +261,7 @@ std::int32_t config_token(const Tokenizer::Impl& t, const json& cfg, const std::
   else
     fail(file, key + " is neither a string nor a token object");
   const auto it = t.ids.find(content);
+  if (it == t.ids.end() && optional) return -1;
   if (it == t.ids.end()) fail(file, key + " '" + content + "' is not a token of the vocabulary");
   return it->second;
 }
@@ -407,7 +410,7 @@ std::shared_ptr<const Tokenizer> read_folder(const std::string& dir) {
                       t->suffix);
   t->bos = config_token(*t, cfg, "bos_token", cfg_path.string());
   t->eos = config_token(*t, cfg, "eos_token", cfg_path.string());
-  t->pad = config_token(*t, cfg, "pad_token", cfg_path.string());
+  t->pad = config_token(*t, cfg, "pad_token", cfg_path.string(), /*optional=*/true);
   if (t->bos < 0 && !t->prefix.empty()) t->bos = t->prefix.front();
   const Reader cr{cfg_path.string()};
   if (!has_template) {
