@@ -28,6 +28,12 @@ What it writes into this folder (docs/tokenizers.md, "How it is tested"):
    tokens added; special: add_special_tokens=True; no_parse: plain with encode_special_tokens, so
    special tokens in the text are text), and its decode of the plain ids.
 
+4. `features-bytelevel/` and `features-metaspace/`: two tokenizer.json folders (no GGUF can say
+   this much) for the components no family above uses: NFKC and a regex Replace, Digits, every
+   Split behavior, ByteLevel with add_prefix_space, added tokens with lstrip / rstrip / single_word
+   / normalized, a BOS + EOS template; a Metaspace pre-tokenizer and decoder; with their
+   `reference.json` for every text and a few more.
+
 Regenerate (from the repository root; the Hugging Face Hub is not needed):
 
     python3 -m venv /work/peers/tokvenv
@@ -458,6 +464,76 @@ def styles(texts):
     write_reference(HERE / "mixtral", mixtral_style(texts), texts)
 
 
+# ---- 4: the components no family above uses, against the library too (folders only) ----------
+
+FEATURE_TEXTS = [
+    "a <mask> b <mask>c<mask>",
+    "hello<|user|>   world <|user|>\n\nx",
+    "word words sword word. (word) _word word_",
+    "x-y-z -- a- -b 12345 6.78",
+    "\uff11\uff12\uff13 \uff21\uff22\uff23 \u2460 \ufb01 Lower LOWER lower",
+    "  leading, trailing  ",
+    "tab\there\nnew line",
+]
+
+
+def added_flags(token_id, content, special, lstrip=False, rstrip=False, single_word=False, normalized=False):
+    return {"id": token_id, "content": content, "single_word": single_word, "lstrip": lstrip, "rstrip": rstrip,
+            "normalized": normalized, "special": special}
+
+
+def feature_styles(texts):
+    """Two tokenizers that exercise the remaining components: NFKC and a regex Replace, Digits,
+    every Split behavior, ByteLevel with add_prefix_space, added tokens with lstrip / rstrip /
+    single_word / normalized, a BOS + EOS template; and a Metaspace pre-tokenizer ("first", split)
+    with its decoder over a SentencePiece vocabulary."""
+    v = gguf_vocab(HERE / "ggml-vocab-gpt-2.gguf")
+    tokens, merges = cut_byte_level(v, MERGES_KEPT)
+    n = len(tokens)
+    specials = [added_flags(n, "<s>", True), added_flags(n + 1, "</s>", True),
+                added_flags(n + 2, "<mask>", True, lstrip=True), added_flags(n + 3, "<|user|>", True, rstrip=True),
+                added_flags(n + 4, "word", False, single_word=True), added_flags(n + 5, "lower", False, normalized=True)]
+    template = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [n], "tokens": ["<s>"]},
+                           "</s>": {"id": "</s>", "ids": [n + 1], "tokens": ["</s>"]}},
+    }
+    j = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": specials,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "NFKC"}, {"type": "Replace", "pattern": {"Regex": "L(OWER|ower)"}, "content": "lower"}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "Split", "pattern": {"String": "-"}, "behavior": "MergedWithPrevious", "invert": False},
+            {"type": "Split", "pattern": {"Regex": "[()]"}, "behavior": "MergedWithNext", "invert": False},
+            {"type": "Split", "pattern": {"String": "\t"}, "behavior": "Removed", "invert": False},
+            {"type": "Split", "pattern": {"Regex": "[.,]"}, "behavior": "Contiguous", "invert": False},
+            {"type": "Split", "pattern": {"Regex": "_+"}, "behavior": "Isolated", "invert": True},
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]},
+        "post_processor": template,
+        "decoder": BYTE_LEVEL_DECODER,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {t: i for i, t in enumerate(tokens)}, "merges": [m.split(" ", 1) for m in merges]},
+    }
+    folder = HERE / "features-bytelevel"
+    write_folder(folder, j, {"bos_token": "<s>", "eos_token": "</s>"}, None)
+    write_reference(folder, Tokenizer.from_file(str(folder / "tokenizer.json")), texts)
+
+    m = json.loads((HERE / "mixtral" / "tokenizer.json").read_text(encoding="utf-8"))
+    m["normalizer"] = None
+    m["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True}
+    m["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    folder = HERE / "features-metaspace"
+    write_folder(folder, m, {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}, None)
+    write_reference(folder, Tokenizer.from_file(str(folder / "tokenizer.json")), texts)
+
+
 def write_reference(folder, tok, texts):
     ref = {"generated_by": "make_tokenizer_goldens.py", "versions": versions(), "texts": texts}
     ref.update(hf_ids(tok, texts))
@@ -476,6 +552,7 @@ def main():
     inp = read_inp(HERE / "ggml-vocab-qwen2.gguf.inp")
     full_vocabs(EXTRA_TEXTS)
     styles(inp + EXTRA_TEXTS)
+    feature_styles(inp + EXTRA_TEXTS + FEATURE_TEXTS)
 
 
 if __name__ == "__main__":
