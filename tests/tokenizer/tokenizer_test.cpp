@@ -156,6 +156,21 @@ TEST(TokenizerStyles, FoldersGiveTheTokenizersLibrarysIds) {
   }
 }
 
+TEST(TokenizerStyles, TheOtherComponentsGiveTheTokenizersLibrarysIds) {
+  // NFKC, a regex Replace, Digits, every Split behavior, ByteLevel's prefix space, lstrip / rstrip
+  // / single_word / normalized added tokens, a BOS + EOS template; Metaspace and its decoder.
+  for (const char* style : {"features-bytelevel", "features-metaspace"}) {
+    SCOPED_TRACE(style);
+    const json ref = load_json(kDir + style + "/reference.json");
+    const auto tok = Tokenizer::from_folder(kDir + style);
+    expect_reference(*tok, ref, ref["texts"], std::string(style), [](const std::string&) { return Differs{}; });
+  }
+  const auto bytes = Tokenizer::from_folder(kDir + "features-bytelevel");
+  EXPECT_TRUE(bytes->adds_bos());
+  EXPECT_TRUE(bytes->adds_eos());
+  EXPECT_EQ(bytes->token_type(bytes->find("word")), TokenType::user_defined);
+}
+
 TEST(TokenizerStyles, GgufsAsTheConverterWritesThemGiveTheSameIds) {
   for (const std::string& style : kStyles) {
     SCOPED_TRACE(style);
