@@ -5,7 +5,9 @@
 // (`tokenizer.ggml.pre`): a name whose regexes are not in the file. The table below gives each name
 // moekit knows the splits of the model's own tokenizer.json (the tokenizers library runs them one
 // after the other, each splitting every piece of the previous one, matches and gaps alike kept),
-// and what llama.cpp sets with the name (ignore_merges, a BOS added by default, no BOS id).
+// and what llama.cpp sets with the name (ignore_merges, a BOS added by default, no BOS id). A GGUF
+// does not say how its release normalizes text, and llama.cpp does not: neither does moekit here
+// (Qwen's tokenizer.json files apply NFC; llama.cpp's own qwen35 test texts expect none).
 #include <algorithm>
 #include <stdexcept>
 
@@ -67,7 +69,6 @@ struct PreDef {
   bool ignore_merges = false;        // a word that is a token is that token, merges or not
   bool add_bos = false;              // BOS added unless the file says otherwise
   bool no_bos = false;               // no BOS id unless the file gives one
-  bool nfc = false;                  // the release's tokenizer.json normalizes to NFC first
 };
 
 const std::vector<PreDef>& pre_defs() {
@@ -87,9 +88,8 @@ const std::vector<PreDef>& pre_defs() {
       {{"gpt-2", "phi-2", "gigachat", "a.x-4.0", "mellum", "mpt", "olmo", "jais", "trillion", "granite-docling",
         "exaone4"},
        {kGpt2}},
-      {{"qwen2", "deepseek-r1-qwen"}, {kQwen2}, false, false, false, true},
-      {{"kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"}, {kQwen2}},
-      {{"qwen35"}, {kQwen35}, false, false, false, true},
+      {{"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"}, {kQwen2}},
+      {{"qwen35"}, {kQwen35}},
       {{"chatglm-bpe"}, {kLlama3}, false, false, true},
       {{"glm4", "glm5"}, {kLlama3}, true, false, true},
       {{"gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"}, {kGpt4o}},
@@ -229,7 +229,6 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     if (!def)
       fail(f.path(),
            "tokenizer.ggml.pre '" + pre + "' is not a pre-tokenizer moekit knows (known: " + known_pre_names() + ")");
-    if (def->nfc) t->normalizer.push_back({tok::NormStep::Kind::form, tok::NormalForm::nfc, "", nullptr});
     for (const char* re : def->regexes) {
       tok::PreStep s;
       s.regex = tok::Regex::compile(re, "pre-tokenizer '" + pre + "'");

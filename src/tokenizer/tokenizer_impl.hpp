@@ -6,8 +6,9 @@
 //   out again (normalized matcher) -> pre-tokenizer steps -> words -> model -> ids -> BOS / EOS
 //
 // which is the tokenizers library's order (AddedVocabulary::extract_and_normalize, then
-// pre_tokenize, model, post_process). llama.cpp's order is the same with no normalizer (moekit adds
-// NFC for the Qwen pre-tokenizers, whose releases normalize) and every special token raw.
+// pre_tokenize, model, post_process). llama.cpp's order is the same with no normalizer (a GGUF
+// reads as llama.cpp's: SentencePiece's space prefix and ▁ are its only normalization) and every
+// special token raw.
 #pragma once
 
 #include <cstdint>
