@@ -7,7 +7,8 @@ What it writes into this folder (docs/tokenizers.md, "How it is tested"):
 1. `ggml-vocab-<name>.gguf` + `.gguf.inp` + `.gguf.out` (with --llama-cpp): llama.cpp's own
    vocabulary test files, copied unchanged from its `models/` folder, for the tokenizers moekit's
    families use: llama-spm (Mixtral), llama-bpe (Llama 3), qwen2 (Qwen2/Qwen3-MoE), deepseek-llm,
-   deepseek-coder, gpt-2. `.inp` holds texts, each followed by a line `__ggml_vocab_test__`; `.out`
+   deepseek-coder, gpt-2; and qwen35's `.inp` and `.out` (its GGUF is qwen2's with the pre-tokenizer
+   name changed, checked here byte for byte; the test makes it so). `.inp` holds texts, each followed by a line `__ggml_vocab_test__`; `.out`
    one line of ids per text: what the model's own tokenizer gives with add_special_tokens=False
    (llama.cpp's tests/test-tokenizer-0 compares them the same way).
 
@@ -546,9 +547,19 @@ def main():
     ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp checkout: copy its vocab test files first")
     args = ap.parse_args()
     if args.llama_cpp:
+        models = args.llama_cpp / "models"
         for name in VOCABS:
             for ext in (".gguf", ".gguf.inp", ".gguf.out"):
-                shutil.copyfile(args.llama_cpp / "models" / f"ggml-vocab-{name}{ext}", HERE / f"ggml-vocab-{name}{ext}")
+                shutil.copyfile(models / f"ggml-vocab-{name}{ext}", HERE / f"ggml-vocab-{name}{ext}")
+        # qwen35: only its texts. Its GGUF is the qwen2 one with tokenizer.ggml.pre = "qwen35", byte
+        # for byte (checked here), which the test rebuilds rather than keep 5.9 MB twice.
+        for ext in (".gguf.inp", ".gguf.out"):
+            shutil.copyfile(models / f"ggml-vocab-qwen35{ext}", HERE / f"ggml-vocab-qwen35{ext}")
+        qwen2 = (models / "ggml-vocab-qwen2.gguf").read_bytes()
+        key = b"tokenizer.ggml.pre\x08\x00\x00\x00" + (5).to_bytes(8, "little") + b"qwen2"
+        patched = qwen2.replace(key, b"tokenizer.ggml.pre\x08\x00\x00\x00" + (6).to_bytes(8, "little") + b"qwen35")
+        if patched != (models / "ggml-vocab-qwen35.gguf").read_bytes():
+            sys.exit("ggml-vocab-qwen35.gguf is not ggml-vocab-qwen2.gguf with its pre-tokenizer renamed")
     inp = read_inp(HERE / "ggml-vocab-qwen2.gguf.inp")
     full_vocabs(EXTRA_TEXTS)
     styles(inp + EXTRA_TEXTS)
