@@ -39,6 +39,8 @@ void register_forward(CLI::App& app);
 void register_generate(CLI::App& app);
 /// `moekit inspect`: what moekit reads from a checkpoint folder.
 void register_inspect(CLI::App& app);
+/// `moekit tokenize`: text to a model's token ids, or ids to text, with the model's tokenizer.
+void register_tokenize(CLI::App& app);
 /// `moekit train`: trains a byte-level language model with MoE blocks (loss-free balancing).
 void register_train(CLI::App& app);
 /// `moekit quantize`: an MLX-affine-quantized copy of a float checkpoint, as mlx_lm.convert writes.

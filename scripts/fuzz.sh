@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets and fuzzes the safetensors / .npy parsers and the GGUF reader and
-# loader for a bounded time, the two fuzzers side by side (one core each).
+# Builds the libFuzzer targets and fuzzes the safetensors / .npy parsers, the GGUF reader and
+# loader, and the tokenizers (text, ids and GGUF vocabularies) for a bounded time, the three
+# fuzzers side by side.
 #   FUZZ_PRESET   the preset that builds them: "fuzz" (default: their own build, build-fuzz/) or
 #                 "asan" (inside the ASan + UBSan build, build-asan/, as CI does; fuzz/CMakeLists.txt)
 #   FUZZ_SECONDS  the time per fuzzer (default 60)
@@ -24,7 +25,7 @@ if ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/
 fi
 
 cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset" --target safetensors_fuzz gguf_fuzz
+cmake --build --preset "$preset" --target safetensors_fuzz gguf_fuzz tokenizer_fuzz
 
 work="$build/fuzz-work"
 seeds="$work/seeds"
@@ -70,10 +71,17 @@ mkdir -p "$gguf_seeds" "$gguf_corpus"
 MOEKIT_FUZZ_WRITE_GGUF_SEEDS="$gguf_seeds" "$build"/bin/gguf_fuzz -runs=0 >/dev/null 2>&1
 [ -s "$gguf_seeds/qwen3moe.gguf" ] || { echo "fuzz.sh: no GGUF seed" >&2; exit 1; }
 
+# The tokenizers: a text, ids and a vocabulary GGUF written by the fuzzer itself as seeds.
+tok_seeds="$work/tokenizer-seeds"
+tok_corpus="$work/tokenizer-corpus"
+mkdir -p "$tok_seeds" "$tok_corpus"
+MOEKIT_FUZZ_WRITE_TOKENIZER_SEEDS="$tok_seeds" "$build"/bin/tokenizer_fuzz -runs=0 >/dev/null 2>&1
+[ -s "$tok_seeds/vocab.bin" ] || { echo "fuzz.sh: no tokenizer seed" >&2; exit 1; }
+
 parallel=()
 if [ "$jobs" -gt 1 ]; then parallel=(-fork="$jobs"); fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-echo "fuzz.sh: fuzzing safetensors_fuzz and gguf_fuzz for ${seconds}s each, side by side ($build)"
+echo "fuzz.sh: fuzzing safetensors_fuzz, gguf_fuzz and tokenizer_fuzz for ${seconds}s each, side by side ($build)"
 "$build"/bin/safetensors_fuzz -max_total_time="$seconds" -max_len=8192 -rss_limit_mb=2048 -timeout=10 \
   "${parallel[@]}" -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" "$seeds" \
   >"$work/safetensors.log" 2>&1 &
@@ -82,8 +90,12 @@ safetensors=$!
   "${parallel[@]}" -artifact_prefix="$artifacts/gguf-" -print_final_stats=1 "$gguf_corpus" "$gguf_seeds" \
   >"$work/gguf.log" 2>&1 &
 gguf=$!
+"$build"/bin/tokenizer_fuzz -max_total_time="$seconds" -max_len=262144 -rss_limit_mb=2048 -timeout=10 \
+  "${parallel[@]}" -artifact_prefix="$artifacts/tokenizer-" -print_final_stats=1 "$tok_corpus" "$tok_seeds" \
+  >"$work/tokenizer.log" 2>&1 &
+tokenizer=$!
 failed=0
-for name in safetensors gguf; do
+for name in safetensors gguf tokenizer; do
   rc=0
   wait "${!name}" || rc=$?
   echo "== fuzz.sh: ${name}_fuzz (exit $rc)"

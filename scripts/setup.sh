@@ -17,6 +17,7 @@ for arg in "$@"; do
 done
 pkgs=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
       libgtest-dev libgmock-dev libbenchmark-dev libhwy-dev nlohmann-json3-dev libcli11-dev libopenblas-dev
+      libpcre2-dev libicu-dev  # the tokenizers: PCRE2 for the pre-tokenizers' regexes, ICU for normalization
       llvm clang-format python3-matplotlib  # llvm: llvm-symbolizer, so sanitizer and fuzzer reports name functions and lines
       python3 python3-dev python3-venv python3-pip python3-numpy python3-torch
       openmpi-bin libopenmpi-dev iproute2)  # OpenMPI: the dist layer and its mpirun tests; iproute2: their netns hosts;

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace moekit {
@@ -65,6 +66,10 @@ class GgufValue {
   std::vector<std::int64_t> as_ints() const;
   /// The elements of an array of numbers, widened to double.
   std::vector<double> as_floats() const;
+  /// The elements of an array of strings, in one pass (at() walks from element 0 each time), as
+  /// views of the file's bytes: valid while the file lives. Throws std::invalid_argument for a
+  /// scalar or an array of another type.
+  std::vector<std::string_view> as_strings() const;
   /// "u32 128", "str 'qwen3moe'", "arr[i32, 48]" (inspect, messages); long strings cut short.
   std::string describe() const;
 

@@ -143,6 +143,12 @@ const std::uint8_t* skip_array(Cursor& c, int depth, const std::string& what, Gg
       fail(file, MOEKIT_MSG("truncated: " << what << " claims " << count << " elements, more than the " << c.left()
                                           << " bytes left can hold"));
     for (std::uint64_t i = 0; i < count; ++i) {
+      // A string that fits is skipped without naming it (a vocabulary has 10^5 of them); the
+      // message is built only for one that does not.
+      if (element == GgufType::string && c.left() >= 8 && load<std::uint64_t>(c.here()) <= c.left() - 8) {
+        c.take(8 + load<std::uint64_t>(c.here()), what);
+        continue;
+      }
       const std::string item = MOEKIT_MSG(what << "[" << i << "]");
       if (element == GgufType::string) {
         skip_string(c, item);
@@ -325,6 +331,20 @@ std::vector<double> GgufValue::as_floats() const {
   std::vector<double> out;
   out.reserve(static_cast<std::size_t>(count_));
   for (std::uint64_t i = 0; i < count_; ++i) out.push_back(at(i).as_float());
+  return out;
+}
+
+std::vector<std::string_view> GgufValue::as_strings() const {
+  if (type_ != GgufType::array || element_ != GgufType::string)
+    throw std::invalid_argument(MOEKIT_MSG("is " << describe() << ", not an array of strings"));
+  std::vector<std::string_view> out;
+  out.reserve(static_cast<std::size_t>(count_));
+  const std::uint8_t* p = p_;
+  for (std::uint64_t i = 0; i < count_; ++i) {  // lengths validated when the file was opened
+    const auto n = static_cast<std::size_t>(load<std::uint64_t>(p));
+    out.emplace_back(reinterpret_cast<const char*>(p + 8), n);
+    p += 8 + n;
+  }
   return out;
 }
 

@@ -236,6 +236,15 @@ std::vector<ErrorCase> error_cases() {
       {"quantize", "extra positional", {"--model", "m", "--out", "q", "extra"}, {"extra"}},
       {"quantize", "given twice", {"--model", "m", "--out", "q", "--bits", "4", "--bits", "8"}, {"--bits"}},
 
+      {"tokenize", "unknown option", {"--model", "m", "--text", "hi", "--frobnicate"}, {"--frobnicate"}},
+      {"tokenize", "missing value", {"--model", "m", "--text"}, {"--text"}},
+      {"tokenize", "missing required option", {"--text", "hi"}, {"--model"}},
+      {"tokenize", "out of range", {"--model", "m", "--text", "hi", "-o", "xml"}, {"--output", "xml"}},
+      {"tokenize", "not a number", {"--model", "m", "--ids", "1,x"}, {"--ids", "'x'"}, true},
+      {"tokenize", "extra positional", {"--model", "m", "--text", "hi", "extra"}, {"extra"}},
+      {"tokenize", "given twice", {"--model", "m", "--text", "a", "--text", "b"}, {"--text"}},
+      {"tokenize", "excludes another option", {"--model", "m", "--text", "hi", "--ids", "1"}, {"--text", "--ids"}},
+
       {"train", "unknown option", {"--frobnicate"}, {"--frobnicate"}},
       {"train", "missing value", {"--dim"}, {"--dim"}},
       {"train", "out of range", {"--threads", "4097"}, {"--threads", "4097"}},
@@ -311,7 +320,7 @@ TEST(CliErrors, EveryOptionOfEverySubcommandsHelpFailsByTheContract) {
 }
 
 TEST(CliErrors, AnUnknownCommandIsNamedWithTheCommandsAndTheClosestOne) {
-  const std::string all = "(commands: backward, bench, demo, forward, generate, inspect, quantize, train)";
+  const std::string all = "(commands: backward, bench, demo, forward, generate, inspect, quantize, tokenize, train)";
   for (const auto& [word, closest] : std::vector<std::pair<std::string, std::string>>{{"frobnicate", "forward"},
                                                                                       {"trian", "train"},
                                                                                       {"inpsect", "inspect"},
@@ -353,7 +362,7 @@ TEST(CliErrors, NoArgumentsListsTheCommandsOnStderrAndExitsOne) {
   }
   EXPECT_EQ(lines.back(),
             "moekit: error: no command given (commands: backward, bench, demo, forward, generate, inspect, quantize, "
-            "train)");
+            "tokenize, train)");
   EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
                           [](const std::string& l) { return l.rfind("moekit: error: ", 0) == 0; }),
             1);
@@ -377,7 +386,7 @@ TEST(CliErrors, HelpOfTheCommandAndOfEverySubcommandExitsZeroOnStdout) {
   }
   const std::vector<std::string> commands = commands_in_help();
   EXPECT_EQ(commands, (std::vector<std::string>{"backward", "bench", "demo", "forward", "generate", "inspect",
-                                                "quantize", "train"}));
+                                                "quantize", "tokenize", "train"}));
   for (const std::string& command : commands) {
     const RunResult r = run({command, "--help"});
     EXPECT_EQ(r.exit_code, 0) << command;

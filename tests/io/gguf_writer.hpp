@@ -67,6 +67,15 @@ class GgufImage {
     ++kv_count;
     return *this;
   }
+  GgufImage& f32s(const std::string& key, const std::vector<float>& v) {
+    put_string(kv, key);
+    put<std::uint32_t>(kv, 9);
+    put<std::uint32_t>(kv, 6);
+    put<std::uint64_t>(kv, v.size());
+    for (const float x : v) put(kv, x);
+    ++kv_count;
+    return *this;
+  }
   GgufImage& strs(const std::string& key, const std::vector<std::string>& v) {
     put_string(kv, key);
     put<std::uint32_t>(kv, 9);
