@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "commands.hpp"
 #include "format.hpp"
 #include "moekit/causal_lm.hpp"
+#include "moekit/tokenizer.hpp"
 
 namespace moekit::cli {
 
@@ -21,7 +23,7 @@ struct GenerateOptions {
   std::string model, prompt, prompt_ids, output = "text";
   std::int64_t max_tokens = 128, ctx = 0;
   SamplingParams sampling;
-  bool int8 = false, bf16 = false;
+  bool int8 = false, bf16 = false, exact = false;
   int threads = 0;
   CLI::Option* threads_option = nullptr;
 };
@@ -51,29 +53,51 @@ void run(const GenerateOptions& opt) {
   apply_threads_option(opt.threads_option, opt.threads);
   LmOptions lo;
   lo.ctx = opt.ctx;
-  lo.mode = opt.int8 ? ComputeMode::int8 : opt.bf16 ? ComputeMode::bf16 : ComputeMode::exact;
+  if (opt.exact) lo.mode = ComputeMode::exact;
+  if (opt.int8) lo.mode = ComputeMode::int8;
+  if (opt.bf16) lo.mode = ComputeMode::bf16;  // none of the three: the file's own (LmOptions::mode)
   validate(opt.sampling);
   std::vector<std::int32_t> prompt;
   if (!opt.prompt_ids.empty()) prompt = parse_ids(opt.prompt_ids);
   const std::shared_ptr<CausalLm> lm = CausalLm::open(opt.model, lo);
+  const std::shared_ptr<const Tokenizer> tok = lm->tokenizer();
   if (prompt.empty()) {
-    throw std::invalid_argument(
-        "[moekit generate] --prompt needs the model's tokenizer, which moekit cannot read yet from " + opt.model +
-        "; give --prompt-ids");
+    if (!tok)
+      throw std::invalid_argument("[moekit generate] --prompt needs the model's tokenizer; " + opt.model + " has " +
+                                  lm->info().tokenizer + " (give --prompt-ids)");
+    prompt = tok->encode(opt.prompt);
+    if (prompt.empty()) throw std::invalid_argument("[moekit generate] --prompt: the text gives no tokens");
   }
   const bool json = opt.output == "json";
+  // Text output: the generated text as it is made, whole UTF-8 characters at a time (ids, space
+  // separated, for a model without a tokenizer).
+  std::optional<TextStream> stream;
+  if (tok) stream.emplace(tok);
+  std::string text;
   GenerateTimings tm;
   const std::vector<std::int32_t> ids = lm->generate(
       prompt, opt.max_tokens, opt.sampling,
       [&](std::int32_t id) {
-        if (!json) std::cout << id << ' ' << std::flush;
+        if (stream) {
+          const std::string piece = stream->push(id);
+          text += piece;
+          if (!json) std::cout << piece << std::flush;
+        } else if (!json) {
+          std::cout << id << ' ' << std::flush;
+        }
         return true;
       },
       &tm);
+  if (stream) {
+    const std::string rest = stream->flush();
+    text += rest;
+    if (!json) std::cout << rest;
+  }
   if (json) {
     nlohmann::json j;
     j["prompt_ids"] = prompt;
     j["ids"] = ids;
+    if (tok) j["text"] = text;
     j["timings"] = {
         {"prefill_ms", tm.prefill_ms},
         {"prefill_tokens_per_s", tm.prefill_ms > 0 ? 1e3 * tm.prompt_tokens / tm.prefill_ms : 0.0},
@@ -89,8 +113,8 @@ void run(const GenerateOptions& opt) {
 
 void register_generate(CLI::App& app) {
   auto opt = std::make_shared<GenerateOptions>();
-  auto* cmd = app.add_subcommand("generate", "Continue a prompt with a whole model (GGUF)");
-  cmd->add_option("--model", opt->model, "GGUF file (a split model from any part)")->required();
+  auto* cmd = app.add_subcommand("generate", "Continue a prompt with a whole model (GGUF or release folder)");
+  cmd->add_option("--model", opt->model, "GGUF file (a split model from any part) or a release folder")->required();
   auto* text = cmd->add_option("--prompt", opt->prompt, "Prompt text (tokenized with the model's tokenizer)");
   auto* ids = cmd->add_option("--prompt-ids", opt->prompt_ids, "Prompt as token ids: 1,2,3");
   text->excludes(ids);
@@ -105,9 +129,16 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", opt->sampling.seed, "Sampling seed (default 0)");
   cmd->add_option("--ctx", opt->ctx, "Context length (default: the model's, at most 4096)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
-  auto* int8 = cmd->add_flag("--int8", opt->int8, "int8 activations against quantized weights (fast mode)");
+  auto* exact = cmd->add_flag("--exact", opt->exact,
+                              "Exact mode: every weight decoded to f32 exactly (default for a release folder)");
+  auto* int8 = cmd->add_flag("--int8", opt->int8,
+                             "int8 activations against quantized weights, as ggml computes (default for a GGUF)");
   auto* bf16 = cmd->add_flag("--bf16-activations", opt->bf16, "bf16 compute mode for the experts");
   int8->excludes(bf16);
+  exact->excludes(int8);
+  exact->excludes(bf16);
+  bf16->excludes(exact);
+  int8->excludes(exact);
   cmd->add_option("-o,--output", opt->output, "text (default) or json")->check(CLI::IsMember({"text", "json"}));
   opt->threads_option = add_threads_option(*cmd, opt->threads);
   cmd->callback([opt] {

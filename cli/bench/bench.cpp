@@ -412,6 +412,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--int8", opt->int8,
                 "With --model: the checkpoint's quantized layers in the int8 fast mode (int8 activations; "
                 "docs/numerics.md)");
+  cmd->add_flag("--exact", opt->exact,
+                "--e2e: the exact mode (default: the file's own arithmetic, int8 for a GGUF as ggml computes)")
+      ->excludes("--int8");
   cmd->add_option("--layers", opt->layers,
                   "--decode's distinct layers (default: enough that their experts are at least 8x the last-level "
                   "cache, at most 64 and what memory holds)");

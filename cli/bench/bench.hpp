@@ -24,8 +24,9 @@ struct Options {
               output = "md", dram_mib = "1024", mode = "forward", simulate_threads, layers, model;
   bool expert_parallel = false;
   bool decode = false;
-  bool int8 = false;  ///< --int8: a --model checkpoint's quantized layers in the fast mode
-  bool e2e = false;   ///< --e2e: a whole model (--model), pp / tg as llama-bench measures them
+  bool int8 = false;   ///< --int8: a --model checkpoint's quantized layers in the fast mode
+  bool exact = false;  ///< --exact: --e2e in the exact mode (default: the file's own, LmOptions::mode)
+  bool e2e = false;    ///< --e2e: a whole model (--model), pp / tg as llama-bench measures them
   std::string prompt_tokens = "512", gen_tokens = "128";  ///< --e2e's -p and -n
 };
 

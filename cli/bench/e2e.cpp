@@ -60,7 +60,8 @@ void run_e2e(const Options& o) {
   const std::int64_t reps = parse_int(o.reps, "--reps", 1, 1000);
   const std::vector<std::int64_t> threads = parse_int_list(o.threads, "--threads", 1, 1024);
   LmOptions lo;
-  lo.mode = o.int8 ? ComputeMode::int8 : ComputeMode::exact;
+  if (o.int8) lo.mode = ComputeMode::int8;
+  if (o.exact) lo.mode = ComputeMode::exact;
   lo.ctx = std::max<std::int64_t>({p, n, 1});
   lo.prefill_chunk = std::max<std::int64_t>(p, 1);
   const std::shared_ptr<CausalLm> lm = CausalLm::open(o.model, lo);
@@ -89,7 +90,7 @@ void run_e2e(const Options& o) {
     j["arch"] = info.arch;
     j["layers"] = info.num_layers;
     j["cpu"] = cpu_model();
-    j["mode"] = compute_mode_name(lo.mode);
+    j["mode"] = compute_mode_name(*lm->options().mode);
     j["reps"] = reps;
     for (const E2eRow& r : rows)
       j["results"].push_back({{"test", r.test},
@@ -106,7 +107,7 @@ void run_e2e(const Options& o) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("- model: %s (%s, %lld layers, %s mode); cpu: %s; %lld reps after a warm-up\n\n", info.path.c_str(),
-                info.arch.c_str(), static_cast<long long>(info.num_layers), compute_mode_name(lo.mode),
+                info.arch.c_str(), static_cast<long long>(info.num_layers), compute_mode_name(*lm->options().mode),
                 cpu_model().c_str(), static_cast<long long>(reps));
     std::printf("| test | threads | tokens/s | outside the MoE blocks |\n|---|---:|---:|---:|\n");
     for (const E2eRow& r : rows)

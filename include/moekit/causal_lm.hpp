@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,7 +30,10 @@ struct LmOptions {
   /// training context, capped at 4096 (a larger one is asked for explicitly).
   std::int64_t ctx = 0;
   /// The compute mode of every projection of the model: attention, dense and MoE layers, head.
-  ComputeMode mode = ComputeMode::exact;
+  /// Unset: the arithmetic of the file's own ecosystem — int8 for a GGUF (ggml multiplies its
+  /// block types against int8 activations, as llama.cpp computes; float weights stay exact) and
+  /// exact for a release folder. options() gives the mode chosen.
+  std::optional<ComputeMode> mode;
   /// Prompts run through the model this many tokens at a time (the last chunk may be shorter).
   std::int64_t prefill_chunk = 256;
 };
@@ -47,6 +51,9 @@ struct LmInfo {
   std::vector<std::int64_t> moe_layers;  ///< the layers whose feed-forward block is MoE
   std::string rope;                      ///< "neox, 64 of 128 dims, theta 10000, yarn x32", ...
   std::string attention;  ///< per-family features: "qk-norm per head, sinks, window 128 on even layers", ...
+  /// Tokenizer::describe() of the model's tokenizer, or "none: " and why (a file without one, or
+  /// one moekit does not read: the reason names the key or component).
+  std::string tokenizer;
 };
 
 class CausalLm;

@@ -27,6 +27,7 @@ from ._moekit import (  # noqa: F401
     MaskFill,
     MoeConfig,
     MoeLayer,
+    Model,
     Renorm,
     RouterConfig,
     SavedForward,

@@ -54,5 +54,6 @@ void bind_core(nb::module_& m);
 void bind_training(nb::module_& m);
 void bind_lm(nb::module_& m);
 void bind_experts(nb::module_& m);
+void bind_model(nb::module_& m);
 
 }  // namespace moekit::py

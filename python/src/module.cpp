@@ -509,4 +509,5 @@ NB_MODULE(_moekit, m) {
   moekit::py::bind_training(m);
   moekit::py::bind_lm(m);
   moekit::py::bind_experts(m);
+  moekit::py::bind_model(m);
 }

@@ -14,6 +14,7 @@
 #include "kernels/gemm.hpp"
 #include "moekit/causal_lm.hpp"
 #include "moekit/gguf.hpp"
+#include "moekit/tokenizer.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
 
@@ -151,6 +152,16 @@ void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, std::int6
 
 }  // namespace
 
+void attach_tokenizer(Decoder& d, const std::function<std::shared_ptr<const Tokenizer>()>& read) {
+  try {
+    d.tokenizer = read();
+    d.info.tokenizer = d.tokenizer->describe();
+  } catch (const std::exception& e) {
+    d.tokenizer = nullptr;
+    d.info.tokenizer = std::string("none: ") + e.what();
+  }
+}
+
 std::string describe_attention(const Decoder& d) {
   std::vector<std::string> parts;
   const Attention& a0 = d.layers.front().attn;
@@ -265,9 +276,13 @@ std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOption
     throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm] prefill_chunk " << options.prefill_chunk << " < 1"));
   std::shared_ptr<CausalLm> lm(new CausalLm());
   lm->impl_ = std::make_unique<Impl>();
-  lm->impl_->options = options;
-  lm->impl_->d = is_gguf_path(path) ? model::read_gguf(path, options) : model::read_hf(path, options);
+  LmOptions& o = lm->impl_->options;
+  o = options;
+  const bool gguf = is_gguf_path(path);
+  if (!o.mode) o.mode = gguf ? ComputeMode::int8 : ComputeMode::exact;
+  lm->impl_->d = gguf ? model::read_gguf(path, o) : model::read_hf(path, o);
   lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
+  if (lm->impl_->d.tokenizer) lm->impl_->eog = lm->impl_->d.tokenizer->end_of_generation();
   lm->impl_->options.ctx = lm->impl_->d.info.ctx;
   return lm;
 }
@@ -281,7 +296,8 @@ std::shared_ptr<CausalLm> CausalLm::random(std::uint64_t seed, const LmOptions& 
   std::shared_ptr<CausalLm> lm(new CausalLm());
   lm->impl_ = std::make_unique<Impl>();
   lm->impl_->options = options;
-  lm->impl_->d = model::random_decoder(seed, options);
+  if (!lm->impl_->options.mode) lm->impl_->options.mode = ComputeMode::exact;
+  lm->impl_->d = model::random_decoder(seed, lm->impl_->options);
   lm->impl_->options.ctx = lm->impl_->d.info.ctx;
   lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
   return lm;
@@ -319,7 +335,7 @@ Tensor CausalLm::forward(Sequence& seq, const std::vector<std::int32_t>& ids, bo
                                                                           << " (--ctx)"));
   const std::int64_t D = d.D, V = d.vocab;
   Tensor logits = Tensor::uninitialized({all_logits ? T : 1, V}, DType::f32);
-  const ComputeMode mode = impl_->options.mode;
+  const ComputeMode mode = impl_->options.mode.value_or(ComputeMode::exact);
   Tensor x;
   Tensor normed;
   for (std::int64_t c0 = 0; c0 < T; c0 += impl_->options.prefill_chunk) {

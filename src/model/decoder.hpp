@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,11 @@ Decoder read_gguf(const std::string& path, const LmOptions& options);
 Decoder read_hf(const std::string& path, const LmOptions& options);
 /// A small Qwen3-MoE-shaped model with random f32 weights (random_model.cpp).
 Decoder random_decoder(std::uint64_t seed, const LmOptions& options);
+/// Sets d.tokenizer from `read` and d.info.tokenizer to its description; a tokenizer moekit cannot
+/// read leaves the model without one (generation from ids still works) and says why in
+/// d.info.tokenizer.
+void attach_tokenizer(Decoder& d, const std::function<std::shared_ptr<const Tokenizer>()>& read);
+
 /// "qk-norm per head, sinks, window 128 on layers 0, 2", ... (LmInfo::attention).
 std::string describe_attention(const Decoder& d);
 

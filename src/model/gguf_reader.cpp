@@ -12,6 +12,7 @@
 #include "model/decoder.hpp"
 #include "moekit/gguf.hpp"
 #include "moekit/model.hpp"
+#include "moekit/tokenizer.hpp"
 #include "util/error.hpp"
 
 namespace moekit::model {
@@ -236,7 +237,7 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
     const bool moe = has_experts && r.find("ffn_gate_inp.weight") != nullptr;
     if (moe) {
       layer.moe = std::make_unique<MoeLayer>(load_moe_layer(file, moe_config, l));
-      layer.moe->set_compute_mode(options.mode);
+      layer.moe->set_compute_mode(options.mode.value_or(ComputeMode::exact));
       info.moe_layers.push_back(l);
     } else {
       const GgufTensorInfo* up = r.find("ffn_up.weight");
@@ -257,6 +258,7 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
   info.num_kv_heads = d.KV;
   info.head_dim = d.head_dim;
   info.value_head_dim = d.v_head_dim;
+  attach_tokenizer(d, [&] { return Tokenizer::from_gguf(m.first()); });
   return d;
 }
 

@@ -17,6 +17,7 @@
 #include "model/decoder.hpp"
 #include "moekit/model.hpp"
 #include "moekit/safetensors.hpp"
+#include "moekit/tokenizer.hpp"
 #include "util/error.hpp"
 
 namespace moekit::model {
@@ -270,7 +271,7 @@ Decoder read_hf(const std::string& path, const LmOptions& options) {
     }
     if (moe_config.is_moe_layer(l)) {
       layer.moe = std::make_unique<MoeLayer>(load_moe_layer(ckpt, moe_config, l));
-      layer.moe->set_compute_mode(options.mode);
+      layer.moe->set_compute_mode(options.mode.value_or(ComputeMode::exact));
       info.moe_layers.push_back(l);
     } else {
       const std::string base = mlp.substr(1);  // "mlp", "feed_forward"
@@ -293,6 +294,10 @@ Decoder read_hf(const std::string& path, const LmOptions& options) {
   info.num_kv_heads = d.KV;
   info.head_dim = d.head_dim;
   info.value_head_dim = d.v_head_dim;
+  if (fs::exists(fs::path(dir) / "tokenizer.json"))
+    attach_tokenizer(d, [&] { return Tokenizer::from_folder(dir); });
+  else
+    info.tokenizer = "none: no tokenizer.json in " + dir;
   return d;
 }
 

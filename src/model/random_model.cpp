@@ -11,7 +11,7 @@
 namespace moekit::model {
 
 Decoder random_decoder(std::uint64_t seed, const LmOptions& options) {
-  if (options.mode != ComputeMode::exact)
+  if (options.mode.value_or(ComputeMode::exact) != ComputeMode::exact)
     throw std::invalid_argument("[moekit::CausalLm::random] the random model's weights are f32: the exact mode only");
   constexpr std::int64_t kLayers = 4, kD = 256, kHeads = 8, kKvHeads = 2, kHeadDim = 32, kVocab = 4096;
   const MoeConfig cfg = parse_hf_config(
@@ -30,6 +30,7 @@ Decoder random_decoder(std::uint64_t seed, const LmOptions& options) {
   LmInfo& info = d.info;
   info.arch = "qwen3moe (random weights)";
   info.path = "(in memory)";
+  info.tokenizer = "none: a random model has no vocabulary";
   info.train_ctx = 4096;
   info.ctx = options.ctx > 0 ? options.ctx : 4096;
   info.rope = "neox, 32 of 32 dims, theta 1e+06";

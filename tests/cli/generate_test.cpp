@@ -2,6 +2,7 @@
 // transformers' (tests/goldens/models), json and text output, and a named error for a bad model.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -40,11 +41,95 @@ TEST(CliGenerate, GreedyTokensEqualTransformersFromGgufAndFolder) {
     EXPECT_EQ(out["prompt_ids"].get<std::vector<std::int32_t>>(), prompt);
     EXPECT_GT(out["timings"]["prefill_tokens_per_s"].get<double>(), 0.0);
   }
-  // Text output: the ids as they are made, on one line.
+  // Text output: the text as it is made (the converter's stub vocabulary spells token i '<ti>').
   const testing::RunResult text =
       run({"generate", "--model", kModels + "qwen2moe.f32.gguf", "--prompt-ids", ids_arg(prompt), "--max-tokens", "3"});
   ASSERT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_EQ(text.out, std::to_string(want[0]) + " " + std::to_string(want[1]) + " " + std::to_string(want[2]) + " \n");
+  std::string spelled;
+  for (int i = 0; i < 3; ++i) spelled += "<t" + std::to_string(want[static_cast<std::size_t>(i)]) + ">";
+  EXPECT_EQ(text.out, spelled + "\n");
+}
+
+// GPT-2's byte-to-character map (byte-level BPE vocabularies spell byte b as this character).
+std::string byte_char(int b) {
+  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+  int cp = b;
+  if (!printable) {
+    int n = 0;
+    for (int c = 0; c < b; ++c)
+      if (!((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF))) ++n;
+    cp = 256 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// The qwen3moe folder with a tokenizer.json: byte-level BPE without merges, token b the byte b,
+// except `eog`, a special <|im_end|> (an end-of-generation token).
+void write_byte_tokenizer(const std::filesystem::path& dir, std::int32_t eog) {
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"})
+    std::filesystem::copy_file(kModels + "qwen3moe/" + f, dir / f);
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b)
+    if (b != eog) vocab[byte_char(b)] = b;
+  const nlohmann::json tok = {
+      {"version", "1.0"},
+      {"added_tokens",
+       {{{"id", eog},
+         {"content", "<|im_end|>"},
+         {"single_word", false},
+         {"lstrip", false},
+         {"rstrip", false},
+         {"normalized", false},
+         {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"vocab", vocab},
+        {"merges", nlohmann::json::array()}}}};
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+}
+
+TEST(CliGenerate, TextPromptsUseTheModelsTokenizerAndGenerationStopsAtItsEndToken) {
+  std::ifstream f(kModels + "qwen3moe.ref.json");
+  const nlohmann::json ref = nlohmann::json::parse(f);
+  const std::vector<std::int32_t> prompt = ref["prompt_ids"].get<std::vector<std::int32_t>>();
+  const std::vector<std::int32_t> want = ref["greedy_ids"].get<std::vector<std::int32_t>>();
+  const testing::TempDir model("cli_generate_tokenizer");
+  write_byte_tokenizer(model.path(), want[1]);  // transformers' second greedy token ends the generation
+  // The golden prompt as ids: the golden continuation, cut after the end-of-generation token.
+  const testing::RunResult stop = run({"generate", "--model", model.path().string(), "--prompt-ids", ids_arg(prompt),
+                                       "--max-tokens", "16", "-o", "json"});
+  ASSERT_EQ(stop.exit_code, 0) << stop.err;
+  const nlohmann::json out = nlohmann::json::parse(stop.out);
+  EXPECT_EQ(out["ids"].get<std::vector<std::int32_t>>(), (std::vector<std::int32_t>{want[0], want[1]}));
+  // Byte 227 alone is an incomplete UTF-8 character: U+FFFD, then the special token's text.
+  EXPECT_EQ(out["text"].get<std::string>(), "\xEF\xBF\xBD<|im_end|>");
+  // Text: ASCII bytes are their own tokens here.
+  const testing::RunResult text =
+      run({"generate", "--model", model.path().string(), "--prompt", "Hello", "--max-tokens", "2", "-o", "json"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(nlohmann::json::parse(text.out)["prompt_ids"].get<std::vector<std::int32_t>>(),
+            (std::vector<std::int32_t>{'H', 'e', 'l', 'l', 'o'}));
+  // Without a tokenizer, --prompt names what is missing.
+  const testing::RunResult none = run({"generate", "--model", kModels + "qwen3moe", "--prompt", "Hello"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("--prompt needs the model's tokenizer"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("no tokenizer.json"), std::string::npos) << none.err;
 }
 
 TEST(CliGenerate, ABadModelOrTokenIsOneNamedError) {

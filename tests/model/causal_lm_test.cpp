@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -72,9 +73,42 @@ TEST_P(Family, Q8_0FileMatchesTransformersOnItsDequantizedWeights) {
   const nlohmann::json ref = reference(GetParam());
   if (!ref.contains("logits_q8_0")) GTEST_SKIP() << "no q8_0 reference for " << GetParam();
   const std::vector<std::int32_t> prompt = ref["prompt_ids"].get<std::vector<std::int32_t>>();
-  const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + GetParam() + ".q8_0.gguf");
+  LmOptions exact;
+  exact.mode = ComputeMode::exact;
+  const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + GetParam() + ".q8_0.gguf", exact);
   std::unique_ptr<Sequence> seq = lm->new_sequence();
   EXPECT_LT(relative_error(lm->forward(*seq, prompt, true), ref[gguf_field(ref, "logits_q8_0")]), 2e-5);
+}
+
+// A GGUF's default is ggml's arithmetic (int8 activations against the q8_0 blocks): not exact, but
+// within the rounding of 8-bit activations of the same reference at most positions — a position
+// where that rounding flips a near-tie of the routing moves further (gpt-oss's tenth: 0.40 of the
+// largest logit, measured), so the median position is held to the bound. A folder's default is exact.
+TEST_P(Family, GgufDefaultsToGgmlsInt8ArithmeticAndStaysNearTheReference) {
+  const nlohmann::json ref = reference(GetParam());
+  if (!ref.contains("logits_q8_0")) GTEST_SKIP() << "no q8_0 reference for " << GetParam();
+  const std::vector<std::int32_t> prompt = ref["prompt_ids"].get<std::vector<std::int32_t>>();
+  const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + GetParam() + ".q8_0.gguf");
+  ASSERT_EQ(lm->options().mode, ComputeMode::int8);
+  std::unique_ptr<Sequence> seq = lm->new_sequence();
+  const Tensor logits = lm->forward(*seq, prompt, true);
+  const nlohmann::json& want = ref[gguf_field(ref, "logits_q8_0")];
+  const std::int64_t V = logits.dim(1);
+  double scale = 0.0;
+  for (const auto& row : want)
+    for (const auto& v : row) scale = std::max(scale, std::abs(v.get<double>()));
+  std::vector<double> per_position;
+  for (std::int64_t t = 0; t < logits.dim(0); ++t) {
+    double err = 0.0;
+    for (std::int64_t v = 0; v < V; ++v)
+      err = std::max(err, std::abs(logits.data_as<float>()[t * V + v] -
+                                   want[static_cast<std::size_t>(t)][static_cast<std::size_t>(v)].get<double>()));
+    per_position.push_back(err / scale);
+  }
+  std::sort(per_position.begin(), per_position.end());
+  EXPECT_GT(per_position.back(), 0.0) << "int8 activations round: the exact bits would mean the mode did not apply";
+  EXPECT_LT(per_position[per_position.size() / 2], 4e-2);
+  EXPECT_EQ(CausalLm::open(kDir + GetParam())->options().mode, ComputeMode::exact);
 }
 
 TEST_P(Family, ChunkedAndTokenByTokenPrefillGiveTheSameBits) {

@@ -1,0 +1,208 @@
+// Whole models for Python: moekit.Model, a CausalLm (causal_lm.hpp) opened from a GGUF file or a
+// release folder, with logits, generation and its tokenizer (docs/python.md, "Whole models").
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "moekit/causal_lm.hpp"
+#include "moekit/tokenizer.hpp"
+
+namespace moekit::py {
+
+namespace {
+
+using namespace nb::literals;
+
+struct PyModel {
+  std::shared_ptr<CausalLm> lm;
+};
+
+LmOptions options_of(std::int64_t ctx, const std::string& mode) {
+  LmOptions o;
+  o.ctx = ctx;
+  if (mode == "auto") return o;  // the file's own arithmetic (LmOptions::mode)
+  const std::optional<ComputeMode> m = compute_mode_from_name(mode);
+  if (!m) throw std::invalid_argument("[moekit.Model] mode '" + mode + "' is not one of auto, exact, int8, bf16");
+  o.mode = *m;
+  return o;
+}
+
+const Tokenizer& tokenizer_of(const PyModel& m, const char* what) {
+  const std::shared_ptr<const Tokenizer> t = m.lm->tokenizer();
+  if (!t)
+    throw std::invalid_argument(std::string("[moekit.Model.") + what + "] the model has no tokenizer moekit reads (" +
+                                m.lm->info().path + "); pass token ids");
+  return *t;
+}
+
+/// The text of `ids` as valid UTF-8 (bytes that form no character as U+FFFD), so that Python's
+/// str accepts it.
+std::string text_of(const std::shared_ptr<const Tokenizer>& tok, const std::vector<std::int32_t>& ids) {
+  TextStream stream(tok);
+  std::string text;
+  for (const std::int32_t id : ids) text += stream.push(id);
+  return text + stream.flush();
+}
+
+/// A prompt given as text (tokenized with the model's own BOS rule and special tokens) or as ids.
+using Prompt = std::variant<std::string, std::vector<std::int32_t>>;
+
+std::vector<std::int32_t> prompt_ids(const PyModel& m, const Prompt& prompt) {
+  if (const auto* ids = std::get_if<std::vector<std::int32_t>>(&prompt)) return *ids;
+  return tokenizer_of(m, "generate").encode(std::get<std::string>(prompt));
+}
+
+nb::dict info_dict(const LmInfo& i) {
+  nb::dict d;
+  d["arch"] = i.arch;
+  d["path"] = i.path;
+  d["num_layers"] = i.num_layers;
+  d["hidden_size"] = i.hidden_size;
+  d["vocab_size"] = i.vocab_size;
+  d["num_heads"] = i.num_heads;
+  d["num_kv_heads"] = i.num_kv_heads;
+  d["head_dim"] = i.head_dim;
+  d["train_ctx"] = i.train_ctx;
+  d["ctx"] = i.ctx;
+  d["moe_layers"] = i.moe_layers;
+  d["rope"] = i.rope;
+  d["attention"] = i.attention;
+  return d;
+}
+
+nb::dict generate(const PyModel& m, const Prompt& prompt, std::int64_t max_tokens, double temperature,
+                  std::int64_t top_k, double top_p, double min_p, double repetition_penalty, std::uint64_t seed,
+                  const std::optional<std::function<bool(std::int32_t, const std::string&)>>& on_token) {
+  const std::vector<std::int32_t> ids = prompt_ids(m, prompt);
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.repetition_penalty = repetition_penalty;
+  p.seed = seed;
+  validate(p);
+  const std::shared_ptr<const Tokenizer> tok = m.lm->tokenizer();
+  std::optional<TextStream> stream;
+  if (tok) stream.emplace(tok);
+  // The callback runs Python: it takes the GIL back for each token; a Python exception in it ends
+  // the generation and propagates (nanobind's python_error, rethrown after the GIL comes back).
+  TokenCallback cb;
+  if (on_token)
+    cb = [&](std::int32_t id) {
+      const std::string piece = stream ? stream->push(id) : std::string();
+      nb::gil_scoped_acquire acquire;
+      return (*on_token)(id, piece);
+    };
+  GenerateTimings tm;
+  std::vector<std::int32_t> out;
+  {
+    nb::gil_scoped_release release;
+    std::shared_lock lock(compute_mutex());
+    out = m.lm->generate(ids, max_tokens, p, cb, &tm);
+  }
+  nb::dict d;
+  d["prompt_ids"] = ids;
+  d["ids"] = out;
+  if (tok) {
+    const std::string text = text_of(tok, out);
+    d["text"] = nb::str(text.data(), text.size());
+  } else {
+    d["text"] = nb::none();
+  }
+  nb::dict t;
+  t["prefill_ms"] = tm.prefill_ms;
+  t["prefill_tokens_per_s"] = tm.prefill_ms > 0 ? 1e3 * static_cast<double>(tm.prompt_tokens) / tm.prefill_ms : 0.0;
+  t["decode_ms"] = tm.decode_ms;
+  // The first token comes from the prefill's logits: decode made generated - 1 forwards.
+  t["decode_tokens_per_s"] = tm.decode_ms > 0 && tm.generated_tokens > 1
+                                 ? 1e3 * static_cast<double>(tm.generated_tokens - 1) / tm.decode_ms
+                                 : 0.0;
+  d["timings"] = t;
+  return d;
+}
+
+}  // namespace
+
+void bind_model(nb::module_& m) {
+  nb::class_<PyModel>(m, "Model",
+                      "A whole model (docs/models.md): a GGUF file (any part of a split model) or a release\n"
+                      "folder, weights used in place. mode: 'auto' (default: int8 for a GGUF, as ggml computes;\n"
+                      "exact for a folder), 'exact', 'int8' or 'bf16' for every projection; ctx: the context\n"
+                      "of its sequences (0: the model's, capped at 4096).\n"
+                      "Safe to call from several Python threads (each call runs its own sequence).")
+      .def(
+          "__init__",
+          [](PyModel* self, const std::string& path, std::int64_t ctx, const std::string& mode) {
+            const LmOptions o = options_of(ctx, mode);
+            std::shared_ptr<CausalLm> lm;
+            {
+              nb::gil_scoped_release release;
+              lm = CausalLm::open(path, o);
+            }
+            new (self) PyModel{std::move(lm)};
+          },
+          "path"_a, nb::kw_only(), "ctx"_a = 0, "mode"_a = "auto")
+      .def_static(
+          "random",
+          [](std::uint64_t seed, std::int64_t ctx, const std::string& mode) {
+            return PyModel{CausalLm::random(seed, options_of(ctx, mode))};
+          },
+          "seed"_a = 1, nb::kw_only(), "ctx"_a = 0, "mode"_a = "exact",
+          "The demo's small Qwen3-MoE-shaped model with random weights from `seed` (no file, no tokenizer).")
+      .def_prop_ro(
+          "info", [](const PyModel& self) { return info_dict(self.lm->info()); },
+          "{'arch', 'num_layers', 'hidden_size', 'vocab_size', 'ctx', 'rope', 'attention', ...}")
+      .def_prop_ro("vocab_size", [](const PyModel& self) { return self.lm->info().vocab_size; })
+      .def_prop_ro("has_tokenizer", [](const PyModel& self) { return self.lm->tokenizer() != nullptr; })
+      .def(
+          "logits",
+          [](const PyModel& self, const std::vector<std::int32_t>& ids) {
+            Tensor out;
+            {
+              nb::gil_scoped_release release;
+              std::shared_lock lock(compute_mutex());
+              std::unique_ptr<Sequence> seq = self.lm->new_sequence();
+              out = self.lm->forward(*seq, ids, /*all_logits=*/true);
+            }
+            return export_tensor(std::move(out), Framework::numpy);
+          },
+          "ids"_a, "float32 numpy logits [len(ids), vocab_size] of a fresh sequence (causal: row i sees ids[:i+1]).")
+      .def("generate", &generate, "prompt"_a, nb::kw_only(), "max_tokens"_a = 128, "temperature"_a = 0.0, "top_k"_a = 0,
+           "top_p"_a = 1.0, "min_p"_a = 0.0, "repetition_penalty"_a = 1.0, "seed"_a = 0, "on_token"_a = nb::none(),
+           "Continues `prompt` (text, tokenized with the model's BOS rule and special tokens, or a list\n"
+           "of ids): greedy by default, sampled with temperature > 0; stops after an end-of-generation\n"
+           "token or max_tokens. on_token(id, text) is called per token with the text that token\n"
+           "completes (whole UTF-8 characters; '' without a tokenizer); returning False stops.\n"
+           "Returns {'prompt_ids', 'ids', 'text' (None without a tokenizer), 'timings'}.")
+      .def(
+          "tokenize",
+          [](const PyModel& self, const std::string& text, bool add_special, bool parse_special) {
+            return tokenizer_of(self, "tokenize").encode(text, add_special, parse_special);
+          },
+          "text"_a, nb::kw_only(), "add_special"_a = true, "parse_special"_a = true,
+          "Token ids of `text`: the file's own BOS rule (add_special) and its special tokens written in\n"
+          "the text parsed (parse_special), as `moekit tokenize` prints them.")
+      .def(
+          "detokenize",
+          [](const PyModel& self, const std::vector<std::int32_t>& ids) {
+            tokenizer_of(self, "detokenize");
+            return text_of(self.lm->tokenizer(), ids);
+          },
+          "ids"_a, "The text of `ids` (invalid UTF-8 bytes as U+FFFD).");
+}
+
+}  // namespace moekit::py
