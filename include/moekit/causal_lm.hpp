@@ -118,7 +118,7 @@ struct LmStats {
   double moe_ms = 0;        ///< the MoE blocks (routing, experts, shared experts)
   double dense_ffn_ms = 0;  ///< dense layers' MLPs
   double attention_ms = 0;  ///< projections, QK-norm, RoPE, the cache and the softmax
-  double head_ms = 0;       ///< embeddings, final norm and the head
+  double head_ms = 0;       ///< embeddings, final norm and the head (the output projection)
   std::int64_t tokens = 0;
 };
 

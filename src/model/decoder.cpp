@@ -356,6 +356,7 @@ Tensor CausalLm::forward(Sequence& seq, const std::vector<std::int32_t>& ids, bo
     const ComputeMode m = mode == ComputeMode::bf16 ? ComputeMode::exact : mode;
     kernels::gemm_nt(kernels::RowSource{normed.data_as<float>(), D}, weight_matrix(d.head, 0), kernels::Output{out, V},
                      rows, V, D, kernels::Threads::pool, m);
+    impl_->stats.head_ms += model::ms_since(t_head);
   }
   return logits;
 }
