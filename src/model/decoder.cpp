@@ -198,7 +198,7 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 
 void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std::int64_t T, std::int64_t p0,
                 std::vector<Tensor>& kcache, std::vector<Tensor>& vcache, Tensor& x, LmStats& stats) {
-  auto t = Clock::now();
+  auto clock = Clock::now();
   const std::int64_t D = d.D, H = d.H, KV = d.KV, hd = d.head_dim, hdv = d.v_head_dim;
   x = Tensor::uninitialized({T, D}, DType::f32);
   float* xp = x.data_as<float>();
@@ -215,9 +215,9 @@ void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std
   Tensor q = Tensor::uninitialized({T, H * hd}, DType::f32), k = Tensor::uninitialized({T, KV * hd}, DType::f32);
   Tensor v = Tensor::uninitialized({T, KV * hdv}, DType::f32), o = Tensor::uninitialized({T, H * hdv}, DType::f32);
   Tensor y = Tensor::uninitialized({T, D}, DType::f32);
-  stats.head_ms += ms_since(t);
+  stats.head_ms += ms_since(clock);
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
-    t = Clock::now();
+    clock = Clock::now();
     const Layer& layer = d.layers[l];
     const Attention& at = layer.attn;
     norm_rows(xp, layer.attn_norm, T, D, d.rms_eps, a.data_as<float>());
@@ -239,15 +239,15 @@ void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std
     project(at.o, o.data_as<float>(), T, y.data_as<float>(), mode);
     for (std::int64_t i = 0; i < T * D; ++i) xp[i] += y.data_as<float>()[i];
     norm_rows(xp, layer.ffn_norm, T, D, d.rms_eps, a.data_as<float>());
-    stats.attention_ms += ms_since(t);
-    t = Clock::now();
+    stats.attention_ms += ms_since(clock);
+    clock = Clock::now();
     if (layer.moe) {
       const Tensor f = layer.moe->forward(a);
       for (std::int64_t i = 0; i < T * D; ++i) xp[i] += f.data_as<float>()[i];
-      stats.moe_ms += ms_since(t);
+      stats.moe_ms += ms_since(clock);
     } else {
       run_dense_ffn(layer.dense, layer.dense_body, a, x, /*accumulate=*/true, nullptr, mode);
-      stats.dense_ffn_ms += ms_since(t);
+      stats.dense_ffn_ms += ms_since(clock);
     }
   }
 }

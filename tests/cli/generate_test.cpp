@@ -32,7 +32,7 @@ TEST(CliGenerate, GreedyTokensEqualTransformersFromGgufAndFolder) {
   const nlohmann::json ref = nlohmann::json::parse(f);
   const std::vector<std::int32_t> prompt = ref["prompt_ids"].get<std::vector<std::int32_t>>();
   const std::vector<std::int32_t> want = ref["greedy_ids"].get<std::vector<std::int32_t>>();
-  for (const std::string model : {kModels + "qwen2moe.f32.gguf", kModels + "qwen2moe"}) {
+  for (const std::string& model : {kModels + "qwen2moe.f32.gguf", kModels + "qwen2moe"}) {
     const testing::RunResult r = run({"generate", "--model", model, "--prompt-ids", ids_arg(prompt), "--max-tokens",
                                       std::to_string(want.size()), "-o", "json", "--threads", "1"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
