@@ -103,9 +103,10 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(sums8)(const __m256i (&x)[8][MR], __m2
 
 // A K-quant block with a scale per 16 weights against MR rows of A from input 32 · g: c[j] group
 // j's 32 codes as u8 (the signed code plus kOff, u ≤ 63), sc8 the 16 scales (int8); S[i]
-// lane j group j's Σ_h scale_h Σ_k (u_k − kOff) · a_k. AVX2: the signed codes w = u − kOff
-// (|w| ≤ 32), |w| times a with w's sign by `vpmaddubsw` (|pair| ≤ 2 · 32 · 127: no saturation),
-// the pairs times the scale by `vpmaddwd`, the groups' lanes summed (sums8). VNNI: two groups a
+// lane j group j's Σ_h scale_h Σ_k (u_k − kOff) · a_k. AVX2: u times a by `vpmaddubsw` (|pair| ≤
+// 2 · 63 · 127 < 2^15: no saturation), the pairs times the scale by `vpmaddwd`, the groups' lanes
+// summed (sums8), and kOff · Σa taken off per block as VNNI does (the same integers as summing
+// (u − kOff) · a, so the same bits; ggml's AVX2 q6_K dot takes its offset the same way). VNNI: two groups a
 // register, u times a by `vpdpbusd` (|lane| ≤ 4 · 63 · 127 < 2^15, so a lane is its own low int16)
 // times its 16's scale by `vpmaddwd` against (scale, 0), the groups' lanes summed (sums8_512), and
 // kOff · Σa of each 16 times its scale taken off per block from A's sums of 16 (QuantA::qsum16) by
@@ -135,19 +136,26 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled_block)([[maybe_unused]] const Q
     S[i] = _mm256_sub_epi32(S[i], _mm256_slli_epi32(off, std::countr_zero(unsigned{kOff})));
   }
 #else
-  alignas(16) std::int8_t sc[16];
-  _mm_store_si128(reinterpret_cast<__m128i*>(sc), sc8);
+  // The 16 scales as int16, each 128-bit half holding all eight of its half's; group j's pair
+  // (scale 2j in the low half, 2j + 1 in the high) picked by one byte shuffle.
+  const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+  const __m256i halves[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00), _mm256_permute2x128_si256(sc16, sc16, 0x11)};
   __m256i x[8][MR];
 #pragma GCC unroll 8
   for (int j = 0; j < 8; ++j) {
-    const __m256i w = _mm256_sub_epi8(c[j], _mm256_set1_epi8(kOff)), aw = _mm256_abs_epi8(w);
-    const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(sc[2 * j + 1])),
-                                           _mm_set1_epi16(static_cast<short>(sc[2 * j])));
+    const short e0 = static_cast<short>((2 * j) % 8), e1 = static_cast<short>((2 * j + 1) % 8);
+    const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(((2 * e1 + 1) << 8) | (2 * e1))),
+                                          _mm_set1_epi16(static_cast<short>(((2 * e0 + 1) << 8) | (2 * e0))));
+    const __m256i scale = _mm256_shuffle_epi8(halves[j / 4], pick);
     for (int i = 0; i < MR; ++i)
-      x[j][i] = _mm256_madd_epi16(
-          _mm256_maddubs_epi16(aw, _mm256_sign_epi8(MOEKIT_I8_NAME(load256)(a0[i] + 32 * (g + j)), w)), scale);
+      x[j][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(c[j], MOEKIT_I8_NAME(load256)(a0[i] + 32 * (g + j))), scale);
   }
   MOEKIT_I8_NAME(sums8)<MR>(x, S);
+  for (int i = 0; i < MR; ++i) {
+    const auto* sums = qa.qsum16.data() + (m + i) * (qa.K / 16) + 2 * g;  // group g's first 16
+    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+    S[i] = _mm256_sub_epi32(S[i], _mm256_slli_epi32(off, std::countr_zero(unsigned{kOff})));
+  }
 #endif
 }
 

@@ -242,6 +242,7 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
     return ggml_rows_vnni<T>(qa, B, C, M, N);
   }
   if (path == Int8Path::avx2) {
+    if constexpr (T::kInt8Facts.per16 && !T::kInt8Facts.min16) sums16(qa);  // scaled_block's offsets
     if constexpr (NibblePairs<T>::kYes) pair_order(qa);
     return ggml_rows_avx2<T>(qa, B, C, M, N);
   }
