@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a GGUF of Qwen3-30B-A3B's exact shapes and metadata with random weights and fewer layers,
-for the whole-model benchmark `moekit bench --e2e` against llama.cpp's `llama-bench` on the same file
+"""Writes a GGUF of Qwen3-30B-A3B's (the default) or gpt-oss-20b's (`--model gpt-oss-20b`, below) exact
+shapes and metadata with random weights and fewer layers, for the whole-model benchmark `moekit bench --e2e` against llama.cpp's `llama-bench` on the same file
 (bench/models/README.md). Not a test; never in CI.
 
 What it makes: the file llama.cpp's convert_hf_to_gguf.py writes for Qwen/Qwen3-30B-A3B
@@ -30,6 +30,30 @@ default_rng([seed, layer, tensor]), so a tensor's values do not depend on --laye
 Memory stays small: the tensors are written one by one (GGUFWriter: add_tensor_info for all, then
 write_tensor_data one at a time); the largest, token_embd/output, takes ~0.6 GB in F16.
 
+gpt-oss-20b (`--model gpt-oss-20b`): the file llama.cpp's converter (GptOssModel, conversion/gpt_oss.py)
+writes for openai/gpt-oss-20b, arch `gpt-oss`, `--layers` blocks (default 8 of the real 24): hidden
+2880, 64 query heads, 8 KV heads, head_dim 64, q/k/v/o biases, per-head attention sinks
+`blk.N.attn_sinks.weight`, `post_attention_norm` before the MoE, 32 experts top-4 of FFN 2880
+(`ffn_{gate,up,down}_exps.weight` and `.bias`; router `ffn_gate_inp.weight` and `.bias`), sliding
+window 128 on every other layer (llama.cpp's loader sets the pattern 2 itself: layers 0, 2, ... slide),
+YaRN RoPE (type yarn, factor 32, original context 4096, beta_fast 32, beta_slow 1, theta 150000), RMS
+eps 1e-5, context 131072, vocab 201088, untied `token_embd` and `output`. The key list is what
+TextModel.set_gguf_parameters + GptOssModel write from the model's config.json (rope.scaling.*,
+attention.key_length/value_length 64, attention.sliding_window, expert_feed_forward_length); the
+swiglu clamp (limit 7, alpha 1.702: LLM_FFN_SWIGLU_OAI_MOE), the softmax over the selected experts'
+logits and the sinks' use are hardcoded in llama.cpp's gpt-oss graph, not keys. Tensor types: matrices
+F16; norms, every `.bias`, the sinks and the router weight F32, as the converter keeps them. One
+difference: the real checkpoint's experts are MXFP4 and the converter copies them as MXFP4 blocks, so
+its file has no F16 experts; this one writes F16 experts and `llama-quantize ... MXFP4_MOE` (the
+default --types here) then makes what llama.cpp's own gpt-oss GGUFs hold: experts MXFP4, every other
+matrix (attention, token_embd, output) Q8_0, the router and the 1-D/bias tensors F32. Weights as above
+(std 0.02; biases and sinks N(0, 0.02); norms 1 + N(0, 0.02)); with hidden 2880 a unit-RMS input gives
+projections of std ~1.07, within the clamp, nothing overflows F16. Tokenizer: there is no o200k vocab
+in llama.cpp's models/, so the `tokenizer.*` keys of models/ggml-vocab-qwen2.gguf are copied (Qwen2's
+BPE, bos/eos <|endoftext|> 151643, still valid ids) and the token list is padded from 151936 to 201088
+with `[PAD151936]`..`[PAD201087]` of type USER_DEFINED; no text maps to those ids, and a benchmark,
+which draws random token ids, never reads them. The output projection is the real 201088 wide.
+
 How to run (needs numpy and gguf; use llama.cpp's own gguf-py, `pip install <llama.cpp>/gguf-py`,
 so that the file matches the llama-quantize it goes through):
 
@@ -48,6 +72,18 @@ per layer + 1.25 GB for token_embd and output), Q4_K_M 6.48 GB (4.89 bits per we
 mix gives ffn_down_exps and attn_v Q6_K in 8 of the 16 layers -- the same half as in the 48-layer
 file -- and output Q6_K), Q8_0 11.27 GB; with the default --types the peak is F16 + both, 39 GB.
 Peak memory: 1.2 GB (resident set).
+
+gpt-oss-20b, 8 layers, same machine (nothing else running):
+
+    python3 bench/models/make_bench_gguf.py --model gpt-oss-20b --layers 8 --out-dir /work/peers/models \\
+        --vocab <llama.cpp>/models/ggml-vocab-qwen2.gguf \\
+        --quantize /work/peers/llama-build/bin/llama-quantize --threads 2
+
+writes gpt-oss-20b-8L-F16.gguf in 3.5 min (210 s), then llama-quantize MXFP4_MOE with 2 threads in
+1.4 min (84 s), and deletes the F16 file: 5 min in all. Disk: F16 15.50 GB (7.74 G parameters: 1.65 GB
+per layer + 1.16 GB for token_embd and output), MXFP4_MOE 4.86 GB (5.01 bits per weight: experts
+MXFP4, attention/token_embd/output Q8_0); peak 20.4 GB. Peak memory: 4.0 GB (llama-quantize; the
+writer 0.7 GB).
 """
 import argparse
 import os
@@ -72,6 +108,25 @@ RMS_EPS = 1e-6
 CONTEXT = 40960
 VOCAB = 151936
 REAL_LAYERS = 48
+
+# openai/gpt-oss-20b config.json
+OSS_HIDDEN = 2880
+OSS_N_HEAD = 64
+OSS_N_HEAD_KV = 8
+OSS_HEAD_DIM = 64
+OSS_N_EXPERT = 32
+OSS_N_EXPERT_USED = 4
+OSS_FF_EXP = 2880  # intermediate_size: written as both feed_forward_length and expert_feed_forward_length
+OSS_ROPE_THETA = 150000.0
+OSS_YARN_FACTOR = 32.0
+OSS_YARN_ORIG_CTX = 4096
+OSS_YARN_BETA_FAST = 32.0
+OSS_YARN_BETA_SLOW = 1.0
+OSS_RMS_EPS = 1e-5
+OSS_CONTEXT = 131072
+OSS_SLIDING_WINDOW = 128
+OSS_VOCAB = 201088
+OSS_REAL_LAYERS = 24
 
 STD = 0.02
 CHUNK = 1 << 24  # elements drawn at a time
@@ -105,6 +160,44 @@ def tensor_plan(layers):
     return plan
 
 
+def gpt_oss_plan(layers):
+    """gpt-oss-20b's tensors, as tensor_plan: matrices F16; norms, biases, attn_sinks and the router F32 (the
+    converter keeps every 1-D tensor, every `.bias` and ffn_gate_inp F32)."""
+    H, q, kv = OSS_HIDDEN, OSS_N_HEAD * OSS_HEAD_DIM, OSS_N_HEAD_KV * OSS_HEAD_DIM
+    E, F = OSS_N_EXPERT, OSS_FF_EXP
+    f16, f32 = np.float16, np.float32
+    plan = [("token_embd.weight", (OSS_VOCAB, H), f16, "matrix", (0, 0))]
+    for i in range(layers):
+        b = f"blk.{i}."
+        per = [
+            ("attn_norm.weight", (H,), f32, "norm"),
+            ("attn_q.weight", (q, H), f16, "matrix"),
+            ("attn_q.bias", (q,), f32, "bias"),
+            ("attn_k.weight", (kv, H), f16, "matrix"),
+            ("attn_k.bias", (kv,), f32, "bias"),
+            ("attn_v.weight", (kv, H), f16, "matrix"),
+            ("attn_v.bias", (kv,), f32, "bias"),
+            ("attn_output.weight", (H, q), f16, "matrix"),
+            ("attn_output.bias", (H,), f32, "bias"),
+            ("attn_sinks.weight", (OSS_N_HEAD,), f32, "bias"),
+            ("post_attention_norm.weight", (H,), f32, "norm"),
+            ("ffn_gate_inp.weight", (E, H), f32, "matrix"),
+            ("ffn_gate_inp.bias", (E,), f32, "bias"),
+            ("ffn_gate_exps.weight", (E, F, H), f16, "matrix"),
+            ("ffn_gate_exps.bias", (E, F), f32, "bias"),
+            ("ffn_up_exps.weight", (E, F, H), f16, "matrix"),
+            ("ffn_up_exps.bias", (E, F), f32, "bias"),
+            ("ffn_down_exps.weight", (E, H, F), f16, "matrix"),
+            ("ffn_down_exps.bias", (E, H), f32, "bias"),
+        ]
+        plan += [(b + n, s, t, k, (1 + i, j)) for j, (n, s, t, k) in enumerate(per)]
+    plan += [
+        ("output_norm.weight", (H,), f32, "norm", (0, 1)),
+        ("output.weight", (OSS_VOCAB, H), f16, "matrix", (0, 2)),
+    ]
+    return plan
+
+
 def make_tensor(seed, stream, shape, dtype, kind):
     rng = np.random.default_rng([seed, *stream])
     out = np.empty(shape, dtype=dtype)
@@ -121,27 +214,32 @@ def make_tensor(seed, stream, shape, dtype, kind):
     return out
 
 
-def copy_tokenizer(writer, vocab_path, gguf):
+def copy_tokenizer(writer, vocab_path, gguf, vocab=VOCAB):
+    """Copies vocab_path's tokenizer.* keys; pads the token list to `vocab` with `[PAD{i}]` USER_DEFINED tokens."""
     r = gguf.GGUFReader(vocab_path)
     keys = [k for k in r.fields if k.startswith("tokenizer.")]
+    n = len(r.fields["tokenizer.ggml.tokens"].contents())
+    if n > vocab:
+        raise SystemExit(f"{vocab_path}: {n} tokens, more than {vocab}")
+    if n != vocab and "tokenizer.ggml.scores" in r.fields:
+        raise SystemExit(f"{vocab_path}: has scores, padding not supported")
+    pad = vocab - n
     for k in keys:
         f = r.fields[k]
         v = f.contents()
+        if k == "tokenizer.ggml.tokens" and pad:
+            v = v + [f"[PAD{i}]" for i in range(n, vocab)]
+        elif k == "tokenizer.ggml.token_type" and pad:
+            v = v + [int(gguf.TokenType.USER_DEFINED)] * pad
         if f.types[0] == gguf.GGUFValueType.ARRAY:
             writer.add_key_value(k, v, gguf.GGUFValueType.ARRAY, sub_type=f.types[1])
         else:
             writer.add_key_value(k, v, f.types[0])
-    n = len(r.fields["tokenizer.ggml.tokens"].contents())
-    if n != VOCAB:
-        raise SystemExit(f"{vocab_path}: {n} tokens, expected {VOCAB}")
     return keys
 
 
-def write_f16(path, layers, seed, vocab_path):
-    import gguf
-
-    arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3MOE]  # "qwen3moe"
-    w = gguf.GGUFWriter(path=None, arch=arch)
+def qwen3_metadata(w, layers, seed, vocab_path, gguf):
+    # arch "qwen3moe"
     # general.* as the converter writes them for the real model (name/basename/size_label from its model card)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name("Qwen3 30B A3B")
@@ -164,10 +262,50 @@ def write_f16(path, layers, seed, vocab_path):
     w.add_value_length(HEAD_DIM)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_expert_feed_forward_length(FF_EXP)
-    copy_tokenizer(w, vocab_path, gguf)
+    copy_tokenizer(w, vocab_path, gguf, VOCAB)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    plan = tensor_plan(layers)
+
+def gpt_oss_metadata(w, layers, seed, vocab_path, gguf):
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name("Gpt Oss 20b")
+    w.add_basename("gpt-oss")
+    w.add_size_label("20B")
+    w.add_description(f"Random weights (seed {seed}), {layers} of {OSS_REAL_LAYERS} layers: a benchmark file "
+                      "of gpt-oss-20b's shapes, written by moekit's bench/models/make_bench_gguf.py")
+    # what TextModel.set_gguf_parameters + GptOssModel write from gpt-oss-20b's config.json
+    w.add_block_count(layers)
+    w.add_context_length(OSS_CONTEXT)
+    w.add_embedding_length(OSS_HIDDEN)
+    w.add_feed_forward_length(OSS_FF_EXP)
+    w.add_head_count(OSS_N_HEAD)
+    w.add_head_count_kv(OSS_N_HEAD_KV)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(OSS_YARN_FACTOR)
+    w.add_rope_scaling_orig_ctx_len(OSS_YARN_ORIG_CTX)
+    w.add_rope_scaling_yarn_beta_fast(OSS_YARN_BETA_FAST)
+    w.add_rope_scaling_yarn_beta_slow(OSS_YARN_BETA_SLOW)
+    w.add_rope_freq_base(OSS_ROPE_THETA)
+    w.add_layer_norm_rms_eps(OSS_RMS_EPS)
+    w.add_expert_count(OSS_N_EXPERT)
+    w.add_expert_used_count(OSS_N_EXPERT_USED)
+    w.add_key_length(OSS_HEAD_DIM)
+    w.add_value_length(OSS_HEAD_DIM)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_sliding_window(OSS_SLIDING_WINDOW)
+    w.add_expert_feed_forward_length(OSS_FF_EXP)
+    copy_tokenizer(w, vocab_path, gguf, OSS_VOCAB)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def write_f16(path, layers, seed, vocab_path, model="qwen3-30b-a3b"):
+    import gguf
+
+    spec = MODELS[model]
+    w = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[spec["arch"](gguf)])
+    spec["metadata"](w, layers, seed, vocab_path, gguf)
+
+    plan = spec["plan"](layers)
     for name, shape, dtype, _, _ in plan:
         w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
     w.write_header_to_file(path=path)
@@ -189,36 +327,56 @@ def write_f16(path, layers, seed, vocab_path):
     return total
 
 
+MODELS = {
+    "qwen3-30b-a3b": dict(arch=lambda g: g.MODEL_ARCH.QWEN3MOE, plan=tensor_plan, metadata=qwen3_metadata,
+                          stem="qwen3moe-30b-a3b", real_layers=REAL_LAYERS, layers=16, types="Q4_K_M,Q8_0",
+                          layer_bytes=1.33e9, other_bytes=1.25e9),
+    "gpt-oss-20b": dict(arch=lambda g: g.MODEL_ARCH.GPT_OSS, plan=gpt_oss_plan, metadata=gpt_oss_metadata,
+                        stem="gpt-oss-20b", real_layers=OSS_REAL_LAYERS, layers=8, types="MXFP4_MOE",
+                        layer_bytes=1.65e9, other_bytes=1.17e9),
+}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=16, help="blocks (default 16; the real model has 48)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="qwen3-30b-a3b",
+                    help="which model's shapes and metadata (default qwen3-30b-a3b)")
+    ap.add_argument("--layers", type=int,
+                    help="blocks (default 16 of qwen3-30b-a3b's 48, 8 of gpt-oss-20b's 24)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--vocab", required=True,
                     help="GGUF whose tokenizer.* keys are copied: llama.cpp's models/ggml-vocab-qwen2.gguf")
     ap.add_argument("--quantize", metavar="LLAMA_QUANTIZE",
                     help="path of llama.cpp's llama-quantize: run it for each --types (else print the commands)")
-    ap.add_argument("--types", default="Q4_K_M,Q8_0", help="llama-quantize types, comma list (default Q4_K_M,Q8_0)")
+    ap.add_argument("--types",
+                    help="llama-quantize types, comma list (default Q4_K_M,Q8_0 for qwen3-30b-a3b, "
+                         "MXFP4_MOE for gpt-oss-20b)")
     ap.add_argument("--threads", type=int, default=2, help="llama-quantize threads (default 2)")
     ap.add_argument("--keep-f16", action="store_true", help="keep the F16 file after quantizing")
     ap.add_argument("--skip-f16", action="store_true", help="reuse an existing F16 file (only quantize)")
     args = ap.parse_args()
-    if not 1 <= args.layers <= REAL_LAYERS:
-        ap.error(f"--layers: 1..{REAL_LAYERS}")
+    spec = MODELS[args.model]
+    if args.layers is None:
+        args.layers = spec["layers"]
+    if args.types is None:
+        args.types = spec["types"]
+    if not 1 <= args.layers <= spec["real_layers"]:
+        ap.error(f"--layers: 1..{spec['real_layers']}")
 
     os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, f"qwen3moe-30b-a3b-{args.layers}L")
+    stem = os.path.join(args.out_dir, f"{spec['stem']}-{args.layers}L")
     f16 = stem + "-F16.gguf"
     types = [t for t in args.types.split(",") if t]
 
     if not args.skip_f16:
         free = shutil.disk_usage(args.out_dir).free
-        need = 1.33e9 * args.layers + 1.25e9
+        need = spec["layer_bytes"] * args.layers + spec["other_bytes"]
         if free < need:
             sys.exit(f"{args.out_dir}: {free / 1e9:.1f} GB free, the F16 file needs {need / 1e9:.1f} GB")
         print(f"writing {f16} ({args.layers} layers, seed {args.seed})", flush=True)
         t0 = time.monotonic()
-        nbytes = write_f16(f16 + ".part", args.layers, args.seed, os.path.abspath(args.vocab))
+        nbytes = write_f16(f16 + ".part", args.layers, args.seed, os.path.abspath(args.vocab), args.model)
         os.replace(f16 + ".part", f16)
         print(f"wrote {f16}: {os.path.getsize(f16) / 1e9:.2f} GB ({nbytes / 1e9:.2f} GB of tensors) "
               f"in {time.monotonic() - t0:.0f} s", flush=True)
