@@ -1,7 +1,6 @@
 // Whole models for Python: moekit.Model, a CausalLm (causal_lm.hpp) opened from a GGUF file or a
 // release folder, with logits, generation and its tokenizer (docs/python.md, "Whole models").
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
@@ -85,7 +84,7 @@ nb::dict info_dict(const LmInfo& i) {
 
 nb::dict generate(const PyModel& m, const Prompt& prompt, std::int64_t max_tokens, double temperature,
                   std::int64_t top_k, double top_p, double min_p, double repetition_penalty, std::uint64_t seed,
-                  const std::optional<std::function<bool(std::int32_t, const std::string&)>>& on_token) {
+                  const std::optional<nb::callable>& on_token) {
   const std::vector<std::int32_t> ids = prompt_ids(m, prompt);
   SamplingParams p;
   p.temperature = temperature;
@@ -100,12 +99,17 @@ nb::dict generate(const PyModel& m, const Prompt& prompt, std::int64_t max_token
   if (tok) stream.emplace(tok);
   // The callback runs Python: it takes the GIL back for each token; a Python exception in it ends
   // the generation and propagates (nanobind's python_error, rethrown after the GIL comes back).
+  // It stops the generation by returning False; None (a callback that only prints) goes on.
   TokenCallback cb;
   if (on_token)
     cb = [&](std::int32_t id) {
       const std::string piece = stream ? stream->push(id) : std::string();
       nb::gil_scoped_acquire acquire;
-      return (*on_token)(id, piece);
+      const nb::object r = (*on_token)(id, nb::str(piece.data(), piece.size()));
+      if (r.is_none()) return true;
+      const int truth = PyObject_IsTrue(r.ptr());
+      if (truth < 0) throw nb::python_error();
+      return truth == 1;
     };
   GenerateTimings tm;
   std::vector<std::int32_t> out;
@@ -186,7 +190,8 @@ void bind_model(nb::module_& m) {
            "Continues `prompt` (text, tokenized with the model's BOS rule and special tokens, or a list\n"
            "of ids): greedy by default, sampled with temperature > 0; stops after an end-of-generation\n"
            "token or max_tokens. on_token(id, text) is called per token with the text that token\n"
-           "completes (whole UTF-8 characters; '' without a tokenizer); returning False stops.\n"
+           "completes (whole UTF-8 characters; '' without a tokenizer); returning False stops (None\n"
+           "goes on).\n"
            "Returns {'prompt_ids', 'ids', 'text' (None without a tokenizer), 'timings'}.")
       .def(
           "tokenize",

@@ -58,6 +58,13 @@ def test_on_token_streams_each_token_and_can_stop():
     assert seen == out["ids"] and len(seen) == 5
 
 
+def test_an_on_token_that_returns_none_goes_on():
+    model = moekit.Model.random(3)
+    seen = []
+    out = model.generate([1, 2, 3], max_tokens=6, on_token=lambda i, text: seen.append(i))
+    assert seen == out["ids"] and len(seen) == 6
+
+
 def test_a_python_exception_in_on_token_reaches_the_caller():
     model = moekit.Model.random(3)
 
