@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -55,6 +56,26 @@ std::vector<std::int64_t> parse_int_list(const std::string& text, const std::str
     values.push_back(v);
   }
   return values;
+}
+
+std::vector<std::int32_t> parse_token_ids(const std::string& text, const std::string& what) {
+  std::vector<std::int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && item[used] == ' ') ++used;
+    if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX)
+      throw std::invalid_argument(what + ": '" + item + "' is not a token id (ids: 1,2,3)");
+    ids.push_back(static_cast<std::int32_t>(v));
+  }
+  return ids;
 }
 
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads) {

@@ -28,6 +28,11 @@ std::vector<std::int64_t> parse_int_list(const std::string& text, const std::str
 std::int64_t parse_int(const std::string& text, const std::string& option, std::int64_t lo,
                        std::int64_t hi);
 
+/// Parses token ids "1,2,3" (blanks after an id allowed; "" gives none). Throws
+/// std::invalid_argument "<what>: '<item>' is not a token id (ids: 1,2,3)" for an item that is not
+/// an id in [0, INT32_MAX].
+std::vector<std::int32_t> parse_token_ids(const std::string& text, const std::string& what);
+
 /// Adds `--threads N` to `cmd`; returns the option so the callback can ask whether it was given.
 CLI::Option* add_threads_option(CLI::App& cmd, int& threads);
 /// Calls moekit::set_num_threads(threads) if `--threads` was given; otherwise moekit's default

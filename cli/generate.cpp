@@ -29,22 +29,7 @@ struct GenerateOptions {
 };
 
 std::vector<std::int32_t> parse_ids(const std::string& text) {
-  std::vector<std::int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    std::size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    while (used < item.size() && item[used] == ' ') ++used;
-    if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX)
-      throw std::invalid_argument("[moekit generate] --prompt-ids: '" + item + "' is not a token id (ids: 1,2,3)");
-    ids.push_back(static_cast<std::int32_t>(v));
-  }
+  std::vector<std::int32_t> ids = parse_token_ids(text, "[moekit generate] --prompt-ids");
   if (ids.empty()) throw std::invalid_argument("[moekit generate] --prompt-ids: no ids");
   return ids;
 }

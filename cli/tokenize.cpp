@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "format.hpp"
 #include "moekit/tokenizer.hpp"
 
 namespace moekit::cli {
@@ -23,26 +24,6 @@ struct TokenizeOptions {
   bool no_special = false;
   CLI::Option *text_option = nullptr, *file_option = nullptr, *ids_option = nullptr;
 };
-
-std::vector<std::int32_t> parse_ids(const std::string& text) {
-  std::vector<std::int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    std::size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    while (used < item.size() && item[used] == ' ') ++used;
-    if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX)
-      throw std::invalid_argument("[moekit tokenize] --ids: '" + item + "' is not a token id (ids: 1,2,3)");
-    ids.push_back(static_cast<std::int32_t>(v));
-  }
-  return ids;
-}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -60,7 +41,8 @@ void run(const TokenizeOptions& opt) {
   const int given = static_cast<int>(opt.text_option->count() + opt.file_option->count() + opt.ids_option->count());
   if (given != 1) throw std::invalid_argument("[moekit tokenize] give one of --text, --text-file or --ids");
   // The command line is checked before the model is read.
-  const std::vector<std::int32_t> ids = opt.ids_option->count() ? parse_ids(opt.ids) : std::vector<std::int32_t>();
+  const std::vector<std::int32_t> ids =
+      opt.ids_option->count() ? parse_token_ids(opt.ids, "[moekit tokenize] --ids") : std::vector<std::int32_t>();
   const std::string text = opt.file_option->count() ? read_file(opt.text_file) : opt.text;
   const std::shared_ptr<const Tokenizer> tok = Tokenizer::open(opt.model);
   const bool json = opt.output == "json";
