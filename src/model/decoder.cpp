@@ -23,7 +23,6 @@ namespace moekit {
 struct CausalLm::Impl {
   model::Decoder d;
   LmOptions options;
-  std::vector<std::int32_t> eog;  // the tokenizer's end-of-generation ids
   mutable LmStats stats;
 };
 
@@ -282,7 +281,6 @@ std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOption
   if (!o.mode) o.mode = gguf ? ComputeMode::int8 : ComputeMode::exact;
   lm->impl_->d = gguf ? model::read_gguf(path, o) : model::read_hf(path, o);
   lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
-  if (lm->impl_->d.tokenizer) lm->impl_->eog = lm->impl_->d.tokenizer->end_of_generation();
   lm->impl_->options.ctx = lm->impl_->d.info.ctx;
   return lm;
 }
@@ -381,14 +379,14 @@ std::vector<std::int32_t> CausalLm::generate(const std::vector<std::int32_t>& pr
   tm.prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   Sampler sampler(sampling);
   std::vector<std::int32_t> history = prompt, out;
-  const std::vector<std::int32_t>& eog = impl_->eog;
+  const Tokenizer* tok = impl_->d.tokenizer.get();  // its end-of-generation ids stop the generation
   const std::int64_t V = impl_->d.vocab;
   const std::int64_t limit = std::min(max_tokens, seq->capacity() - seq->size());
   for (std::int64_t i = 0; i < limit; ++i) {
     const std::int32_t id = sampler.sample(logits.data_as<float>(), V, history);
     out.push_back(id);
     history.push_back(id);
-    const bool stop = std::find(eog.begin(), eog.end(), id) != eog.end();
+    const bool stop = tok != nullptr && tok->is_end_of_generation(id);
     if (on_token && !on_token(id)) break;
     if (stop || i + 1 == limit) break;
     logits = forward(*seq, {id});
