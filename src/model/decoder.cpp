@@ -14,6 +14,7 @@
 #include "kernels/gemm.hpp"
 #include "moekit/causal_lm.hpp"
 #include "moekit/gguf.hpp"
+#include "moekit/threading.hpp"
 #include "moekit/tokenizer.hpp"
 #include "util/error.hpp"
 #include "util/thread_pool.hpp"
@@ -47,14 +48,17 @@ void project(const Linear& l, const float* x, std::int64_t M, float* y, ComputeM
   }
 }
 
-// One kv group's attention for tokens [t0, t1) of the chunk: scores = q kᵀ · scale over the keys
-// their masks leave, softmax (with the sink), out = p v.
+// Heads [h0, h1) of one kv group's attention for tokens [t0, t1) of the chunk: scores = q kᵀ ·
+// scale over the keys their masks leave, softmax (with the sink), out = p v. Every output row is
+// computed on its own (the kernels' row results do not depend on the other rows), so how the
+// work is split changes no bit.
 struct AttentionTask {
   const Decoder& d;
   const Attention& at;
   const float* q;   // [T, H, hd]
-  const float* kc;  // cache [ctx, KV, hd]
-  const float* vc;  // cache [ctx, KV, hdv]
+  const float* kc;  // cache: token p's key of group g at kc + p · kld + g · hd
+  const float* vc;  // cache: token p's value of group g at vc + p · vld + g · hdv
+  std::int64_t kld, vld;
   float* out;       // [T, H, hdv]
   std::int64_t p0;  // position of token 0 of the chunk
 
@@ -65,9 +69,9 @@ struct AttentionTask {
     return lo;
   }
 
-  void run(std::int64_t g, std::int64_t t0, std::int64_t t1) const {
-    const std::int64_t H = d.H, KV = d.KV, hd = d.head_dim, hdv = d.v_head_dim, Hg = H / KV;
-    const std::int64_t rows = (t1 - t0) * Hg;
+  void run(std::int64_t g, std::int64_t h0, std::int64_t h1, std::int64_t t0, std::int64_t t1) const {
+    const std::int64_t H = d.H, KV = d.KV, hd = d.head_dim, hdv = d.v_head_dim, Hg = H / KV, nh = h1 - h0;
+    const std::int64_t rows = (t1 - t0) * nh;
     const std::int64_t lo = first_key(p0 + t0), hi = p0 + t1;  // keys [lo, hi)
     const std::int64_t n = hi - lo;
     thread_local std::vector<std::int32_t> index;
@@ -76,19 +80,20 @@ struct AttentionTask {
     scores.resize(static_cast<std::size_t>(rows * n));
     scale.assign(static_cast<std::size_t>(rows), d.attn_scale);
     o.assign(static_cast<std::size_t>(rows * hdv), 0.0f);
+    const auto head = [&](std::int64_t i) { return g * Hg + h0 + i % nh; };
     for (std::int64_t i = 0; i < rows; ++i)
-      index[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((t0 + i / Hg) * H + g * Hg + i % Hg);
-    const WeightMatrix K{kc + (lo * KV + g) * hd, DType::f32, KV * hd};
+      index[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((t0 + i / nh) * H + head(i));
+    const WeightMatrix K{kc + lo * kld + g * hd, DType::f32, kld};
     kernels::gemm_nt(RowSource{q, hd, index.data()}, K, Output{scores.data(), n, scale.data()}, rows, n, hd,
                      Threads::caller);
     const float* sinks = at.sinks.numel() > 0 ? at.sinks.data_as<float>() : nullptr;
     for (std::int64_t i = 0; i < rows; ++i) {
-      const std::int64_t p = p0 + t0 + i / Hg;
+      const std::int64_t p = p0 + t0 + i / nh;
       const std::int64_t a = first_key(p) - lo, b = p - lo + 1;  // this row's keys [a, b)
       float* s = scores.data() + i * n;
-      float mx = sinks ? sinks[g * Hg + i % Hg] : -std::numeric_limits<float>::infinity();
+      float mx = sinks ? sinks[head(i)] : -std::numeric_limits<float>::infinity();
       for (std::int64_t j = a; j < b; ++j) mx = std::max(mx, s[j]);
-      float sum = sinks ? std::exp(sinks[g * Hg + i % Hg] - mx) : 0.0f;
+      float sum = sinks ? std::exp(sinks[head(i)] - mx) : 0.0f;
       for (std::int64_t j = 0; j < n; ++j) {
         const float e = j >= a && j < b ? std::exp(s[j] - mx) : 0.0f;
         s[j] = e;
@@ -97,12 +102,27 @@ struct AttentionTask {
       const float inv = 1.0f / sum;
       for (std::int64_t j = a; j < b; ++j) s[j] *= inv;
     }
-    const WeightMatrix V{vc + (lo * KV + g) * hdv, DType::f32, KV * hdv};
+    const WeightMatrix V{vc + lo * vld + g * hdv, DType::f32, vld};
     kernels::gemm_nn(RowSource{scores.data(), n}, V, Output{o.data(), hdv}, rows, hdv, n, Threads::caller);
     for (std::int64_t i = 0; i < rows; ++i) {
-      float* dst = out + ((t0 + i / Hg) * H + g * Hg + i % Hg) * hdv;
+      float* dst = out + ((t0 + i / nh) * H + head(i)) * hdv;
       std::copy_n(o.data() + i * hdv, hdv, dst);
     }
+  }
+
+  // Every group, head and token of the chunk, over the pool: tasks of up to 32 tokens, a group's
+  // heads split further where that leaves threads idle (decode of an MQA / MLA layer).
+  void run_all(std::int64_t T) const {
+    constexpr std::int64_t kTokensPerTask = 32;
+    const std::int64_t blocks = (T + kTokensPerTask - 1) / kTokensPerTask, KV = d.KV, Hg = d.H / d.KV;
+    const std::int64_t want = 2 * static_cast<std::int64_t>(num_threads());
+    const std::int64_t split = std::clamp<std::int64_t>((want + KV * blocks - 1) / (KV * blocks), 1, Hg);
+    const std::int64_t per = (Hg + split - 1) / split;
+    detail::parallel_tasks(KV * blocks * split, [&](std::int64_t i) {
+      const std::int64_t g = i % KV, s = i / KV % split, b = i / KV / split;
+      const std::int64_t h0 = s * per, h1 = std::min(Hg, h0 + per);
+      if (h0 < h1) run(g, h0, h1, b * kTokensPerTask, std::min(T, (b + 1) * kTokensPerTask));
+    });
   }
 };
 
@@ -149,6 +169,49 @@ void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, std::int6
   }
 }
 
+// MLA (decoder.hpp, Mla) for tokens [0, T) of the chunk at positions p0...: appends their latent
+// rows to `cache` [ctx, kv_lora + rope] and leaves the heads' outputs in o [T, H, v].
+void mla_attention(const Decoder& d, const Attention& at, const float* a, std::int64_t T, std::int64_t p0, float* cache,
+                   float* o, ComputeMode mode) {
+  const Mla& m = *at.mla;
+  const std::int64_t H = d.H, R = m.row(), qk = m.nope + m.rope, L = m.kv_lora;
+  const ComputeMode pm = mode == ComputeMode::bf16 ? ComputeMode::exact : mode;
+  std::vector<float> q(static_cast<std::size_t>(T * H * qk));
+  if (m.q_lora > 0) {
+    std::vector<float> qa(static_cast<std::size_t>(T * m.q_lora));
+    project(m.q_a, a, T, qa.data(), mode);
+    norm_rows(qa.data(), m.q_a_norm, T, m.q_lora, d.rms_eps, qa.data());
+    project(m.q_b, qa.data(), T, q.data(), mode);
+  } else {
+    project(at.q, a, T, q.data(), mode);
+  }
+  float* rows = cache + p0 * R;  // the chunk's latent rows, written straight into the cache
+  project(m.kv_a, a, T, rows, mode);
+  for (std::int64_t t = 0; t < T; ++t) {
+    float* r = rows + t * R;
+    rms_norm(r, m.kv_a_norm.data_as<float>(), L, d.rms_eps, r);
+    apply_rope(d.rope, p0 + t, r + L);
+  }
+  // Queries in the latent space: [W_kᵀ q_nope ‖ rope(q_pe)] per head.
+  std::vector<float> qabs(static_cast<std::size_t>(T * H * R)), lat(static_cast<std::size_t>(T * H * L));
+  detail::parallel_tasks(H, [&](std::int64_t h) {
+    kernels::gemm_nt(RowSource{q.data() + h * qk, H * qk}, weight_matrix(m.k_b, h), Output{qabs.data() + h * R, H * R},
+                     T, L, m.nope, Threads::caller, pm);
+    for (std::int64_t t = 0; t < T; ++t) {
+      float* pe = qabs.data() + (t * H + h) * R + L;
+      std::copy_n(q.data() + (t * H + h) * qk + m.nope, m.rope, pe);
+      apply_rope(d.rope, p0 + t, pe);
+    }
+  });
+  // One key head over the latent rows; the values are their first kv_lora elements.
+  const AttentionTask task{d, at, qabs.data(), cache, cache, R, R, lat.data(), p0};
+  task.run_all(T);
+  detail::parallel_tasks(H, [&](std::int64_t h) {
+    kernels::gemm_nt(RowSource{lat.data() + h * L, H * L}, weight_matrix(m.v_b, h), Output{o + h * m.v, H * m.v}, T,
+                     m.v, L, Threads::caller, pm);
+  });
+}
+
 }  // namespace
 
 void attach_tokenizer(Decoder& d, const std::function<std::shared_ptr<const Tokenizer>()>& read) {
@@ -161,9 +224,48 @@ void attach_tokenizer(Decoder& d, const std::function<std::shared_ptr<const Toke
   }
 }
 
+void split_kv_b(const ExpertMatrix& kv_b, std::int64_t H, Mla& m, std::vector<std::shared_ptr<const void>>& keep) {
+  const std::int64_t per = m.nope + m.v, L = m.kv_lora;
+  const WeightMatrix w = weight_matrix(kv_b, 0);
+  auto k = std::make_shared<std::vector<float>>(static_cast<std::size_t>(H * L * m.nope));
+  auto v = std::make_shared<std::vector<float>>(static_cast<std::size_t>(H * m.v * L));
+  std::vector<float> rows(static_cast<std::size_t>(per * L));
+  for (std::int64_t h = 0; h < H; ++h) {
+    if (kv_b.quantized()) {
+      kernels::dequantize_rows(w, h * per, per, L, rows.data());
+    } else {
+      for (std::int64_t r = 0; r < per; ++r)
+        for (std::int64_t c = 0; c < L; ++c)
+          rows[r * L + c] = kernels::load_f32(w.data, w.dtype, (h * per + r) * w.ld + c);
+    }
+    float* kh = k->data() + h * L * m.nope;
+    for (std::int64_t n = 0; n < m.nope; ++n)
+      for (std::int64_t c = 0; c < L; ++c) kh[c * m.nope + n] = rows[n * L + c];
+    std::copy_n(rows.data() + m.nope * L, m.v * L, v->data() + h * m.v * L);
+  }
+  const auto view = [&](const std::vector<float>& data, std::int64_t r, std::int64_t c) {
+    ExpertMatrix e;
+    e.dtype = DType::f32;
+    e.rows = r;
+    e.cols = c;
+    e.row_stride = c;
+    for (std::int64_t h = 0; h < H; ++h) e.experts.push_back(data.data() + h * r * c);
+    return e;
+  };
+  m.k_b = view(*k, L, m.nope);
+  m.v_b = view(*v, m.v, L);
+  keep.push_back(k);
+  keep.push_back(v);
+}
+
 std::string describe_attention(const Decoder& d) {
   std::vector<std::string> parts;
   const Attention& a0 = d.layers.front().attn;
+  if (const Mla* m = a0.mla.get())
+    parts.push_back(
+        MOEKIT_MSG("MLA: " << (m->q_lora > 0 ? "q LoRA " + std::to_string(m->q_lora) : std::string("q direct"))
+                           << ", kv LoRA " << m->kv_lora << " + rope " << m->rope << " cached per token, nope "
+                           << m->nope << ", v " << m->v << ", absorbed"));
   if (a0.q.bias.numel() > 0) parts.push_back("q/k/v biases");
   if (a0.o.bias.numel() > 0) parts.push_back("output bias");
   for (const Layer& l : d.layers)
@@ -211,8 +313,14 @@ void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std
     }
   }
   Tensor a = Tensor::uninitialized({T, D}, DType::f32);
-  Tensor q = Tensor::uninitialized({T, H * hd}, DType::f32), k = Tensor::uninitialized({T, KV * hd}, DType::f32);
-  Tensor v = Tensor::uninitialized({T, KV * hdv}, DType::f32), o = Tensor::uninitialized({T, H * hdv}, DType::f32);
+  const Mla* mla = d.layers.front().attn.mla.get();  // MLA models are MLA in every layer
+  Tensor q, k, v;
+  if (!mla) {
+    q = Tensor::uninitialized({T, H * hd}, DType::f32);
+    k = Tensor::uninitialized({T, KV * hd}, DType::f32);
+    v = Tensor::uninitialized({T, KV * hdv}, DType::f32);
+  }
+  Tensor o = Tensor::uninitialized({T, H * (mla ? mla->v : hdv)}, DType::f32);
   Tensor y = Tensor::uninitialized({T, D}, DType::f32);
   stats.head_ms += ms_since(clock);
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
@@ -220,21 +328,20 @@ void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std
     const Layer& layer = d.layers[l];
     const Attention& at = layer.attn;
     norm_rows(xp, layer.attn_norm, T, D, d.rms_eps, a.data_as<float>());
-    project(at.q, a.data_as<float>(), T, q.data_as<float>(), mode);
-    project(at.k, a.data_as<float>(), T, k.data_as<float>(), mode);
-    project(at.v, a.data_as<float>(), T, v.data_as<float>(), mode);
-    prepare_qk(d, at, T, p0, q.data_as<float>(), k.data_as<float>());
-    float* kc = kcache[l].data_as<float>();
-    float* vc = vcache[l].data_as<float>();
-    std::copy_n(k.data_as<float>(), T * KV * hd, kc + p0 * KV * hd);
-    std::copy_n(v.data_as<float>(), T * KV * hdv, vc + p0 * KV * hdv);
-    const AttentionTask task{d, at, q.data_as<float>(), kc, vc, o.data_as<float>(), p0};
-    constexpr std::int64_t kTokensPerTask = 32;
-    const std::int64_t blocks = (T + kTokensPerTask - 1) / kTokensPerTask;
-    detail::parallel_tasks(KV * blocks, [&](std::int64_t i) {
-      const std::int64_t g = i % KV, b = i / KV;
-      task.run(g, b * kTokensPerTask, std::min(T, (b + 1) * kTokensPerTask));
-    });
+    if (at.mla) {
+      mla_attention(d, at, a.data_as<float>(), T, p0, kcache[l].data_as<float>(), o.data_as<float>(), mode);
+    } else {
+      project(at.q, a.data_as<float>(), T, q.data_as<float>(), mode);
+      project(at.k, a.data_as<float>(), T, k.data_as<float>(), mode);
+      project(at.v, a.data_as<float>(), T, v.data_as<float>(), mode);
+      prepare_qk(d, at, T, p0, q.data_as<float>(), k.data_as<float>());
+      float* kc = kcache[l].data_as<float>();
+      float* vc = vcache[l].data_as<float>();
+      std::copy_n(k.data_as<float>(), T * KV * hd, kc + p0 * KV * hd);
+      std::copy_n(v.data_as<float>(), T * KV * hdv, vc + p0 * KV * hdv);
+      const AttentionTask task{d, at, q.data_as<float>(), kc, vc, KV * hd, KV * hdv, o.data_as<float>(), p0};
+      task.run_all(T);
+    }
     project(at.o, o.data_as<float>(), T, y.data_as<float>(), mode);
     for (std::int64_t i = 0; i < T * D; ++i) xp[i] += y.data_as<float>()[i];
     norm_rows(xp, layer.ffn_norm, T, D, d.rms_eps, a.data_as<float>());
@@ -311,7 +418,8 @@ std::unique_ptr<Sequence> CausalLm::new_sequence() const {
   s->ctx_ = d.info.ctx;
   for (std::size_t l = 0; l < d.layers.size(); ++l) {
     s->k_.push_back(Tensor::uninitialized({s->ctx_, d.KV, d.head_dim}, DType::f32));
-    s->v_.push_back(Tensor::uninitialized({s->ctx_, d.KV, d.v_head_dim}, DType::f32));
+    // MLA: one latent row per token ([ctx, 1, kv_lora + rope]), no separate values.
+    s->v_.push_back(d.layers[l].attn.mla ? Tensor() : Tensor::uninitialized({s->ctx_, d.KV, d.v_head_dim}, DType::f32));
   }
   return s;
 }

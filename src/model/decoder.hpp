@@ -52,8 +52,28 @@ struct Linear {
   Tensor bias;
 };
 
+/// DeepSeek's Multi-head Latent Attention (DeepseekV2Attention / DeepseekV3Attention). Each token
+/// caches one latent row [c (kv_lora, RMS-normed) ‖ k_pe (rope, rotated)] shared by every head. It
+/// runs in the absorbed form: a head's query nope part is multiplied through its slice of kv_b_proj
+/// into the latent space (q_lat = W_kᵀ q_nope), so scores are [q_lat ‖ q_pe] · [c ‖ k_pe] (one
+/// key head, as MQA), the attention output stays latent (Σ p c) and each head's value slice of
+/// kv_b_proj lifts it to v_head_dim. Mathematically transformers' expanded form (k_nope = W_k c,
+/// v = W_v c), without expanding the cache.
+struct Mla {
+  std::int64_t q_lora = 0;  ///< q LoRA rank (0: q is one projection, `Attention::q`)
+  std::int64_t kv_lora = 0, nope = 0, rope = 0, v = 0;
+  Linear q_a, q_b;   ///< q_lora > 0: q = q_b(RMSNorm(q_a x))
+  Tensor q_a_norm;   ///< f32 [q_lora]
+  Linear kv_a;       ///< [kv_lora + rope, D]: the latent and the shared rope key
+  Tensor kv_a_norm;  ///< f32 [kv_lora]
+  ExpertMatrix k_b;  ///< one "expert" per head: [kv_lora, nope] (kv_b_proj's key rows, transposed)
+  ExpertMatrix v_b;  ///< one per head: [v, kv_lora] (kv_b_proj's value rows)
+  std::int64_t row() const { return kv_lora + rope; }  ///< cache floats per token
+};
+
 struct Attention {
   Linear q, k, v, o;
+  std::unique_ptr<Mla> mla;  ///< set: MLA (q is used only without a q LoRA; k, v unused)
   QkNorm qk_norm = QkNorm::none;
   Tensor q_norm, k_norm;    ///< f32 weights (per_head: [head_dim]; whole: [heads · head_dim])
   Tensor sinks;             ///< [heads] f32: one extra logit per head in the softmax (GPT-OSS)
@@ -74,6 +94,8 @@ struct Layer {
 
 struct Decoder {
   LmInfo info;
+  /// MLA models: KV = 1, head_dim = kv_lora + rope, v_head_dim = kv_lora (the cache's rows and the
+  /// latent attention's output per head; LmInfo gives the model's own head dims).
   std::int64_t D = 0, H = 0, KV = 0, head_dim = 0, v_head_dim = 0, vocab = 0;
   double rms_eps = 1e-6;
   float attn_scale = 1.0f;  ///< the softmax scale (head_dim^-1/2)
@@ -97,6 +119,11 @@ Decoder random_decoder(std::uint64_t seed, const LmOptions& options);
 /// read leaves the model without one (generation from ids still works) and says why in
 /// d.info.tokenizer.
 void attach_tokenizer(Decoder& d, const std::function<std::shared_ptr<const Tokenizer>()>& read);
+
+/// Sets m.k_b and m.v_b from kv_b_proj [H · (nope + v), kv_lora] in any stored format: decoded to
+/// f32 (k_b transposed per head), owned by `keep`. (A GGUF written by llama.cpp's converter stores
+/// them split, attn_k_b / attn_v_b, and is used in place instead.)
+void split_kv_b(const ExpertMatrix& kv_b, std::int64_t H, Mla& m, std::vector<std::shared_ptr<const void>>& keep);
 
 /// "qk-norm per head, sinks, window 128 on layers 0, 2", ... (LmInfo::attention).
 std::string describe_attention(const Decoder& d);

@@ -27,6 +27,7 @@ struct Arch {
   bool yarn_truncate = true;     // transformers' YaRN `truncate` (GPT-OSS's releases: false)
   bool llama4 = false;           // NoPE layers, chunked attention, L2 QK-norm, temperature tuning
   bool nextn = false;            // the last `nextn_predict_layers` blocks are MTP layers, not run
+  bool mla = false;              // DeepSeek's MLA (attn_q_a / attn_kv_a_mqa / attn_k_b / attn_v_b)
 };
 
 constexpr Arch kArchs[] = {
@@ -38,6 +39,8 @@ constexpr Arch kArchs[] = {
     {.name = "gpt-oss", .swa_even_layers = true, .yarn_truncate = false},
     {.name = "minimax-m2"},
     {.name = "llama4", .rope = RopeLayout::interleaved, .llama4 = true},
+    // DeepSeek-V2 / V3 / R1, Kimi-K2, GLM-4.7-Flash: the rope pairs are interleaved as released
+    {.name = "deepseek2", .rope = RopeLayout::interleaved, .nextn = true, .mla = true},
 };
 
 std::string supported() {
@@ -128,8 +131,12 @@ Rope rope_of(const GgufModel& m, const Arch& a, const Meta& meta, std::int64_t h
                          << factor << " and " << orig));
     const double beta_fast = meta.number("rope.scaling.yarn_beta_fast", 32.0);
     const double beta_slow = meta.number("rope.scaling.yarn_beta_slow", 1.0);
+    // deepseek2 with yarn_log_multiplier (0.1 · mscale_all_dim): llama.cpp scales cos and sin by
+    // mscale(factor, mscale) / mscale(factor, mscale_all_dim) = 1 (it takes mscale = mscale_all_dim,
+    // as DeepSeek's configs have them) and the softmax by mscale(factor, mscale_all_dim)².
+    const double given = a.mla && meta.has("rope.scaling.yarn_log_multiplier") ? 1.0 : 0.0;
     rope.attention_factor =
-        apply_yarn(rope.inv_freq, theta, rope.dims, factor, orig, beta_fast, beta_slow, a.yarn_truncate, 0.0);
+        apply_yarn(rope.inv_freq, theta, rope.dims, factor, orig, beta_fast, beta_slow, a.yarn_truncate, given);
     describe += MOEKIT_MSG(", yarn x" << factor << " of " << orig);
   } else if (type == "linear") {
     if (factor <= 0.0) fail(m, MOEKIT_MSG("metadata 'rope.scaling.factor' is " << factor));
@@ -150,6 +157,31 @@ Rope rope_of(const GgufModel& m, const Arch& a, const Meta& meta, std::int64_t h
     describe += ", rope_freqs";
   }
   return rope;
+}
+
+// One layer's MLA tensors as llama.cpp's converter writes them: attn_q (V2-Lite) or attn_q_a,
+// attn_q_a_norm, attn_q_b; attn_kv_a_mqa, attn_kv_a_norm; kv_b_proj split per head into attn_k_b
+// ({nope, kv_lora, H}: already transposed for the absorption) and attn_v_b ({kv_lora, v, H}), used
+// in place; or an older file's unsplit attn_kv_b, decoded (split_kv_b).
+void read_mla(const detail::GgufTensors& r, Decoder& d, const Mla& dims, Attention& at) {
+  at.mla = std::make_unique<Mla>(dims);
+  Mla& m = *at.mla;
+  const std::int64_t qk = m.nope + m.rope;
+  if (m.q_lora > 0) {
+    m.q_a = linear(r, "attn_q_a", m.q_lora, d.D);
+    m.q_a_norm = r.f32("attn_q_a_norm.weight", {m.q_lora});
+    m.q_b = linear(r, "attn_q_b", d.H * qk, m.q_lora);
+  } else {
+    at.q = linear(r, "attn_q", d.H * qk, d.D);
+  }
+  m.kv_a = linear(r, "attn_kv_a_mqa", m.row(), d.D);
+  m.kv_a_norm = r.f32("attn_kv_a_norm.weight", {m.kv_lora});
+  if (r.find("attn_k_b.weight")) {
+    m.k_b = r.matrix("attn_k_b.weight", d.H, m.kv_lora, m.nope);
+    m.v_b = r.matrix("attn_v_b.weight", d.H, m.v, m.kv_lora);
+  } else {
+    split_kv_b(r.matrix("attn_kv_b.weight", 0, d.H * (m.nope + m.v), m.kv_lora), d.H, m, d.keep_alive);
+  }
 }
 
 }  // namespace
@@ -175,8 +207,10 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
   if (d.D < 1 || d.H < 1 || d.KV < 1 || d.H % d.KV != 0)
     fail(m, MOEKIT_MSG("embedding_length " << d.D << ", head_count " << d.H << ", head_count_kv " << d.KV
                                            << ": expected positive values, head_count a multiple of head_count_kv"));
-  d.head_dim = meta.integer("attention.key_length", d.D / d.H);
-  d.v_head_dim = meta.integer("attention.value_length", d.head_dim);
+  d.head_dim = meta.integer(a.mla ? "attention.key_length_mla" : "attention.key_length",
+                            meta.integer("attention.key_length", d.D / d.H));
+  d.v_head_dim = meta.integer(a.mla ? "attention.value_length_mla" : "attention.value_length",
+                              meta.integer("attention.value_length", d.head_dim));
   if (d.head_dim < 2 || d.v_head_dim < 1 || d.head_dim > 1024 || d.v_head_dim > 1024)
     fail(m, MOEKIT_MSG("head dims " << d.head_dim << " / " << d.v_head_dim << " outside [2, 1024]"));
   d.rms_eps = meta.number("attention.layer_norm_rms_epsilon", 1e-6);
@@ -186,7 +220,28 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
   info.ctx = options.ctx > 0 ? options.ctx : std::min<std::int64_t>(info.train_ctx, 4096);
   if (info.ctx < 1 || info.ctx > (std::int64_t{1} << 24))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm] context " << info.ctx << " outside [1, 2^24]"));
-  d.rope = rope_of(m, a, meta, d.head_dim, info.rope);
+  std::unique_ptr<Mla> mla;
+  if (a.mla) {
+    mla = std::make_unique<Mla>();
+    mla->q_lora = meta.integer("attention.q_lora_rank", 0);
+    mla->kv_lora = meta.integer("attention.kv_lora_rank");
+    mla->rope = meta.integer("rope.dimension_count");
+    mla->nope = d.head_dim - mla->rope;
+    mla->v = d.v_head_dim;
+    if (mla->q_lora < 0 || mla->kv_lora < 1 || mla->kv_lora > 8192 || mla->rope < 2 || mla->nope < 1)
+      fail(m, MOEKIT_MSG("MLA dims: q_lora_rank " << mla->q_lora << ", kv_lora_rank " << mla->kv_lora << ", rope "
+                                                  << mla->rope << " of key_length_mla " << d.head_dim));
+  }
+  d.rope = rope_of(m, a, meta, a.mla ? mla->rope : d.head_dim, info.rope);
+  if (a.mla) {
+    // The softmax scale: (qk head dim)^-1/2, times mscale(factor, mscale_all_dim)² under YaRN.
+    const double log_mul = meta.number("rope.scaling.yarn_log_multiplier", 0.0) / 0.1;
+    const double factor = meta.number("rope.scaling.factor", 1.0);
+    const double ms = meta.text("rope.scaling.type", "none") == "yarn" && log_mul != 0.0 && factor > 1.0
+                          ? 0.1 * log_mul * std::log(factor) + 1.0
+                          : 1.0;
+    d.attn_scale = static_cast<float>(ms * ms / std::sqrt(static_cast<double>(d.head_dim)));
+  }
 
   const detail::GgufTensors top(m, "");
   const GgufTensorInfo* emb = m.find("token_embd.weight");
@@ -209,9 +264,13 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
     const char* ffn_norm = r.find("ffn_norm.weight") ? "ffn_norm.weight" : "post_attention_norm.weight";
     layer.ffn_norm = r.f32(ffn_norm, {d.D});
     Attention& at = layer.attn;
-    at.q = linear(r, "attn_q", d.H * d.head_dim, d.D);
-    at.k = linear(r, "attn_k", d.KV * d.head_dim, d.D);
-    at.v = linear(r, "attn_v", d.KV * d.v_head_dim, d.D);
+    if (mla) {
+      read_mla(r, d, *mla, at);
+    } else {
+      at.q = linear(r, "attn_q", d.H * d.head_dim, d.D);
+      at.k = linear(r, "attn_k", d.KV * d.head_dim, d.D);
+      at.v = linear(r, "attn_v", d.KV * d.v_head_dim, d.D);
+    }
     at.o = linear(r, "attn_output", d.D, d.H * d.v_head_dim);
     if (const GgufTensorInfo* qn = r.find("attn_q_norm.weight")) {
       const bool per_head = qn->numel() == d.head_dim;
@@ -258,6 +317,12 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
   info.num_kv_heads = d.KV;
   info.head_dim = d.head_dim;
   info.value_head_dim = d.v_head_dim;
+  if (mla) {  // the cache's rows: one latent "head" of kv_lora + rope, read as kv_lora values
+    d.KV = 1;
+    d.head_dim = mla->row();
+    d.v_head_dim = mla->kv_lora;
+    info.num_kv_heads = 1;
+  }
   attach_tokenizer(d, [&] { return Tokenizer::from_gguf(m.first()); });
   return d;
 }

@@ -31,6 +31,7 @@ struct HfArch {
   std::string_view model_type;
   RopeLayout rope = RopeLayout::neox;
   bool llama4 = false;
+  bool mla = false;  // DeepSeek's MLA; rope interleaved unless config.json's rope_interleave is false
 };
 
 constexpr HfArch kHfArchs[] = {
@@ -44,6 +45,10 @@ constexpr HfArch kHfArchs[] = {
     {.model_type = "minimax"},
     {.model_type = "llama4", .rope = RopeLayout::interleaved, .llama4 = true},
     {.model_type = "llama4_text", .rope = RopeLayout::interleaved, .llama4 = true},
+    {.model_type = "deepseek_v2", .rope = RopeLayout::interleaved, .mla = true},
+    {.model_type = "deepseek_v3", .rope = RopeLayout::interleaved, .mla = true},
+    {.model_type = "kimi_k2", .rope = RopeLayout::interleaved, .mla = true},
+    {.model_type = "glm4_moe_lite", .rope = RopeLayout::interleaved, .mla = true},
 };
 
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
@@ -82,7 +87,7 @@ class Config {
 };
 
 // RoPE as transformers' ROPE_INIT_FUNCTIONS compute it: default, linear, yarn, llama3.
-Rope rope_of(const Config& c, const HfArch& a, std::int64_t head_dim, std::string& describe) {
+Rope rope_of(const Config& c, const HfArch& a, std::int64_t head_dim, std::string& describe, double* mla_scale) {
   const json& j = c.raw();
   json params =
       j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"] : json::object();
@@ -91,13 +96,14 @@ Rope rope_of(const Config& c, const HfArch& a, std::int64_t head_dim, std::strin
   double partial = c.number(params, "partial_rotary_factor", c.number("partial_rotary_factor", 1.0));
   Rope rope;
   rope.layout = a.rope;
+  if (a.mla && !c.boolean("rope_interleave", true)) rope.layout = RopeLayout::neox;
   rope.dims = c.has("rotary_dim") ? c.integer("rotary_dim") : static_cast<std::int64_t>(head_dim * partial);
   if (rope.dims < 2 || rope.dims > head_dim || rope.dims % 2 != 0)
     fail(c.file(), MOEKIT_MSG("rotary dims " << rope.dims << " (of head_dim " << head_dim
                                              << ") must be even and in [2, head_dim]"));
   if (theta <= 1.0) fail(c.file(), MOEKIT_MSG("rope_theta " << theta));
   rope.inv_freq = rope_frequencies(theta, rope.dims);
-  describe = MOEKIT_MSG((a.rope == RopeLayout::neox ? "neox" : "interleaved")
+  describe = MOEKIT_MSG((rope.layout == RopeLayout::neox ? "neox" : "interleaved")
                         << ", " << rope.dims << " of " << head_dim << " dims, theta " << theta);
   std::string type = "default";
   if (params.contains("rope_type") && params["rope_type"].is_string())
@@ -117,9 +123,17 @@ Rope rope_of(const Config& c, const HfArch& a, std::int64_t head_dim, std::strin
                                 << factor << " and " << orig));
     const bool truncate =
         !params.contains("truncate") || !params["truncate"].is_boolean() || params["truncate"].get<bool>();
+    // transformers: attention_factor, else mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+    // where both are given and non-zero, else mscale(factor) (apply_yarn's default).
+    const auto mscale = [&](double m) { return 0.1 * m * std::log(factor) + 1.0; };
+    const double ms = c.number(params, "mscale", 0.0), ms_all = c.number(params, "mscale_all_dim", 0.0);
+    double attention_factor = c.number(params, "attention_factor", 0.0);
+    if (attention_factor <= 0.0 && ms != 0.0 && ms_all != 0.0) attention_factor = mscale(ms) / mscale(ms_all);
     rope.attention_factor =
         apply_yarn(rope.inv_freq, theta, rope.dims, factor, orig, c.number(params, "beta_fast", 32.0),
-                   c.number(params, "beta_slow", 1.0), truncate, c.number(params, "attention_factor", 0.0));
+                   c.number(params, "beta_slow", 1.0), truncate, attention_factor);
+    // MLA (yarn_apply_mscale): the softmax scale times mscale(factor, mscale_all_dim)².
+    if (mla_scale && ms_all != 0.0) *mla_scale = mscale(ms_all) * mscale(ms_all);
     describe += MOEKIT_MSG(", yarn x" << factor << " of " << orig);
   } else if (type == "llama3") {
     const double low = c.number(params, "low_freq_factor", 1.0), high = c.number(params, "high_freq_factor", 4.0);
@@ -205,7 +219,25 @@ Decoder read_hf(const std::string& path, const LmOptions& options) {
   info.ctx = options.ctx > 0 ? options.ctx : std::min<std::int64_t>(info.train_ctx, 4096);
   if (info.ctx < 1 || info.ctx > (std::int64_t{1} << 24))
     throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm] context " << info.ctx << " outside [1, 2^24]"));
-  d.rope = rope_of(c, *arch, d.head_dim, info.rope);
+  std::unique_ptr<Mla> mla;
+  double mla_scale = 1.0;
+  if (arch->mla) {
+    mla = std::make_unique<Mla>();
+    mla->q_lora = c.integer("q_lora_rank", 0);
+    mla->kv_lora = c.integer("kv_lora_rank");
+    mla->nope = c.integer("qk_nope_head_dim");
+    mla->rope = c.integer("qk_rope_head_dim");
+    mla->v = c.integer("v_head_dim");
+    if (mla->q_lora < 0 || mla->kv_lora < 1 || mla->kv_lora > 8192 || mla->nope < 1 || mla->rope < 2 ||
+        mla->rope % 2 != 0 || mla->v < 1 || mla->nope + mla->rope > 1024 || mla->v > 1024)
+      fail(cfg_path, MOEKIT_MSG("MLA dims: q_lora_rank " << mla->q_lora << ", kv_lora_rank " << mla->kv_lora
+                                                         << ", qk_nope_head_dim " << mla->nope << ", qk_rope_head_dim "
+                                                         << mla->rope << ", v_head_dim " << mla->v));
+    d.head_dim = mla->nope + mla->rope;
+    d.v_head_dim = mla->v;
+  }
+  d.rope = rope_of(c, *arch, mla ? mla->rope : d.head_dim, info.rope, &mla_scale);
+  if (mla) d.attn_scale = static_cast<float>(mla_scale / std::sqrt(static_cast<double>(d.head_dim)));
 
   // The layers' prefix: the MoE block's ("model.layers.{L}.mlp") up to the layer index.
   const std::string& block = moe_config.names.block;
@@ -249,9 +281,25 @@ Decoder read_hf(const std::string& path, const LmOptions& options) {
     layer.attn_norm = r.get_f32("input_layernorm.weight", {d.D});
     layer.ffn_norm = r.get_f32("post_attention_layernorm.weight", {d.D});
     Attention& at = layer.attn;
-    at.q = linear(r, "self_attn.q_proj", d.H * d.head_dim, d.D, keep);
-    at.k = linear(r, "self_attn.k_proj", d.KV * d.head_dim, d.D, keep);
-    at.v = linear(r, "self_attn.v_proj", d.KV * d.v_head_dim, d.D, keep);
+    if (mla) {
+      at.mla = std::make_unique<Mla>(*mla);
+      Mla& m = *at.mla;
+      if (m.q_lora > 0) {
+        m.q_a = linear(r, "self_attn.q_a_proj", m.q_lora, d.D, keep);
+        m.q_a_norm = r.get_f32("self_attn.q_a_layernorm.weight", {m.q_lora});
+        m.q_b = linear(r, "self_attn.q_b_proj", d.H * d.head_dim, m.q_lora, keep);
+      } else {
+        at.q = linear(r, "self_attn.q_proj", d.H * d.head_dim, d.D, keep);
+      }
+      m.kv_a = linear(r, "self_attn.kv_a_proj_with_mqa", m.row(), d.D, keep);
+      m.kv_a_norm = r.get_f32("self_attn.kv_a_layernorm.weight", {m.kv_lora});
+      split_kv_b(r.matrix("self_attn.kv_b_proj", 0, d.H * (m.nope + m.v), m.kv_lora, keep, copied, false), d.H, m,
+                 keep);
+    } else {
+      at.q = linear(r, "self_attn.q_proj", d.H * d.head_dim, d.D, keep);
+      at.k = linear(r, "self_attn.k_proj", d.KV * d.head_dim, d.D, keep);
+      at.v = linear(r, "self_attn.v_proj", d.KV * d.v_head_dim, d.D, keep);
+    }
     at.o = linear(r, "self_attn.o_proj", d.D, d.H * d.v_head_dim, keep);
     if (r.has("self_attn.q_norm.weight")) {
       const bool per_head = ckpt->info(r.full("self_attn.q_norm.weight")).shape == Shape{d.head_dim};
@@ -294,6 +342,12 @@ Decoder read_hf(const std::string& path, const LmOptions& options) {
   info.num_kv_heads = d.KV;
   info.head_dim = d.head_dim;
   info.value_head_dim = d.v_head_dim;
+  if (mla) {  // the cache's rows: one latent "head" of kv_lora + rope, read as kv_lora values
+    d.KV = 1;
+    d.head_dim = mla->row();
+    d.v_head_dim = mla->kv_lora;
+    info.num_kv_heads = 1;
+  }
   if (fs::exists(fs::path(dir) / "tokenizer.json"))
     attach_tokenizer(d, [&] { return Tokenizer::from_folder(dir); });
   else

@@ -144,11 +144,14 @@ TEST(WholeModelErrors, AreNamed) {
   }
   EXPECT_NE(error_of([&] { CausalLm::open(cut.string()); }).find(cut.string()), std::string::npos);
   std::filesystem::remove(cut);
-  // An HF folder whose model_type moekit does not run whole.
-  EXPECT_NE(error_of([&] {
-              CausalLm::open(std::string(MOEKIT_TEST_DATA_DIR) + "/formats/fp8_deepseek_v3");
-            }).find("is not a model moekit runs whole"),
-            std::string::npos);
+  // An HF folder of a model_type moekit does not run whole.
+  const std::filesystem::path dense = std::filesystem::temp_directory_path() / "moekit_dense_model";
+  std::filesystem::create_directories(dense);
+  std::ofstream(dense / "config.json") << R"({"model_type": "llama", "hidden_size": 64})";
+  const std::string why = error_of([&] { CausalLm::open(dense.string()); });
+  EXPECT_NE(why.find("llama"), std::string::npos) << why;
+  EXPECT_NE(why.find("qwen3_moe"), std::string::npos) << why;  // the supported ones are listed
+  std::filesystem::remove_all(dense);
 }
 
 }  // namespace

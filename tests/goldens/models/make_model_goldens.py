@@ -114,6 +114,34 @@ def families():
             "minimax-m2", "partial rotary (rotary_dim 16 of head_dim 32, NeoX halves); q/k RMSNorm over the whole "
             "projection (128 and 64 wide); sigmoid routing with e_score_correction_bias, renormalized",
             {"routing": "sigmoid, top-2 chosen on sigmoid + e_score_correction_bias, weights sigmoid renormalized"}),
+        "deepseek-v2": ("DeepseekV2ForCausalLM", tf.DeepseekV2Config(
+            # V2-Lite's shape: q projected directly (no q LoRA); all 4 heads share the cached latent
+            **{**no_head_dim, "num_key_value_heads": 4}, intermediate_size=64, moe_intermediate_size=32,
+            num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+            topk_method="greedy", scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=1.0, q_lora_rank=None, kv_lora_rank=32,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "mscale": 0.707, "mscale_all_dim": 0.707}),
+            "deepseek2", "MLA without q LoRA (V2-Lite): latent 32 + rope key 8 cached per token, nope 16, v 12; "
+            "interleaved rope pairs (complex rope); YaRN x4 over 16 with mscale = mscale_all_dim 0.707 (softmax "
+            "scale x mscale^2); softmax top-2 of 8 not renormalized; shared expert; layer 0 dense", {}),
+        "deepseek-v3": ("DeepseekV3ForCausalLM", tf.DeepseekV3Config(
+            **{**no_head_dim, "num_key_value_heads": 4}, intermediate_size=64, moe_intermediate_size=32,
+            num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+            # scoring_func / topk_method as DeepSeek-V3's release config.json has them: transformers' class
+            # does not save them, and without scoring_func the converter writes no expert_gating_func
+            # (llama.cpp then takes softmax)
+            scoring_func="sigmoid", topk_method="noaux_tc",
+            n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=24, kv_lora_rank=32,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, rope_interleave=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "mscale": 1.0, "mscale_all_dim": 1.0}),
+            "deepseek2", "MLA with q LoRA 24 (q_a -> RMSNorm -> q_b), latent 32 + rope key 8, nope 16, v 12; "
+            "interleaved rope pairs; YaRN x4 over 16, mscale_all_dim 1 (softmax scale x mscale^2); sigmoid routing "
+            "with e_score_correction_bias over 2 groups (top-1 group), renormalized, x2.5; shared expert; layer 0 "
+            "dense", {}),
         "llama4": ("Llama4ForCausalLM", tf.Llama4TextConfig(
             **{**common, "num_hidden_layers": 4}, intermediate_size=32, intermediate_size_mlp=64,
             num_local_experts=4, num_experts_per_tok=2, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0],

@@ -1,0 +1,111 @@
+// DeepSeek's MLA models beyond the golden comparisons of causal_lm_test.cpp: Kimi-K2's model_type
+// runs DeepSeek-V3's decoder, the cache holds one latent row per token and layer, the results do
+// not depend on the thread count (decode splits one key head's query heads over the threads), and
+// bad MLA configs are named.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moekit/causal_lm.hpp"
+#include "moekit/threading.hpp"
+
+namespace moekit {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kDir = std::string(MOEKIT_TEST_DATA_DIR) + "/models/";
+
+std::vector<std::int32_t> prompt_of(const std::string& family) {
+  std::ifstream f(kDir + family + ".ref.json");
+  return nlohmann::json::parse(f)["prompt_ids"].get<std::vector<std::int32_t>>();
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A copy of a golden folder with config.json edited by `edit`.
+fs::path edited_copy(const std::string& family, const std::string& name,
+                     const std::function<void(nlohmann::json&)>& edit) {
+  const fs::path dir = fs::temp_directory_path() / ("moekit_mla_" + name);
+  fs::remove_all(dir);
+  fs::copy(kDir + family, dir, fs::copy_options::recursive);
+  nlohmann::json c;
+  {
+    std::ifstream in(dir / "config.json");
+    c = nlohmann::json::parse(in);
+  }
+  edit(c);
+  std::ofstream(dir / "config.json") << c.dump();
+  return dir;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+TEST(Mla, KimiK2RunsAsDeepseekV3) {
+  const fs::path kimi = edited_copy("deepseek-v3", "kimi", [](nlohmann::json& c) { c["model_type"] = "kimi_k2"; });
+  const std::vector<std::int32_t> prompt = prompt_of("deepseek-v3");
+  const std::shared_ptr<CausalLm> a = CausalLm::open(kDir + "deepseek-v3"), b = CausalLm::open(kimi.string());
+  std::unique_ptr<Sequence> sa = a->new_sequence(), sb = b->new_sequence();
+  EXPECT_TRUE(same_bits(a->forward(*sa, prompt, true), b->forward(*sb, prompt, true)));
+  EXPECT_EQ(b->info().arch, "kimi_k2");
+  fs::remove_all(kimi);
+}
+
+TEST(Mla, TheCacheHoldsOneLatentRowPerTokenAndLayer) {
+  for (const std::string path : {kDir + "deepseek-v3", kDir + "deepseek-v3.q8_0.gguf", kDir + "deepseek-v2.f32.gguf"}) {
+    LmOptions o;
+    o.ctx = 40;
+    const std::shared_ptr<CausalLm> lm = CausalLm::open(path, o);
+    const LmInfo& info = lm->info();
+    EXPECT_EQ(info.num_kv_heads, 1) << path;
+    EXPECT_NE(info.attention.find("MLA"), std::string::npos) << info.attention;
+    // the tiny models: kv_lora_rank 32 + qk_rope_head_dim 8 floats per token (llama.cpp's f16 MLA
+    // cache holds the same row in half the bytes; an expanded cache 4 heads x (24 + 12))
+    EXPECT_EQ(lm->new_sequence()->nbytes(), static_cast<std::size_t>(info.num_layers * 40 * (32 + 8) * 4)) << path;
+  }
+}
+
+TEST(Mla, ResultsDoNotDependOnTheThreadCount) {
+  const std::vector<std::int32_t> prompt = prompt_of("deepseek-v2");
+  const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + "deepseek-v2.f32.gguf");
+  const int before = num_threads();
+  std::vector<Tensor> prefill, step;
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    std::unique_ptr<Sequence> s = lm->new_sequence();
+    prefill.push_back(lm->forward(*s, prompt, true));
+    step.push_back(lm->forward(*s, {prompt[0]}));  // a decode step: the heads split over the threads
+  }
+  set_num_threads(before);
+  for (std::size_t i = 1; i < step.size(); ++i) {
+    EXPECT_TRUE(same_bits(prefill[0], prefill[i])) << i + 1 << " threads";
+    EXPECT_TRUE(same_bits(step[0], step[i])) << i + 1 << " threads";
+  }
+}
+
+TEST(Mla, BadConfigsAreNamed) {
+  const fs::path no_rank = edited_copy("deepseek-v2", "no_rank", [](nlohmann::json& c) { c.erase("kv_lora_rank"); });
+  EXPECT_NE(error_of([&] { CausalLm::open(no_rank.string()); }).find("kv_lora_rank"), std::string::npos);
+  const fs::path odd_rope =
+      edited_copy("deepseek-v2", "odd_rope", [](nlohmann::json& c) { c["qk_rope_head_dim"] = 7; });
+  EXPECT_NE(error_of([&] { CausalLm::open(odd_rope.string()); }).find("qk_rope_head_dim 7"), std::string::npos);
+  fs::remove_all(no_rank);
+  fs::remove_all(odd_rope);
+}
+
+}  // namespace
+}  // namespace moekit
