@@ -128,6 +128,27 @@ OSS_SLIDING_WINDOW = 128
 OSS_VOCAB = 201088
 OSS_REAL_LAYERS = 24
 
+# deepseek-ai/DeepSeek-V2-Lite config.json
+DSL_HIDDEN = 2048
+DSL_N_HEAD = 16
+DSL_KV_LORA = 512
+DSL_NOPE = 128
+DSL_ROPE = 64
+DSL_V = 128
+DSL_N_EXPERT = 64
+DSL_N_EXPERT_USED = 6
+DSL_N_SHARED = 2
+DSL_FF_EXP = 1408
+DSL_FF_DENSE = 10944  # layer 0 (first_k_dense_replace 1)
+DSL_ROPE_THETA = 10000.0
+DSL_YARN_FACTOR = 40.0
+DSL_YARN_ORIG_CTX = 4096
+DSL_MSCALE_ALL_DIM = 0.707
+DSL_RMS_EPS = 1e-6
+DSL_CONTEXT = 163840
+DSL_VOCAB = 102400
+DSL_REAL_LAYERS = 27
+
 STD = 0.02
 CHUNK = 1 << 24  # elements drawn at a time
 
@@ -194,6 +215,51 @@ def gpt_oss_plan(layers):
     plan += [
         ("output_norm.weight", (H,), f32, "norm", (0, 1)),
         ("output.weight", (OSS_VOCAB, H), f16, "matrix", (0, 2)),
+    ]
+    return plan
+
+
+def deepseek_v2_lite_plan(layers):
+    """DeepSeek-V2-Lite's tensors as llama.cpp's converter (DeepseekV2Model) writes them: q projected directly
+    (no q LoRA), attn_kv_a_mqa [latent 512 + rope key 64], kv_b_proj split per head into attn_k_b
+    (ggml {nope, kv_lora, heads}) and attn_v_b ({kv_lora, v, heads}); layer 0 a dense FFN, the others 64
+    experts plus 2 shared (one shexp tensor of 2 x 1408). Matrices F16; norms and the router F32."""
+    H, L, E, F, FS = DSL_HIDDEN, DSL_KV_LORA, DSL_N_EXPERT, DSL_FF_EXP, DSL_FF_EXP * DSL_N_SHARED
+    qk = DSL_NOPE + DSL_ROPE
+    f16, f32 = np.float16, np.float32
+    plan = [("token_embd.weight", (DSL_VOCAB, H), f16, "matrix", (0, 0))]
+    for i in range(layers):
+        b = f"blk.{i}."
+        per = [
+            ("attn_norm.weight", (H,), f32, "norm"),
+            ("attn_q.weight", (DSL_N_HEAD * qk, H), f16, "matrix"),
+            ("attn_kv_a_mqa.weight", (L + DSL_ROPE, H), f16, "matrix"),
+            ("attn_kv_a_norm.weight", (L,), f32, "norm"),
+            ("attn_k_b.weight", (DSL_N_HEAD, L, DSL_NOPE), f16, "matrix"),
+            ("attn_v_b.weight", (DSL_N_HEAD, DSL_V, L), f16, "matrix"),
+            ("attn_output.weight", (H, DSL_N_HEAD * DSL_V), f16, "matrix"),
+            ("ffn_norm.weight", (H,), f32, "norm"),
+        ]
+        if i == 0:
+            per += [
+                ("ffn_gate.weight", (DSL_FF_DENSE, H), f16, "matrix"),
+                ("ffn_up.weight", (DSL_FF_DENSE, H), f16, "matrix"),
+                ("ffn_down.weight", (H, DSL_FF_DENSE), f16, "matrix"),
+            ]
+        else:
+            per += [
+                ("ffn_gate_inp.weight", (E, H), f32, "matrix"),
+                ("ffn_gate_exps.weight", (E, F, H), f16, "matrix"),
+                ("ffn_up_exps.weight", (E, F, H), f16, "matrix"),
+                ("ffn_down_exps.weight", (E, H, F), f16, "matrix"),
+                ("ffn_gate_shexp.weight", (FS, H), f16, "matrix"),
+                ("ffn_up_shexp.weight", (FS, H), f16, "matrix"),
+                ("ffn_down_shexp.weight", (H, FS), f16, "matrix"),
+            ]
+        plan += [(b + n, s, t, k, (1 + i, j)) for j, (n, s, t, k) in enumerate(per)]
+    plan += [
+        ("output_norm.weight", (H,), f32, "norm", (0, 1)),
+        ("output.weight", (DSL_VOCAB, H), f16, "matrix", (0, 2)),
     ]
     return plan
 
@@ -298,6 +364,49 @@ def gpt_oss_metadata(w, layers, seed, vocab_path, gguf):
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
+def deepseek_v2_lite_metadata(w, layers, seed, vocab_path, gguf):
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name("DeepSeek V2 Lite")
+    w.add_basename("DeepSeek-V2")
+    w.add_size_label("Lite")
+    w.add_description(f"Random weights (seed {seed}), {layers} of {DSL_REAL_LAYERS} layers: a benchmark file "
+                      "of DeepSeek-V2-Lite's shapes, written by moekit's bench/models/make_bench_gguf.py")
+    # what TextModel.set_gguf_parameters + DeepseekV2Model write from DeepSeek-V2-Lite's config.json
+    w.add_block_count(layers)
+    w.add_context_length(DSL_CONTEXT)
+    w.add_embedding_length(DSL_HIDDEN)
+    w.add_feed_forward_length(DSL_FF_DENSE)
+    w.add_head_count(DSL_N_HEAD)
+    w.add_head_count_kv(1)  # MLA: one latent "head"
+    w.add_rope_freq_base(DSL_ROPE_THETA)
+    w.add_layer_norm_rms_eps(DSL_RMS_EPS)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_leading_dense_block_count(1)
+    w.add_vocab_size(DSL_VOCAB)
+    # The converter writes no q_lora_rank for V2-Lite (its config has none); llama.cpp skips the key only
+    # when block_count is 27 or 26 (its test for a Lite model), so a file of fewer layers carries 0,
+    # which llama.cpp and moekit both read as "q projected directly".
+    w.add_q_lora_rank(0)
+    w.add_kv_lora_rank(DSL_KV_LORA)
+    w.add_key_length(DSL_KV_LORA + DSL_ROPE)
+    w.add_value_length(DSL_KV_LORA)
+    w.add_key_length_mla(DSL_NOPE + DSL_ROPE)
+    w.add_value_length_mla(DSL_V)
+    w.add_expert_feed_forward_length(DSL_FF_EXP)
+    w.add_expert_count(DSL_N_EXPERT)
+    w.add_expert_used_count(DSL_N_EXPERT_USED)
+    w.add_expert_shared_count(DSL_N_SHARED)
+    w.add_expert_weights_scale(1.0)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
+    w.add_rope_dimension_count(DSL_ROPE)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(DSL_YARN_FACTOR)
+    w.add_rope_scaling_orig_ctx_len(DSL_YARN_ORIG_CTX)
+    w.add_rope_scaling_yarn_log_mul(0.1 * DSL_MSCALE_ALL_DIM)
+    copy_tokenizer(w, vocab_path, gguf, DSL_VOCAB)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
 def write_f16(path, layers, seed, vocab_path, model="qwen3-30b-a3b"):
     import gguf
 
@@ -334,6 +443,9 @@ MODELS = {
     "gpt-oss-20b": dict(arch=lambda g: g.MODEL_ARCH.GPT_OSS, plan=gpt_oss_plan, metadata=gpt_oss_metadata,
                         stem="gpt-oss-20b", real_layers=OSS_REAL_LAYERS, layers=8, types="MXFP4_MOE",
                         layer_bytes=1.65e9, other_bytes=1.17e9),
+    "deepseek-v2-lite": dict(arch=lambda g: g.MODEL_ARCH.DEEPSEEK2, plan=deepseek_v2_lite_plan,
+                             metadata=deepseek_v2_lite_metadata, stem="deepseek-v2-lite", real_layers=DSL_REAL_LAYERS,
+                             layers=8, types="Q4_K_M", layer_bytes=1.17e9, other_bytes=0.84e9),
 }
 
 
@@ -342,11 +454,13 @@ def main():
     ap.add_argument("--model", choices=sorted(MODELS), default="qwen3-30b-a3b",
                     help="which model's shapes and metadata (default qwen3-30b-a3b)")
     ap.add_argument("--layers", type=int,
-                    help="blocks (default 16 of qwen3-30b-a3b's 48, 8 of gpt-oss-20b's 24)")
+                    help="blocks (default 16 of qwen3-30b-a3b's 48, 8 of gpt-oss-20b's 24, 8 of "
+                         "deepseek-v2-lite's 27)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--vocab", required=True,
-                    help="GGUF whose tokenizer.* keys are copied: llama.cpp's models/ggml-vocab-qwen2.gguf")
+                    help="GGUF whose tokenizer.* keys are copied: llama.cpp's models/ggml-vocab-qwen2.gguf "
+                         "(deepseek-v2-lite: models/ggml-vocab-deepseek-llm.gguf, its own 102400 tokens)")
     ap.add_argument("--quantize", metavar="LLAMA_QUANTIZE",
                     help="path of llama.cpp's llama-quantize: run it for each --types (else print the commands)")
     ap.add_argument("--types",

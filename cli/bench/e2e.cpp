@@ -89,6 +89,8 @@ void run_e2e(const Options& o) {
     j["model"] = info.path;
     j["arch"] = info.arch;
     j["layers"] = info.num_layers;
+    j["attention"] = info.attention;
+    j["cache_bytes_per_token"] = info.cache_bytes_per_token;
     j["cpu"] = cpu_model();
     j["mode"] = compute_mode_name(*lm->options().mode);
     j["reps"] = reps;
@@ -109,6 +111,8 @@ void run_e2e(const Options& o) {
     std::printf("- model: %s (%s, %lld layers, %s mode); cpu: %s; %lld reps after a warm-up\n\n", info.path.c_str(),
                 info.arch.c_str(), static_cast<long long>(info.num_layers), compute_mode_name(*lm->options().mode),
                 cpu_model().c_str(), static_cast<long long>(reps));
+    std::printf("- attention: %s; KV cache %lld bytes per token (f32)\n\n", info.attention.c_str(),
+                static_cast<long long>(info.cache_bytes_per_token));
     std::printf("| test | threads | tokens/s | outside the MoE blocks |\n|---|---:|---:|---:|\n");
     for (const E2eRow& r : rows)
       std::printf("| %s | %d | %.2f ± %.2f | %.1f %% |\n", r.test.c_str(), r.threads, r.mean(), r.stddev(),

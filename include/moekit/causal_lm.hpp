@@ -49,7 +49,11 @@ struct LmInfo {
   std::int64_t train_ctx = 0;            ///< the model's own context length
   std::int64_t ctx = 0;                  ///< the context its sequences have here
   std::vector<std::int64_t> moe_layers;  ///< the layers whose feed-forward block is MoE
-  std::string rope;                      ///< "neox, 64 of 128 dims, theta 10000, yarn x32", ...
+  /// Multi-token-prediction (next-n) layers the file holds after the decoder's (DeepSeek-V3,
+  /// GLM-4.x): not run, not loaded.
+  std::vector<std::int64_t> mtp_layers;
+  std::int64_t cache_bytes_per_token = 0;  ///< KV cache bytes one token takes over all layers
+  std::string rope;                        ///< "neox, 64 of 128 dims, theta 10000, yarn x32", ...
   std::string attention;  ///< per-family features: "qk-norm per head, sinks, window 128 on even layers", ...
   /// Tokenizer::describe() of the model's tokenizer, or "none: " and why (a file without one, or
   /// one moekit does not read: the reason names the key or component).

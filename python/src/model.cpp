@@ -79,6 +79,8 @@ nb::dict info_dict(const LmInfo& i) {
   d["moe_layers"] = i.moe_layers;
   d["rope"] = i.rope;
   d["attention"] = i.attention;
+  d["mtp_layers"] = i.mtp_layers;
+  d["cache_bytes_per_token"] = i.cache_bytes_per_token;
   return d;
 }
 

@@ -151,6 +151,17 @@ void deepseek_v3(const Fields& f, MoeConfig& c) {
   c.shared_width = f.integer("n_shared_experts", 0) * c.expert_width;
   c.first_k_dense_replace = f.integer("first_k_dense_replace", 0);
   c.moe_layer_freq = f.integer("moe_layer_freq", 1);
+  // GLM-4.7-Flash (glm4_moe_lite): a "dense" or "sparse" entry per layer, which wins where given
+  if (f.has("mlp_layer_types")) {
+    if (!f.j.at("mlp_layer_types").is_array()) f.bad("mlp_layer_types", "a list of \"dense\" / \"sparse\"");
+    std::int64_t layer = 0;
+    for (const json& t : f.j.at("mlp_layer_types")) {
+      if (!t.is_string() || (t.get<std::string>() != "dense" && t.get<std::string>() != "sparse"))
+        f.bad("mlp_layer_types", "a list of \"dense\" / \"sparse\"");
+      if (t.get<std::string>() == "sparse") c.moe_layers.push_back(layer);
+      ++layer;
+    }
+  }
   c.names.block = "model.layers.{L}.mlp";
 }
 

@@ -258,6 +258,12 @@ void split_kv_b(const ExpertMatrix& kv_b, std::int64_t H, Mla& m, std::vector<st
   keep.push_back(v);
 }
 
+std::int64_t cache_bytes_per_token(const Decoder& d) {
+  std::int64_t floats = 0;
+  for (const Layer& l : d.layers) floats += l.attn.mla ? l.attn.mla->row() : d.KV * (d.head_dim + d.v_head_dim);
+  return floats * static_cast<std::int64_t>(sizeof(float));
+}
+
 std::string describe_attention(const Decoder& d) {
   std::vector<std::string> parts;
   const Attention& a0 = d.layers.front().attn;
@@ -388,6 +394,7 @@ std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOption
   if (!o.mode) o.mode = gguf ? ComputeMode::int8 : ComputeMode::exact;
   lm->impl_->d = gguf ? model::read_gguf(path, o) : model::read_hf(path, o);
   lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
+  lm->impl_->d.info.cache_bytes_per_token = model::cache_bytes_per_token(lm->impl_->d);
   lm->impl_->options.ctx = lm->impl_->d.info.ctx;
   return lm;
 }
@@ -405,6 +412,7 @@ std::shared_ptr<CausalLm> CausalLm::random(std::uint64_t seed, const LmOptions& 
   lm->impl_->d = model::random_decoder(seed, lm->impl_->options);
   lm->impl_->options.ctx = lm->impl_->d.info.ctx;
   lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
+  lm->impl_->d.info.cache_bytes_per_token = model::cache_bytes_per_token(lm->impl_->d);
   return lm;
 }
 

@@ -125,6 +125,9 @@ void attach_tokenizer(Decoder& d, const std::function<std::shared_ptr<const Toke
 /// them split, attn_k_b / attn_v_b, and is used in place instead.)
 void split_kv_b(const ExpertMatrix& kv_b, std::int64_t H, Mla& m, std::vector<std::shared_ptr<const void>>& keep);
 
+/// The KV cache's bytes per token over all layers (f32 keys and values; MLA: the latent rows).
+std::int64_t cache_bytes_per_token(const Decoder& d);
+
 /// "qk-norm per head, sinks, window 128 on layers 0, 2", ... (LmInfo::attention).
 std::string describe_attention(const Decoder& d);
 

@@ -311,6 +311,10 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
     d.layers.push_back(std::move(layer));
   }
   info.num_layers = L;
+  for (std::int64_t l = L; l < blocks; ++l) {  // those the file holds (a trunk-only file has none)
+    const std::string b = "blk." + std::to_string(l) + ".";
+    if (m.find(b + "nextn.eh_proj.weight") || m.find(b + "attn_norm.weight")) info.mtp_layers.push_back(l);
+  }
   info.hidden_size = d.D;
   info.vocab_size = d.vocab;
   info.num_heads = d.H;

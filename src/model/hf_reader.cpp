@@ -336,6 +336,10 @@ Decoder read_hf(const std::string& path, const LmOptions& options) {
     d.layers.push_back(std::move(layer));
   }
   info.num_layers = L;
+  for (std::int64_t l = L; l < L + std::max<std::int64_t>(c.integer("num_nextn_predict_layers", 0), 0); ++l) {
+    const detail::BlockReader r(ckpt, layers_prefix + std::to_string(l), moe_config.quantization);
+    if (r.has("eh_proj.weight") || r.has("input_layernorm.weight")) info.mtp_layers.push_back(l);
+  }
   info.hidden_size = d.D;
   info.vocab_size = d.vocab;
   info.num_heads = d.H;

@@ -132,7 +132,7 @@ TEST_P(Family, ChunkedAndTokenByTokenPrefillGiveTheSameBits) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Family,
                          ::testing::Values("qwen3moe", "qwen2moe", "mixtral", "olmoe", "glm4moe", "gpt-oss",
-                                           "minimax-m2", "llama4", "deepseek-v2", "deepseek-v3"),
+                                           "minimax-m2", "llama4", "deepseek-v2", "deepseek-v3", "glm4-moe-lite"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            std::string n = i.param;
                            for (char& ch : n)

@@ -66,7 +66,8 @@ TEST(Mla, KimiK2RunsAsDeepseekV3) {
 }
 
 TEST(Mla, TheCacheHoldsOneLatentRowPerTokenAndLayer) {
-  for (const std::string& path : {kDir + "deepseek-v3", kDir + "deepseek-v3.q8_0.gguf", kDir + "deepseek-v2.f32.gguf"}) {
+  for (const std::string& path :
+       {kDir + "deepseek-v3", kDir + "deepseek-v3.q8_0.gguf", kDir + "deepseek-v2.f32.gguf"}) {
     LmOptions o;
     o.ctx = 40;
     const std::shared_ptr<CausalLm> lm = CausalLm::open(path, o);

@@ -142,6 +142,18 @@ def families():
             "interleaved rope pairs; YaRN x4 over 16, mscale_all_dim 1 (softmax scale x mscale^2); sigmoid routing "
             "with e_score_correction_bias over 2 groups (top-1 group), renormalized, x2.5; shared expert; layer 0 "
             "dense", {}),
+        "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", tf.Glm4MoeLiteConfig(
+            # GLM-4.7-Flash's layout: q LoRA, nope wider than v, mlp_layer_types instead of first_k_dense_replace
+            # (its release config.json has both; the converter reads first_k_dense_replace), no rope scaling
+            **{**no_head_dim, "num_key_value_heads": 4, "rms_norm_eps": 1e-5}, intermediate_size=64,
+            moe_intermediate_size=32, num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2,
+            n_shared_experts=1, mlp_layer_types=["dense", "sparse", "sparse"], first_k_dense_replace=1,
+            scoring_func="sigmoid", topk_method="noaux_tc", n_group=1, topk_group=1, norm_topk_prob=True,
+            routed_scaling_factor=1.8, q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=20, qk_rope_head_dim=8,
+            v_head_dim=16, rope_interleave=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+            "deepseek2", "GLM-4.7-Flash's MLA (q LoRA 24, latent 32 + rope key 8, nope 20, v 16), interleaved rope "
+            "pairs, theta 1e6; layer 0 dense by mlp_layer_types; sigmoid routing with e_score_correction_bias, "
+            "renormalized, x1.8; shared expert", {}),
         "llama4": ("Llama4ForCausalLM", tf.Llama4TextConfig(
             **{**common, "num_hidden_layers": 4}, intermediate_size=32, intermediate_size_mlp=64,
             num_local_experts=4, num_experts_per_tok=2, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0],
