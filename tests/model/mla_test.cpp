@@ -4,6 +4,8 @@
 // bad MLA configs are named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +65,32 @@ TEST(Mla, KimiK2RunsAsDeepseekV3) {
   EXPECT_TRUE(same_bits(a->forward(*sa, prompt, true), b->forward(*sb, prompt, true)));
   EXPECT_EQ(b->info().arch, "kimi_k2");
   fs::remove_all(kimi);
+}
+
+// DeepSeek-V3's release layouts of the tiny V3 (make_model_goldens.py, release_layouts): FP8 with
+// block scales on every decoder matrix (attention's kv_b_proj included, decoded per head at load),
+// and Kimi-K2-Thinking's int4 experts beside bf16 attention; transformers on the decoded weights.
+TEST(Mla, ReleaseLayoutsMatchTransformersOnTheirDecodedWeights) {
+  std::ifstream f(kDir + "deepseek-v3.ref.json");
+  const nlohmann::json ref = nlohmann::json::parse(f);
+  const std::vector<std::int32_t> prompt = ref["prompt_ids"].get<std::vector<std::int32_t>>();
+  for (const char* kind : {"fp8", "int4"}) {
+    const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + "deepseek-v3-" + kind);
+    std::unique_ptr<Sequence> seq = lm->new_sequence();
+    const Tensor logits = lm->forward(*seq, prompt, true);
+    const nlohmann::json& want = ref[std::string("logits_") + kind];
+    double err = 0.0, scale = 0.0;
+    const std::int64_t V = logits.dim(1);
+    for (std::int64_t t = 0; t < logits.dim(0); ++t)
+      for (std::int64_t v = 0; v < V; ++v) {
+        const double w = want[static_cast<std::size_t>(t)][static_cast<std::size_t>(v)].get<double>();
+        err = std::max(err, std::abs(logits.data_as<float>()[t * V + v] - w));
+        scale = std::max(scale, std::abs(w));
+      }
+    EXPECT_LT(err / scale, 2e-5) << kind;
+    const std::vector<std::int32_t> greedy = ref[std::string("greedy_ids_") + kind].get<std::vector<std::int32_t>>();
+    EXPECT_EQ(lm->generate(prompt, static_cast<std::int64_t>(greedy.size()), SamplingParams{}), greedy) << kind;
+  }
 }
 
 TEST(Mla, TheCacheHoldsOneLatentRowPerTokenAndLayer) {

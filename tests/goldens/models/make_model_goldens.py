@@ -40,6 +40,7 @@ import copy
 import json
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -395,6 +396,111 @@ def weights_from_gguf(model, f32_path, q_path):
     return m, types
 
 
+# DeepSeek-V3's release layouts, made from the tiny deepseek-v3 model: FP8 (DeepSeek-V3 / R1 / V3.1:
+# every Linear of the decoder e4m3 with one f32 scale_inv per block; lm_head, embeddings, routers and
+# norms as they were) and int4 (Kimi-K2-Thinking: compressed-tensors pack-quantized routed experts,
+# symmetric, group 32, bf16 scales; attention, shared experts and dense MLP bf16). The tiny model's
+# matrices are 24..112 wide, so the FP8 blocks are 16 x 16 (weight_block_size), partial blocks
+# included, where the releases have 128 x 128.
+FP8_BLOCK = 16
+INT4_GROUP = 32
+
+
+def fp8_quantize(w):
+    """(e4m3 codes as torch.float8_e4m3fn, f32 scale_inv [ceil(out/B), ceil(in/B)], the decoded f32 weight)."""
+    out, inp = w.shape
+    rb, cb = -(-out // FP8_BLOCK), -(-inp // FP8_BLOCK)
+    scale = torch.zeros(rb, cb, dtype=torch.float32)
+    codes = torch.zeros(out, inp, dtype=torch.float8_e4m3fn)
+    deq = torch.zeros(out, inp, dtype=torch.float32)
+    for i in range(rb):
+        for j in range(cb):
+            blk = w[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK].float()
+            s = (blk.abs().max() / 448.0).clamp(min=1e-12)
+            c = (blk / s).to(torch.float8_e4m3fn)
+            scale[i, j] = s
+            codes[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK] = c
+            deq[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK] = c.float() * s
+    return codes, scale, deq
+
+
+def int4_quantize(w):
+    """(packed int32 [out, in/8], bf16 scales [out, in/32], the decoded f32 weight: q * scale rounded to
+    bf16, as compressed-tensors' _dequantize computes it in the scale's dtype)."""
+    out, inp = w.shape
+    g = w.float().reshape(out, inp // INT4_GROUP, INT4_GROUP)
+    scale = (g.abs().amax(-1) / 7.0).clamp(min=1e-12).to(torch.bfloat16)
+    q = torch.clamp(torch.round(g / scale.float().unsqueeze(-1)), -8, 7).to(torch.int64)
+    deq = (q.to(torch.bfloat16) * scale.unsqueeze(-1)).reshape(out, inp).float()
+    nib = (q.reshape(out, inp) + 8).numpy().astype(np.uint8)
+    packed = (nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8).view("<i4").reshape(out, inp // 8)
+    return torch.from_numpy(packed.copy()), scale, deq
+
+
+def release_layouts(model, hf_dir, out, name, prompt):
+    """Writes <name>-fp8/ and <name>-int4/ beside <name>/ and returns their reference fields."""
+    from safetensors.torch import load_file, save_file
+
+    src = load_file(str(hf_dir / "model.safetensors"))
+    config = json.loads((hf_dir / "config.json").read_text())
+    fields = {}
+    for kind in ("fp8", "int4"):
+        d = out / f"{name}-{kind}"
+        d.mkdir(exist_ok=True)
+        tensors, decoded = {}, {}
+        for k, w in src.items():
+            linear = k.endswith(".weight") and w.dim() == 2 and "norm" not in k and not k.startswith(
+                ("lm_head", "model.embed_tokens")) and not k.endswith("mlp.gate.weight")
+            routed = ".mlp.experts." in k
+            if kind == "fp8" and linear:
+                codes, scale, deq = fp8_quantize(w)
+                tensors[k], tensors[k + "_scale_inv"] = codes, scale
+                decoded[k] = deq
+            elif kind == "int4" and linear and routed:
+                packed, scale, deq = int4_quantize(w)
+                base = k[:-len(".weight")]
+                tensors[base + ".weight_packed"], tensors[base + ".weight_scale"] = packed, scale
+                tensors[base + ".weight_shape"] = torch.tensor(list(w.shape), dtype=torch.int32)
+                decoded[k] = deq
+            elif kind == "int4" and linear:  # attention, shared experts, the dense MLP: bf16
+                tensors[k] = w.to(torch.bfloat16)
+                decoded[k] = tensors[k].float()
+            else:
+                tensors[k] = w
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+        c = dict(config)
+        if kind == "fp8":
+            c["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                        "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+        else:
+            c["quantization_config"] = {
+                "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
+                    "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": INT4_GROUP,
+                    "block_structure": None, "dynamic": False, "observer": "minmax", "actorder": None}}},
+                "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                           "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]}
+        (d / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+        # the reference: the same folder with the decoded weights in float32, loaded by transformers
+        with tempfile.TemporaryDirectory() as tmp:
+            save_file({k: decoded.get(k, v) for k, v in src.items()}, str(Path(tmp) / "model.safetensors"),
+                      metadata={"format": "pt"})
+            (Path(tmp) / "config.json").write_text(json.dumps(config))
+            m = type(model).from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager")
+        if hasattr(m, "set_experts_implementation"):
+            m.set_experts_implementation("eager")
+        m.eval()
+        m64 = as_float64(m)
+        logits, ids, margins, _, _ = greedy(m64, prompt)
+        fields.update({f"logits_{kind}": logits.tolist(), f"greedy_ids_{kind}": ids,
+                       f"greedy_margins_{kind}": margins})
+        print(f"{name}-{kind}: min greedy margin {min(margins):.4g}; greedy {ids}", flush=True)
+    return fields
+
+
+RELEASE_LAYOUTS = {"deepseek-v3"}
+
+
 def facts(out):
     """Markdown, per file pair: the metadata keys (tokenizer and general.* left out), the tensors
     outside the blocks and those of each distinct kind of block, with their GGUF shapes (ne: the
@@ -498,6 +604,14 @@ def main():
                 "(F32 tensors there - norms, biases, routers, sinks - unchanged), then the same float64 forward. "
                 f"The saved folder reloads to the same float32 logits within {reload:.2g}."),
         }
+        if name in RELEASE_LAYOUTS:
+            notes = ref.pop("notes")
+            ref.update(release_layouts(model, hf_dir, args.out, name, prompt))
+            ref["notes"] = notes + (
+                f" logits_fp8 / greedy_*_fp8: {name}-fp8/ (every decoder Linear e4m3, f32 scale_inv per "
+                f"{FP8_BLOCK}x{FP8_BLOCK} block) decoded, same float64 forward; logits_int4 / greedy_*_int4: "
+                f"{name}-int4/ (routed experts compressed-tensors int4 group {INT4_GROUP}, bf16 scales; the rest "
+                "bf16) decoded.")
         if name in GGUF_SEMANTICS:
             changes, why = GGUF_SEMANTICS[name]
             check_llama_cpp_rules(name, model.config)
