@@ -93,6 +93,16 @@ TEST(Mla, ReleaseLayoutsMatchTransformersOnTheirDecodedWeights) {
   }
 }
 
+// An older converter's deepseek2 file: kv_b_proj unsplit (attn_kv_b), decoded per head at load —
+// the same values as the split attn_k_b / attn_v_b used in place, so the same bits.
+TEST(Mla, AnUnsplitKvBGivesTheSameBitsAsTheSplitOne) {
+  const std::vector<std::int32_t> prompt = prompt_of("deepseek-v2");
+  const std::shared_ptr<CausalLm> split = CausalLm::open(kDir + "deepseek-v2.f32.gguf");
+  const std::shared_ptr<CausalLm> legacy = CausalLm::open(kDir + "deepseek-v2.kv_b.f32.gguf");
+  std::unique_ptr<Sequence> a = split->new_sequence(), b = legacy->new_sequence();
+  EXPECT_TRUE(same_bits(split->forward(*a, prompt, true), legacy->forward(*b, prompt, true)));
+}
+
 TEST(Mla, TheCacheHoldsOneLatentRowPerTokenAndLayer) {
   for (const std::string& path :
        {kDir + "deepseek-v3", kDir + "deepseek-v3.q8_0.gguf", kDir + "deepseek-v2.f32.gguf"}) {

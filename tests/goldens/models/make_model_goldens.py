@@ -357,6 +357,51 @@ def convert(llama_cpp, hf_dir, hf_class, outtype, out, n_vocab):
     cls(hf_dir, ftype, out, eager=True).write()
 
 
+def legacy_kv_b(f32_path, out_path):
+    """The f32 GGUF as llama.cpp's converter wrote deepseek2 before it split kv_b_proj (an "old legacy" file to
+    llama.cpp's loader, which still runs it): one `attn_kv_b` [heads (nope + v), kv_lora] per layer in place of
+    `attn_k_b` / `attn_v_b`, key_length / value_length the per-head nope + rope and v, no *_mla keys, one kv
+    head per query head. The same weights: the output must not change."""
+    import gguf
+
+    r = gguf.GGUFReader(str(f32_path))
+    arch = r.fields["general.architecture"].contents()
+    f = {k: v.contents() for k, v in r.fields.items()}
+    heads = f[f"{arch}.attention.head_count"]
+    w = gguf.GGUFWriter(str(out_path), arch)
+    for k, field in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        v = field.contents()
+        if k == f"{arch}.attention.key_length":
+            v = f[f"{arch}.attention.key_length_mla"]
+        elif k == f"{arch}.attention.value_length":
+            v = f[f"{arch}.attention.value_length_mla"]
+        elif k == f"{arch}.attention.head_count_kv":
+            v = heads
+        elif k.endswith("_mla"):
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, v, gguf.GGUFValueType.ARRAY, sub_type=field.types[1])
+        else:
+            w.add_key_value(k, v, field.types[0])
+    tensors = {t.name: np.asarray(t.data) for t in r.tensors}
+    for t in r.tensors:
+        if t.name.endswith("attn_v_b.weight"):
+            continue
+        if t.name.endswith("attn_k_b.weight"):
+            k_b = tensors[t.name]  # [heads, kv_lora, nope]
+            v_b = tensors[t.name.replace("attn_k_b", "attn_v_b")]  # [heads, v, kv_lora]
+            kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(-1, k_b.shape[1])
+            w.add_tensor(t.name.replace("attn_k_b", "attn_kv_b"), np.ascontiguousarray(kv_b, dtype=np.float32))
+        else:
+            w.add_tensor(t.name, tensors[t.name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def weights_from_gguf(model, f32_path, q_path):
     """A copy of `model` with every parameter replaced by its value in the quantized file,
     dequantized by gguf-py: each parameter value is found in the converter's f32 file (the values
@@ -499,6 +544,7 @@ def release_layouts(model, hf_dir, out, name, prompt):
 
 
 RELEASE_LAYOUTS = {"deepseek-v3"}
+LEGACY_KV_B = {"deepseek-v2"}  # also writes <name>.kv_b.f32.gguf (legacy_kv_b)
 
 
 def facts(out):
@@ -573,6 +619,8 @@ def main():
         f32_path, q_path = args.out / f"{name}.f32.gguf", args.out / f"{name}.q8_0.gguf"
         for outtype, path in (("f32", f32_path), ("q8_0", q_path)):
             convert(args.llama_cpp, hf_dir, hf_class, outtype, path, V)
+        if name in LEGACY_KV_B:
+            legacy_kv_b(f32_path, args.out / f"{name}.kv_b.f32.gguf")
         m64 = as_float64(model)
         for attempt in range(20):  # the first prompt whose greedy steps are all clear of ties
             g = torch.Generator().manual_seed(seed + 1 + attempt)
