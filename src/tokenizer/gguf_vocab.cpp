@@ -59,6 +59,18 @@ constexpr const char* kDeepseekLlmPunct =
     R"(\s?[!-/:-~\x{ff01}-\x{ff0f}\x{ff1a}-\x{ff5e}\x{2018}-\x{201f}\x{3000}-\x{3002}]+)";
 constexpr const char* kDeepseek3Letters =
     R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// Kimi-K2 (tokenization_kimi.py): gpt-4o's split with Han runs taken first and excluded from the
+// letter classes. Its classes intersect sets (`[\p{Lu}...&&[^\p{Han}]]`), which PCRE2 spells as a
+// class behind a negative lookahead.
+#define MOEKIT_NOT_HAN(cls) "(?:(?!\\p{Han})[" cls "])"
+constexpr const char* kKimiK2 =
+    R"(\p{Han}+)"
+    "|[^\\r\\n\\p{L}\\p{N}]?" MOEKIT_NOT_HAN(R"(\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M})") "*" MOEKIT_NOT_HAN(
+        R"(\p{Ll}\p{Lm}\p{Lo}\p{M})") "+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|[^\\r\\n\\p{L}\\p{N}]?" MOEKIT_NOT_HAN(R"(\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M})") "+" MOEKIT_NOT_HAN(
+        R"(\p{Ll}\p{Lm}\p{Lo}\p{M})") "*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+#undef MOEKIT_NOT_HAN
 // llama.cpp's own split for a byte-level vocabulary whose pre-tokenizer is "default" (or missing).
 constexpr const char* kDefaultPunct = R"([\p{P}\$\+<=>\^~\|]+)";
 constexpr const char* kGpt2NoTail = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
@@ -94,6 +106,7 @@ const std::vector<PreDef>& pre_defs() {
       {{"glm4", "glm5"}, {kLlama3}, true, false, true},
       {{"gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"}, {kGpt4o}},
       {{"tekken"}, {kTekken}, true, true},
+      {{"kimi-k2"}, {kKimiK2}},
   };
   return defs;
 }
@@ -143,6 +156,13 @@ std::int32_t id_key(const GgufFile& f, const std::string& key, std::int32_t fall
 }
 
 }  // namespace
+
+std::vector<std::string> tok::gguf_pre_regexes(const std::string& pre) {
+  for (const PreDef& d : pre_defs())
+    if (std::find(d.names.begin(), d.names.end(), pre) != d.names.end())
+      return std::vector<std::string>(d.regexes.begin(), d.regexes.end());
+  return {};
+}
 
 std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   auto t = std::make_unique<Impl>();

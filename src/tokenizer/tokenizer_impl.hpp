@@ -217,6 +217,10 @@ namespace tok {
 /// control, gpt-oss's <|channel|> ... made user-defined).
 void compute_end_of_generation(Tokenizer::Impl& t, bool gguf_attrs);
 
+/// The regexes of llama.cpp's byte-level pre-tokenizer `pre` (tokenizer.ggml.pre), each an isolated
+/// split applied in order; empty for a name moekit does not know (gguf_vocab.cpp). Exposed for tests.
+std::vector<std::string> gguf_pre_regexes(const std::string& pre);
+
 /// Whether `text` is SentencePiece's byte token "<0xXX>"; its byte in `b`.
 bool parse_byte_token(std::string_view text, std::uint8_t& b) noexcept;
 

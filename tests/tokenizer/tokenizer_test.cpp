@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "moekit/gguf.hpp"
+#include "tokenizer/regex.hpp"
+#include "tokenizer/tokenizer_impl.hpp"
 #include "tokenizer/unicode.hpp"
 
 namespace moekit {
@@ -155,6 +157,25 @@ void expect_reference(const Tokenizer& tok, const json& ref, const json& texts, 
     if (ref.contains("decode") && !d.parsed && !added) {
       EXPECT_EQ(tok::utf8_lossy(tok.decode(plain)), ref["decode"][i].get<std::string>()) << where << " (decode)";
     }
+  }
+}
+
+// Kimi-K2's pre-tokenizer ("kimi-k2"): its tiktoken pattern intersects classes with `&&`, which
+// moekit spells for PCRE2 with lookaheads; the spans must be those Python's `regex` gives for the
+// original (make_tokenizer_goldens.py, kimi_k2_splits).
+TEST(TokenizerGguf, KimiK2sSplitIsItsTiktokenPatterns) {
+  std::ifstream f(kDir + "kimi_k2_splits.json");
+  const nlohmann::json ref = nlohmann::json::parse(f);
+  const std::vector<std::string> regexes = tok::gguf_pre_regexes("kimi-k2");
+  ASSERT_EQ(regexes.size(), 1u);
+  const std::shared_ptr<const tok::Regex> re = tok::Regex::compile(regexes[0], "kimi-k2");
+  for (const nlohmann::json& c : ref["cases"]) {
+    const std::string text = c["text"].get<std::string>();
+    std::vector<std::pair<std::size_t, std::size_t>> spans;
+    re->find_all(text, spans);
+    std::vector<std::pair<std::size_t, std::size_t>> want;
+    for (const nlohmann::json& s : c["spans"]) want.emplace_back(s[0].get<std::size_t>(), s[1].get<std::size_t>());
+    EXPECT_EQ(spans, want) << text;
   }
 }
 

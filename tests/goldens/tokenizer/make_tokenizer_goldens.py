@@ -542,6 +542,41 @@ def write_reference(folder, tok, texts):
     print(f"{folder.name}: {tok.get_vocab_size()} tokens, {len(texts)} texts")
 
 
+# Kimi-K2's pre-tokenizer (tokenization_kimi.py, a tiktoken pattern whose classes intersect sets with
+# `&&`, which fancy-regex and Python's `regex` (V1) read and PCRE2 does not); llama.cpp's "kimi-k2"
+# pre is a hand-written splitter of the same pattern. kimi_k2_splits.json: the byte spans Python's
+# `regex` gives for each text; moekit's PCRE2 spelling must give the same.
+KIMI_K2_PATTERN = "|".join([
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+KIMI_TEXTS = ["Hello world", "I'm here, you're THERE's 12345678 items.", "中文测试Hello世界World",
+              "日本語のテキストとカタカナ", "  leading\n\n\ttabs   and   spaces  \n", "Ünïcödé ÇAPITALS and émojis 😀👍🏽!!",
+              "x=1+2; y = f(x)//3\r\nreturn y", "混合text和数字123四五六", "한국어 텍스트와 English", "ΑΒΓ αβγ Дом дом",
+              "don'T DON'T Don't", "a\u0301e\u0301 combining", "ＡＢＣ全角ｶﾀｶﾅ", "\u3007\u3021\u9fff\U00020000 ext"]
+
+
+def kimi_k2_splits(texts):
+    import regex
+
+    cases = []
+    for t in texts:
+        spans = [[len(t[:m.start()].encode()), len(t[:m.end()].encode())]
+                 for m in regex.finditer(KIMI_K2_PATTERN, t, flags=regex.V1)]
+        cases.append({"text": t, "spans": spans})
+    (HERE / "kimi_k2_splits.json").write_text(
+        json.dumps({"pattern": KIMI_K2_PATTERN, "regex": regex.__version__, "cases": cases}, ensure_ascii=False,
+                   indent=1) + "\n", encoding="utf-8")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-cpp", type=Path, help="a llama.cpp checkout: copy its vocab test files first")
@@ -564,6 +599,7 @@ def main():
     full_vocabs(EXTRA_TEXTS)
     styles(inp + EXTRA_TEXTS)
     feature_styles(inp + EXTRA_TEXTS + FEATURE_TEXTS)
+    kimi_k2_splits(KIMI_TEXTS + EXTRA_TEXTS)
 
 
 if __name__ == "__main__":
