@@ -409,6 +409,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-p,--prompt-tokens", opt->prompt_tokens,
                   "--e2e: prompt tokens of the pp test (default 512; 0: none)");
   cmd->add_option("-n,--gen-tokens", opt->gen_tokens, "--e2e: tokens of the tg test (default 128; 0: none)");
+  cmd->add_option("--parallel", opt->parallel,
+                  "--e2e: also tg rows of N sequences decoding together (comma list, e.g. 1,4,8): "
+                  "each step one pass over N tokens (CausalLm::decode), tokens/s summed over the sequences");
   cmd->add_flag("--int8", opt->int8,
                 "With --model: the checkpoint's quantized layers in the int8 fast mode (int8 activations; "
                 "docs/numerics.md)");

@@ -28,6 +28,7 @@ struct Options {
   bool exact = false;  ///< --exact: --e2e in the exact mode (default: the file's own, LmOptions::mode)
   bool e2e = false;    ///< --e2e: a whole model (--model), pp / tg as llama-bench measures them
   std::string prompt_tokens = "512", gen_tokens = "128";  ///< --e2e's -p and -n
+  std::string parallel;  ///< --e2e's --parallel: sequence counts of batched tg rows (empty: none)
 };
 
 // ---- formats.cpp: what the options name ------------------------------------------------------

@@ -1,6 +1,7 @@
 // `moekit bench --e2e --model M`: a whole model timed as llama-bench times one — pp<p>: a prompt of
 // p random tokens in a fresh sequence, one forward; tg<n>: n tokens one at a time from an empty
-// sequence — with the share of the time outside the MoE blocks.
+// sequence; with --parallel, tg<n> xB: B sequences decoding together, one pass a step (aggregate
+// tokens/s) — with the share of the time outside the MoE blocks.
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -51,6 +52,24 @@ double run_once(const CausalLm& lm, bool prompt, std::int64_t n, std::mt19937& r
   return seconds_since(t0);
 }
 
+// n decode steps of B sequences together from empty sequences: seconds.
+double run_batched(const CausalLm& lm, std::int64_t B, std::int64_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<std::int32_t> pick(0, static_cast<std::int32_t>(lm.info().vocab_size - 1));
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<Sequence*> batch;
+  for (std::int64_t b = 0; b < B; ++b) {
+    seqs.push_back(lm.new_sequence());
+    batch.push_back(seqs.back().get());
+  }
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(B));
+  const Clock::time_point t0 = Clock::now();
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int32_t& id : ids) id = pick(rng);
+    lm.decode(batch, ids);
+  }
+  return seconds_since(t0);
+}
+
 }  // namespace
 
 void run_e2e(const Options& o) {
@@ -59,6 +78,8 @@ void run_e2e(const Options& o) {
   const std::int64_t n = parse_int(o.gen_tokens, "-n", 0, 1 << 20);
   const std::int64_t reps = parse_int(o.reps, "--reps", 1, 1000);
   const std::vector<std::int64_t> threads = parse_int_list(o.threads, "--threads", 1, 1024);
+  const std::vector<std::int64_t> parallel =
+      o.parallel.empty() ? std::vector<std::int64_t>{} : parse_int_list(o.parallel, "--parallel", 1, 256);
   LmOptions lo;
   if (o.int8) lo.mode = ComputeMode::int8;
   if (o.exact) lo.mode = ComputeMode::exact;
@@ -79,6 +100,17 @@ void run_e2e(const Options& o) {
       lm->reset_stats();
       for (std::int64_t r = 0; r < reps; ++r)
         row.tokens_per_s.push_back(static_cast<double>(count) / run_once(*lm, prompt, count, rng));
+      row.stats = lm->stats();
+      rows.push_back(row);
+    }
+    for (const std::int64_t B : n > 0 ? parallel : std::vector<std::int64_t>{}) {
+      E2eRow row;
+      row.test = "tg" + std::to_string(n) + " x" + std::to_string(B);
+      row.threads = static_cast<int>(t);
+      run_batched(*lm, B, std::min<std::int64_t>(n, 4), rng);  // warm-up
+      lm->reset_stats();
+      for (std::int64_t r = 0; r < reps; ++r)
+        row.tokens_per_s.push_back(static_cast<double>(B * n) / run_batched(*lm, B, n, rng));
       row.stats = lm->stats();
       rows.push_back(row);
     }

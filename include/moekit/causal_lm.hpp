@@ -156,6 +156,16 @@ class CausalLm {
   /// vocabulary or a sequence that would pass its capacity (nothing appended then).
   Tensor forward(Sequence& seq, const std::vector<std::int32_t>& ids, bool all_logits = false) const;
 
+  /// One decode step of several sequences together: ids[i] at the end of *seqs[i], each appended to
+  /// its own cache, in one pass through the layers — every projection, dense layer and MoE block
+  /// over the B rows at once (a MoE block reads each expert the B tokens chose once), attention per
+  /// sequence. Returns logits [B, V]. In the exact mode row i is the bits forward(*seqs[i], {ids[i]})
+  /// gives, whatever runs beside it (batch invariance); in the int8 mode the kernels' rounding
+  /// depends on the number of rows (docs/models.md). Throws std::invalid_argument for no sequences,
+  /// a count of ids that differs, a sequence given twice, a full one, one of another model or an id
+  /// outside the vocabulary (nothing appended then).
+  Tensor decode(const std::vector<Sequence*>& seqs, const std::vector<std::int32_t>& ids) const;
+
   /// Greedy or sampled continuation of `prompt` in a fresh sequence: up to `max_tokens` tokens,
   /// stopping after an end-of-generation token of the tokenizer (included) or when `on_token`
   /// returns false. Returns the generated ids.

@@ -48,19 +48,24 @@ void project(const Linear& l, const float* x, std::int64_t M, float* y, ComputeM
   }
 }
 
-// Heads [h0, h1) of one kv group's attention for tokens [t0, t1) of the chunk: scores = q kᵀ ·
-// scale over the keys their masks leave, softmax (with the sink), out = p v. Every output row is
-// computed on its own (the kernels' row results do not depend on the other rows), so how the
-// work is split changes no bit.
+// One sequence's tokens in a pass through the layers: rows [t0, t0 + n) of the pass, at positions
+// [p0, p0 + n) of the sequence whose per-layer caches are k, v (v empty for MLA).
+struct Segment {
+  std::vector<Tensor>* k = nullptr;
+  std::vector<Tensor>* v = nullptr;
+  std::int64_t p0 = 0, t0 = 0, n = 0;
+};
+
+// Attention over one layer's caches: for heads [h0, h1) of kv group g and tokens [t0, t1) of a
+// segment, scores = q kᵀ · scale over the keys their masks leave, softmax (with the sink), out =
+// p v. Every output row is computed on its own (the kernels' row results do not depend on the
+// other rows), so how the work is split, and which sequences share the pass, changes no bit.
 struct AttentionTask {
   const Decoder& d;
   const Attention& at;
-  const float* q;   // [T, H, hd]
-  const float* kc;  // cache: token p's key of group g at kc + p · kld + g · hd
-  const float* vc;  // cache: token p's value of group g at vc + p · vld + g · hdv
-  std::int64_t kld, vld;
-  float* out;       // [T, H, hdv]
-  std::int64_t p0;  // position of token 0 of the chunk
+  const float* q;         // [T, H, hd], the pass's rows
+  float* out;             // [T, H, hdv]
+  std::int64_t kld, vld;  // cache: token p's key of group g at kc + p · kld + g · hd (values: vld, hdv)
 
   std::int64_t first_key(std::int64_t p) const {
     std::int64_t lo = 0;
@@ -69,7 +74,8 @@ struct AttentionTask {
     return lo;
   }
 
-  void run(std::int64_t g, std::int64_t h0, std::int64_t h1, std::int64_t t0, std::int64_t t1) const {
+  void run(const float* kc, const float* vc, std::int64_t p0, std::int64_t r0, std::int64_t g, std::int64_t h0,
+           std::int64_t h1, std::int64_t t0, std::int64_t t1) const {
     const std::int64_t H = d.H, KV = d.KV, hd = d.head_dim, hdv = d.v_head_dim, Hg = H / KV, nh = h1 - h0;
     const std::int64_t rows = (t1 - t0) * nh;
     const std::int64_t lo = first_key(p0 + t0), hi = p0 + t1;  // keys [lo, hi)
@@ -82,7 +88,7 @@ struct AttentionTask {
     o.assign(static_cast<std::size_t>(rows * hdv), 0.0f);
     const auto head = [&](std::int64_t i) { return g * Hg + h0 + i % nh; };
     for (std::int64_t i = 0; i < rows; ++i)
-      index[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((t0 + i / nh) * H + head(i));
+      index[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((r0 + t0 + i / nh) * H + head(i));
     const WeightMatrix K{kc + lo * kld + g * hd, DType::f32, kld};
     kernels::gemm_nt(RowSource{q, hd, index.data()}, K, Output{scores.data(), n, scale.data()}, rows, n, hd,
                      Threads::caller);
@@ -105,23 +111,35 @@ struct AttentionTask {
     const WeightMatrix V{vc + lo * vld + g * hdv, DType::f32, vld};
     kernels::gemm_nn(RowSource{scores.data(), n}, V, Output{o.data(), hdv}, rows, hdv, n, Threads::caller);
     for (std::int64_t i = 0; i < rows; ++i) {
-      float* dst = out + ((t0 + i / nh) * H + head(i)) * hdv;
+      float* dst = out + ((r0 + t0 + i / nh) * H + head(i)) * hdv;
       std::copy_n(o.data() + i * hdv, hdv, dst);
     }
   }
 
-  // Every group, head and token of the chunk, over the pool: tasks of up to 32 tokens, a group's
-  // heads split further where that leaves threads idle (decode of an MQA / MLA layer).
-  void run_all(std::int64_t T) const {
+  // Every segment, group, head and token of layer l, over the pool: tasks of up to 32 tokens of a
+  // segment, a group's heads split further where that leaves threads idle (decode, MQA / MLA).
+  void run_all(const std::vector<Segment>& segs, std::size_t l, bool mla) const {
     constexpr std::int64_t kTokensPerTask = 32;
-    const std::int64_t blocks = (T + kTokensPerTask - 1) / kTokensPerTask, KV = d.KV, Hg = d.H / d.KV;
+    const std::int64_t KV = d.KV, Hg = d.H / d.KV;
+    std::int64_t blocks = 0;
+    for (const Segment& s : segs) blocks += (s.n + kTokensPerTask - 1) / kTokensPerTask;
     const std::int64_t want = 2 * static_cast<std::int64_t>(num_threads());
     const std::int64_t split = std::clamp<std::int64_t>((want + KV * blocks - 1) / (KV * blocks), 1, Hg);
     const std::int64_t per = (Hg + split - 1) / split;
-    detail::parallel_tasks(KV * blocks * split, [&](std::int64_t i) {
-      const std::int64_t g = i % KV, s = i / KV % split, b = i / KV / split;
-      const std::int64_t h0 = s * per, h1 = std::min(Hg, h0 + per);
-      if (h0 < h1) run(g, h0, h1, b * kTokensPerTask, std::min(T, (b + 1) * kTokensPerTask));
+    struct Block {
+      const Segment* seg;
+      std::int64_t t0, t1;
+    };
+    std::vector<Block> work;
+    for (const Segment& s : segs)
+      for (std::int64_t t = 0; t < s.n; t += kTokensPerTask) work.push_back({&s, t, std::min(s.n, t + kTokensPerTask)});
+    detail::parallel_tasks(static_cast<std::int64_t>(work.size()) * KV * split, [&](std::int64_t i) {
+      const std::int64_t g = i % KV, sp = i / KV % split;
+      const Block& b = work[static_cast<std::size_t>(i / KV / split)];
+      const std::int64_t h0 = sp * per, h1 = std::min(Hg, h0 + per);
+      const float* kc = (*b.seg->k)[l].data_as<float>();
+      const float* vc = mla ? kc : (*b.seg->v)[l].data_as<float>();
+      if (h0 < h1) run(kc, vc, b.seg->p0, b.seg->t0, g, h0, h1, b.t0, b.t1);
     });
   }
 };
@@ -133,7 +151,7 @@ void norm_rows(const float* x, const Tensor& w, std::int64_t rows, std::int64_t 
 }
 
 // Queries and keys normalised, rotated and (Llama-4's NoPE layers) temperature-scaled.
-void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, std::int64_t p0, float* q, float* k) {
+void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, const std::int64_t* pos, float* q, float* k) {
   const std::int64_t H = d.H, KV = d.KV, hd = d.head_dim;
   switch (at.qk_norm) {
     case QkNorm::per_head:
@@ -150,8 +168,8 @@ void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, std::int6
   }
   if (at.rope) {
     for (std::int64_t t = 0; t < T; ++t) {
-      for (std::int64_t h = 0; h < H; ++h) apply_rope(d.rope, p0 + t, q + (t * H + h) * hd);
-      for (std::int64_t h = 0; h < KV; ++h) apply_rope(d.rope, p0 + t, k + (t * KV + h) * hd);
+      for (std::int64_t h = 0; h < H; ++h) apply_rope(d.rope, pos[t], q + (t * H + h) * hd);
+      for (std::int64_t h = 0; h < KV; ++h) apply_rope(d.rope, pos[t], k + (t * KV + h) * hd);
     }
   }
   if (at.qk_norm == QkNorm::l2) {  // after the rotation (Llama-4)
@@ -161,7 +179,7 @@ void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, std::int6
   }
   if (at.temperature_tuning) {
     for (std::int64_t t = 0; t < T; ++t) {
-      const double p = static_cast<double>(p0 + t);
+      const double p = static_cast<double>(pos[t]);
       const float s =
           static_cast<float>(std::log(std::floor((p + 1.0) / d.temp_floor_scale) + 1.0) * d.temp_attn_scale + 1.0);
       for (std::int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= s;
@@ -169,10 +187,10 @@ void prepare_qk(const Decoder& d, const Attention& at, std::int64_t T, std::int6
   }
 }
 
-// MLA (decoder.hpp, Mla) for tokens [0, T) of the chunk at positions p0...: appends their latent
-// rows to `cache` [ctx, kv_lora + rope] and leaves the heads' outputs in o [T, H, v].
-void mla_attention(const Decoder& d, const Attention& at, const float* a, std::int64_t T, std::int64_t p0, float* cache,
-                   float* o, ComputeMode mode) {
+// MLA (decoder.hpp, Mla) for the pass's T rows at positions pos: appends each segment's latent rows
+// to its cache of layer l ([ctx, kv_lora + rope]) and leaves the heads' outputs in o [T, H, v].
+void mla_attention(const Decoder& d, const Attention& at, const float* a, std::int64_t T, const std::int64_t* pos,
+                   const std::vector<Segment>& segs, std::size_t l, float* o, ComputeMode mode) {
   const Mla& m = *at.mla;
   const std::int64_t H = d.H, R = m.row(), qk = m.nope + m.rope, L = m.kv_lora;
   const ComputeMode pm = mode == ComputeMode::bf16 ? ComputeMode::exact : mode;
@@ -185,13 +203,14 @@ void mla_attention(const Decoder& d, const Attention& at, const float* a, std::i
   } else {
     project(at.q, a, T, q.data(), mode);
   }
-  float* rows = cache + p0 * R;  // the chunk's latent rows, written straight into the cache
-  project(m.kv_a, a, T, rows, mode);
+  std::vector<float> rows(static_cast<std::size_t>(T * R));  // [c ‖ k_pe] of each row
+  project(m.kv_a, a, T, rows.data(), mode);
   for (std::int64_t t = 0; t < T; ++t) {
-    float* r = rows + t * R;
+    float* r = rows.data() + t * R;
     rms_norm(r, m.kv_a_norm.data_as<float>(), L, d.rms_eps, r);
-    apply_rope(d.rope, p0 + t, r + L);
+    apply_rope(d.rope, pos[t], r + L);
   }
+  for (const Segment& s : segs) std::copy_n(rows.data() + s.t0 * R, s.n * R, (*s.k)[l].data_as<float>() + s.p0 * R);
   // Queries in the latent space: [W_kᵀ q_nope ‖ rope(q_pe)] per head.
   std::vector<float> qabs(static_cast<std::size_t>(T * H * R)), lat(static_cast<std::size_t>(T * H * L));
   detail::parallel_tasks(H, [&](std::int64_t h) {
@@ -200,12 +219,12 @@ void mla_attention(const Decoder& d, const Attention& at, const float* a, std::i
     for (std::int64_t t = 0; t < T; ++t) {
       float* pe = qabs.data() + (t * H + h) * R + L;
       std::copy_n(q.data() + (t * H + h) * qk + m.nope, m.rope, pe);
-      apply_rope(d.rope, p0 + t, pe);
+      apply_rope(d.rope, pos[t], pe);
     }
   });
   // One key head over the latent rows; the values are their first kv_lora elements.
-  const AttentionTask task{d, at, qabs.data(), cache, cache, R, R, lat.data(), p0};
-  task.run_all(T);
+  const AttentionTask task{d, at, qabs.data(), lat.data(), R, R};
+  task.run_all(segs, l, /*mla=*/true);
   detail::parallel_tasks(H, [&](std::int64_t h) {
     kernels::gemm_nt(RowSource{lat.data() + h * L, H * L}, weight_matrix(m.v_b, h), Output{o + h * m.v, H * m.v}, T,
                      m.v, L, Threads::caller, pm);
@@ -298,15 +317,18 @@ std::string describe_attention(const Decoder& d) {
   return s.empty() ? "plain" : s;
 }
 
-// Runs tokens ids[0, T) at positions [p0, p0 + T) of a sequence whose caches are k, v; leaves
-// the final hidden states (before the final norm) in x [T, D].
+// Runs the pass's tokens ids[0, T), segment by segment (each a sequence's tokens at its positions,
+// appended to its caches); leaves the final hidden states (before the final norm) in x [T, D].
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std::int64_t T, std::int64_t p0,
-                std::vector<Tensor>& kcache, std::vector<Tensor>& vcache, Tensor& x, LmStats& stats) {
+void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std::int64_t T,
+                const std::vector<Segment>& segs, Tensor& x, LmStats& stats) {
   auto clock = Clock::now();
   const std::int64_t D = d.D, H = d.H, KV = d.KV, hd = d.head_dim, hdv = d.v_head_dim;
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(T));
+  for (const Segment& s : segs)
+    for (std::int64_t t = 0; t < s.n; ++t) pos[static_cast<std::size_t>(s.t0 + t)] = s.p0 + t;
   x = Tensor::uninitialized({T, D}, DType::f32);
   float* xp = x.data_as<float>();
   for (std::int64_t t = 0; t < T; ++t) {
@@ -335,18 +357,18 @@ void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std
     const Attention& at = layer.attn;
     norm_rows(xp, layer.attn_norm, T, D, d.rms_eps, a.data_as<float>());
     if (at.mla) {
-      mla_attention(d, at, a.data_as<float>(), T, p0, kcache[l].data_as<float>(), o.data_as<float>(), mode);
+      mla_attention(d, at, a.data_as<float>(), T, pos.data(), segs, l, o.data_as<float>(), mode);
     } else {
       project(at.q, a.data_as<float>(), T, q.data_as<float>(), mode);
       project(at.k, a.data_as<float>(), T, k.data_as<float>(), mode);
       project(at.v, a.data_as<float>(), T, v.data_as<float>(), mode);
-      prepare_qk(d, at, T, p0, q.data_as<float>(), k.data_as<float>());
-      float* kc = kcache[l].data_as<float>();
-      float* vc = vcache[l].data_as<float>();
-      std::copy_n(k.data_as<float>(), T * KV * hd, kc + p0 * KV * hd);
-      std::copy_n(v.data_as<float>(), T * KV * hdv, vc + p0 * KV * hdv);
-      const AttentionTask task{d, at, q.data_as<float>(), kc, vc, KV * hd, KV * hdv, o.data_as<float>(), p0};
-      task.run_all(T);
+      prepare_qk(d, at, T, pos.data(), q.data_as<float>(), k.data_as<float>());
+      for (const Segment& s : segs) {
+        std::copy_n(k.data_as<float>() + s.t0 * KV * hd, s.n * KV * hd, (*s.k)[l].data_as<float>() + s.p0 * KV * hd);
+        std::copy_n(v.data_as<float>() + s.t0 * KV * hdv, s.n * KV * hdv, (*s.v)[l].data_as<float>() + s.p0 * KV * hdv);
+      }
+      const AttentionTask task{d, at, q.data_as<float>(), o.data_as<float>(), KV * hd, KV * hdv};
+      task.run_all(segs, l, /*mla=*/false);
     }
     project(at.o, o.data_as<float>(), T, y.data_as<float>(), mode);
     for (std::int64_t i = 0; i < T * D; ++i) xp[i] += y.data_as<float>()[i];
@@ -362,6 +384,18 @@ void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std
       stats.dense_ffn_ms += ms_since(clock);
     }
   }
+}
+
+// The final norm and the head on rows [first, first + rows) of x, into out [rows, V].
+void head(const Decoder& d, ComputeMode mode, const Tensor& x, std::int64_t first, std::int64_t rows, float* out) {
+  const std::int64_t D = d.D, V = d.vocab;
+  Tensor normed = Tensor::uninitialized({rows, D}, DType::f32);
+  for (std::int64_t i = 0; i < rows; ++i)
+    rms_norm(x.data_as<float>() + (first + i) * D, d.output_norm.data_as<float>(), D, d.rms_eps,
+             normed.data_as<float>() + i * D);
+  const ComputeMode m = mode == ComputeMode::bf16 ? ComputeMode::exact : mode;
+  kernels::gemm_nt(kernels::RowSource{normed.data_as<float>(), D}, weight_matrix(d.head, 0), kernels::Output{out, V},
+                   rows, V, D, kernels::Threads::pool, m);
 }
 
 }  // namespace model
@@ -447,31 +481,63 @@ Tensor CausalLm::forward(Sequence& seq, const std::vector<std::int32_t>& ids, bo
     throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::forward] " << seq.n_ << " + " << T
                                                                           << " tokens pass the context of " << seq.ctx_
                                                                           << " (--ctx)"));
-  const std::int64_t D = d.D, V = d.vocab;
+  const std::int64_t V = d.vocab;
   Tensor logits = Tensor::uninitialized({all_logits ? T : 1, V}, DType::f32);
   const ComputeMode mode = impl_->options.mode.value_or(ComputeMode::exact);
   Tensor x;
-  Tensor normed;
   for (std::int64_t c0 = 0; c0 < T; c0 += impl_->options.prefill_chunk) {
     const std::int64_t n = std::min(impl_->options.prefill_chunk, T - c0);
-    model::run_layers(d, mode, ids.data() + c0, n, seq.n_, seq.k_, seq.v_, x, impl_->stats);
+    model::run_layers(d, mode, ids.data() + c0, n, {model::Segment{&seq.k_, &seq.v_, seq.n_, 0, n}}, x, impl_->stats);
     seq.n_ += n;
     impl_->stats.tokens += n;
-    const auto t_head = model::Clock::now();
     // The head on the rows asked for: all of them, or the last token's.
-    const std::int64_t first = all_logits ? 0 : n - 1;
     if (!all_logits && c0 + n < T) continue;
-    const std::int64_t rows = n - first;
-    normed = Tensor::uninitialized({rows, D}, DType::f32);
-    for (std::int64_t i = 0; i < rows; ++i)
-      model::rms_norm(x.data_as<float>() + (first + i) * D, d.output_norm.data_as<float>(), D, d.rms_eps,
-                      normed.data_as<float>() + i * D);
-    float* out = logits.data_as<float>() + (all_logits ? c0 : 0) * V;
-    const ComputeMode m = mode == ComputeMode::bf16 ? ComputeMode::exact : mode;
-    kernels::gemm_nt(kernels::RowSource{normed.data_as<float>(), D}, weight_matrix(d.head, 0), kernels::Output{out, V},
-                     rows, V, D, kernels::Threads::pool, m);
+    const auto t_head = model::Clock::now();
+    const std::int64_t first = all_logits ? 0 : n - 1;
+    model::head(d, mode, x, first, n - first, logits.data_as<float>() + (all_logits ? c0 : 0) * V);
     impl_->stats.head_ms += model::ms_since(t_head);
   }
+  return logits;
+}
+
+Tensor CausalLm::decode(const std::vector<Sequence*>& seqs, const std::vector<std::int32_t>& ids) const {
+  const model::Decoder& d = impl_->d;
+  const std::int64_t B = static_cast<std::int64_t>(seqs.size());
+  if (B == 0) throw std::invalid_argument("[moekit::CausalLm::decode] no sequences");
+  if (ids.size() != seqs.size())
+    throw std::invalid_argument(
+        MOEKIT_MSG("[moekit::CausalLm::decode] " << ids.size() << " token ids for " << B << " sequences"));
+  std::vector<model::Segment> segs;
+  for (std::int64_t i = 0; i < B; ++i) {
+    Sequence* s = seqs[static_cast<std::size_t>(i)];
+    const std::int32_t id = ids[static_cast<std::size_t>(i)];
+    if (s == nullptr)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::decode] sequence " << i << " is null"));
+    if (id < 0 || id >= d.vocab)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::decode] token id "
+                                             << id << " of sequence " << i << " outside the vocabulary [0, " << d.vocab
+                                             << ")"));
+    if (s->k_.size() != d.layers.size() || s->ctx_ != d.info.ctx)
+      throw std::invalid_argument(
+          MOEKIT_MSG("[moekit::CausalLm::decode] sequence " << i << " was made by another model"));
+    if (s->n_ + 1 > s->ctx_)
+      throw std::invalid_argument(
+          MOEKIT_MSG("[moekit::CausalLm::decode] sequence " << i << " is full: its " << s->ctx_ << " tokens (--ctx)"));
+    for (std::int64_t j = 0; j < i; ++j)
+      if (seqs[static_cast<std::size_t>(j)] == s)
+        throw std::invalid_argument(
+            MOEKIT_MSG("[moekit::CausalLm::decode] sequences " << j << " and " << i << " are the same sequence"));
+    segs.push_back(model::Segment{&s->k_, &s->v_, s->n_, i, 1});
+  }
+  const ComputeMode mode = impl_->options.mode.value_or(ComputeMode::exact);
+  Tensor x;
+  model::run_layers(d, mode, ids.data(), B, segs, x, impl_->stats);
+  for (Sequence* s : seqs) ++s->n_;
+  impl_->stats.tokens += B;
+  const auto t_head = model::Clock::now();
+  Tensor logits = Tensor::uninitialized({B, d.vocab}, DType::f32);
+  model::head(d, mode, x, 0, B, logits.data_as<float>());
+  impl_->stats.head_ms += model::ms_since(t_head);
   return logits;
 }
 

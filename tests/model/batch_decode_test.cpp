@@ -1,0 +1,106 @@
+// CausalLm::decode: several sequences' decode steps in one pass. In the exact mode each row is the
+// bits the sequence gets alone (batch invariance), for every family's attention (GQA, sinks,
+// sliding and chunked windows, MLA); the int8 mode stays near; bad batches are named and leave the
+// sequences unchanged.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moekit/causal_lm.hpp"
+
+namespace moekit {
+namespace {
+
+const std::string kDir = std::string(MOEKIT_TEST_DATA_DIR) + "/models/";
+
+std::vector<std::int32_t> prompt_of(const std::string& family) {
+  std::ifstream f(kDir + family + ".ref.json");
+  return nlohmann::json::parse(f)["prompt_ids"].get<std::vector<std::int32_t>>();
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class BatchDecode : public ::testing::TestWithParam<std::string> {};
+
+// Three sequences of different lengths (prefixes of the golden prompt) decode four steps together,
+// the batch changing as one drops out; each alone must give the same bits at every step.
+TEST_P(BatchDecode, ExactRowsAreTheBitsOfEachSequenceAlone) {
+  const std::vector<std::int32_t> prompt = prompt_of(GetParam());
+  LmOptions exact;
+  exact.mode = ComputeMode::exact;
+  const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + GetParam() + ".f32.gguf", exact);
+  const std::int64_t V = lm->info().vocab_size;
+  const std::vector<std::size_t> lengths = {12, 5, 9};
+  std::vector<std::unique_ptr<Sequence>> together, alone;
+  for (std::size_t len : lengths) {
+    const std::vector<std::int32_t> p(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(len));
+    together.push_back(lm->new_sequence());
+    alone.push_back(lm->new_sequence());
+    lm->forward(*together.back(), p);
+    lm->forward(*alone.back(), p);
+  }
+  for (int step = 0; step < 4; ++step) {
+    std::vector<Sequence*> batch;
+    std::vector<std::int32_t> ids;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      if (step == 2 && i == 1) continue;  // one sequence sits a step out
+      batch.push_back(together[i].get());
+      ids.push_back(prompt[(i * 7 + static_cast<std::size_t>(step) * 3) % prompt.size()]);
+    }
+    const Tensor rows = lm->decode(batch, ids);
+    ASSERT_EQ(rows.dim(0), static_cast<std::int64_t>(batch.size()));
+    std::size_t r = 0;
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      if (step == 2 && i == 1) continue;
+      const Tensor one = lm->forward(*alone[i], {ids[r]});
+      EXPECT_EQ(std::memcmp(one.data(), rows.data_as<float>() + static_cast<std::int64_t>(r) * V, one.nbytes()), 0)
+          << GetParam() << ": step " << step << ", sequence " << i;
+      EXPECT_EQ(together[i]->size(), alone[i]->size());
+      ++r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, BatchDecode,
+                         ::testing::Values("qwen3moe", "gpt-oss", "llama4", "deepseek-v2", "deepseek-v3"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST(BatchDecodeErrors, AreNamedAndChangeNothing) {
+  LmOptions small;
+  small.ctx = 4;
+  const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + "qwen3moe.f32.gguf", small);
+  std::unique_ptr<Sequence> a = lm->new_sequence(), b = lm->new_sequence();
+  lm->forward(*b, {1, 2, 3, 4});  // full
+  EXPECT_NE(error_of([&] { lm->decode({}, {}); }).find("no sequences"), std::string::npos);
+  EXPECT_NE(error_of([&] { lm->decode({a.get()}, {1, 2}); }).find("2 token ids for 1 sequences"), std::string::npos);
+  EXPECT_NE(error_of([&] { lm->decode({a.get(), a.get()}, {1, 2}); }).find("are the same sequence"), std::string::npos);
+  EXPECT_NE(error_of([&] { lm->decode({a.get(), b.get()}, {1, 2}); }).find("sequence 1 is full"), std::string::npos);
+  EXPECT_NE(error_of([&] { lm->decode({a.get()}, {256}); }).find("token id 256 of sequence 0 outside"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { lm->decode({a.get(), nullptr}, {1, 2}); }).find("sequence 1 is null"), std::string::npos);
+  const std::shared_ptr<CausalLm> other = CausalLm::random(1);
+  std::unique_ptr<Sequence> foreign = other->new_sequence();
+  EXPECT_NE(error_of([&] { lm->decode({foreign.get()}, {1}); }).find("made by another model"), std::string::npos);
+  EXPECT_EQ(a->size(), 0);
+  EXPECT_EQ(b->size(), 4);
+}
+
+}  // namespace
+}  // namespace moekit
