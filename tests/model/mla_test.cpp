@@ -69,13 +69,16 @@ TEST(Mla, KimiK2RunsAsDeepseekV3) {
 
 // DeepSeek-V3's release layouts of the tiny V3 (make_model_goldens.py, release_layouts): FP8 with
 // block scales on every decoder matrix (attention's kv_b_proj included, decoded per head at load),
-// and Kimi-K2-Thinking's int4 experts beside bf16 attention; transformers on the decoded weights.
+// the same with power-of-two scales (DeepSeek-V3.1's scale_fmt ue8m0), and Kimi-K2-Thinking's int4
+// experts beside bf16 attention; transformers on the decoded weights.
 TEST(Mla, ReleaseLayoutsMatchTransformersOnTheirDecodedWeights) {
   std::ifstream f(kDir + "deepseek-v3.ref.json");
   const nlohmann::json ref = nlohmann::json::parse(f);
   const std::vector<std::int32_t> prompt = ref["prompt_ids"].get<std::vector<std::int32_t>>();
-  for (const char* kind : {"fp8", "int4"}) {
-    const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + "deepseek-v3-" + kind);
+  for (const std::string kind : {"fp8", "fp8_ue8m0", "int4"}) {
+    std::string folder = kind;
+    std::replace(folder.begin(), folder.end(), '_', '-');
+    const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + "deepseek-v3-" + folder);
     std::unique_ptr<Sequence> seq = lm->new_sequence();
     const Tensor logits = lm->forward(*seq, prompt, true);
     const nlohmann::json& want = ref[std::string("logits_") + kind];

@@ -451,8 +451,9 @@ FP8_BLOCK = 16
 INT4_GROUP = 32
 
 
-def fp8_quantize(w):
-    """(e4m3 codes as torch.float8_e4m3fn, f32 scale_inv [ceil(out/B), ceil(in/B)], the decoded f32 weight)."""
+def fp8_quantize(w, ue8m0=False):
+    """(e4m3 codes as torch.float8_e4m3fn, f32 scale_inv [ceil(out/B), ceil(in/B)], the decoded f32 weight).
+    ue8m0 (DeepSeek-V3.1's scale_fmt): each scale rounded up to a power of two, still stored as f32."""
     out, inp = w.shape
     rb, cb = -(-out // FP8_BLOCK), -(-inp // FP8_BLOCK)
     scale = torch.zeros(rb, cb, dtype=torch.float32)
@@ -462,6 +463,8 @@ def fp8_quantize(w):
         for j in range(cb):
             blk = w[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK].float()
             s = (blk.abs().max() / 448.0).clamp(min=1e-12)
+            if ue8m0:
+                s = torch.exp2(torch.ceil(torch.log2(s)))
             c = (blk / s).to(torch.float8_e4m3fn)
             scale[i, j] = s
             codes[i * FP8_BLOCK:(i + 1) * FP8_BLOCK, j * FP8_BLOCK:(j + 1) * FP8_BLOCK] = c
@@ -489,16 +492,16 @@ def release_layouts(model, hf_dir, out, name, prompt):
     src = load_file(str(hf_dir / "model.safetensors"))
     config = json.loads((hf_dir / "config.json").read_text())
     fields = {}
-    for kind in ("fp8", "int4"):
-        d = out / f"{name}-{kind}"
+    for kind in ("fp8", "fp8_ue8m0", "int4"):
+        d = out / f"{name}-{kind.replace('_', '-')}"
         d.mkdir(exist_ok=True)
         tensors, decoded = {}, {}
         for k, w in src.items():
             linear = k.endswith(".weight") and w.dim() == 2 and "norm" not in k and not k.startswith(
                 ("lm_head", "model.embed_tokens")) and not k.endswith("mlp.gate.weight")
             routed = ".mlp.experts." in k
-            if kind == "fp8" and linear:
-                codes, scale, deq = fp8_quantize(w)
+            if kind.startswith("fp8") and linear:
+                codes, scale, deq = fp8_quantize(w, ue8m0=kind == "fp8_ue8m0")
                 tensors[k], tensors[k + "_scale_inv"] = codes, scale
                 decoded[k] = deq
             elif kind == "int4" and linear and routed:
@@ -514,9 +517,11 @@ def release_layouts(model, hf_dir, out, name, prompt):
                 tensors[k] = w
         save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
         c = dict(config)
-        if kind == "fp8":
+        if kind.startswith("fp8"):
             c["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                         "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+            if kind == "fp8_ue8m0":
+                c["quantization_config"]["scale_fmt"] = "ue8m0"
         else:
             c["quantization_config"] = {
                 "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
@@ -539,7 +544,7 @@ def release_layouts(model, hf_dir, out, name, prompt):
         logits, ids, margins, _, _ = greedy(m64, prompt)
         fields.update({f"logits_{kind}": logits.tolist(), f"greedy_ids_{kind}": ids,
                        f"greedy_margins_{kind}": margins})
-        print(f"{name}-{kind}: min greedy margin {min(margins):.4g}; greedy {ids}", flush=True)
+        print(f"{name}-{kind.replace('_', '-')}: min greedy margin {min(margins):.4g}; greedy {ids}", flush=True)
     return fields
 
 
@@ -657,7 +662,8 @@ def main():
             ref.update(release_layouts(model, hf_dir, args.out, name, prompt))
             ref["notes"] = notes + (
                 f" logits_fp8 / greedy_*_fp8: {name}-fp8/ (every decoder Linear e4m3, f32 scale_inv per "
-                f"{FP8_BLOCK}x{FP8_BLOCK} block) decoded, same float64 forward; logits_int4 / greedy_*_int4: "
+                f"{FP8_BLOCK}x{FP8_BLOCK} block) decoded, same float64 forward; *_fp8_ue8m0: {name}-fp8-ue8m0/, the "
+                "same with each scale a power of two (scale_fmt ue8m0, DeepSeek-V3.1's); logits_int4 / greedy_*_int4: "
                 f"{name}-int4/ (routed experts compressed-tensors int4 group {INT4_GROUP}, bf16 scales; the rest "
                 "bf16) decoded.")
         if name in GGUF_SEMANTICS:
