@@ -106,6 +106,9 @@ class Tokenizer {
   /// folder's generation_config.json eos ids.
   const std::vector<std::int32_t>& end_of_generation() const noexcept;
   bool is_end_of_generation(std::int32_t id) const noexcept;
+  /// The model's Jinja chat template as its file stores it (a GGUF's tokenizer.chat_template; a
+  /// folder's chat_template.jinja or tokenizer_config.json's chat_template), or "" where it has none.
+  const std::string& chat_template() const noexcept;
   /// Whether decode() removes a leading space (see decode).
   bool strips_leading_space() const noexcept;
 

@@ -55,5 +55,7 @@ void bind_training(nb::module_& m);
 void bind_lm(nb::module_& m);
 void bind_experts(nb::module_& m);
 void bind_model(nb::module_& m);
+/// moekit.Sequence, Sampler, TextStream: the parts a server batches with (model.cpp).
+void bind_serving(nb::module_& m);
 
 }  // namespace moekit::py

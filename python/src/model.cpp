@@ -29,6 +29,22 @@ struct PyModel {
   std::shared_ptr<CausalLm> lm;
 };
 
+/// A sequence of one model: its KV cache. Holds the model, so the cache never outlives it.
+struct PySequence {
+  std::shared_ptr<CausalLm> lm;
+  std::unique_ptr<Sequence> seq;
+};
+
+Sequence& sequence_of(const PyModel& m, PySequence& s, const char* what) {
+  if (s.lm != m.lm)
+    throw std::invalid_argument(std::string("[moekit.Model.") + what + "] the sequence was made by another model");
+  return *s.seq;
+}
+
+struct PyTextStream {
+  TextStream stream;
+};
+
 LmOptions options_of(std::int64_t ctx, const std::string& mode) {
   LmOptions o;
   o.ctx = ctx;
@@ -143,6 +159,73 @@ nb::dict generate(const PyModel& m, const Prompt& prompt, std::int64_t max_token
 
 }  // namespace
 
+void bind_serving(nb::module_& m) {
+  nb::class_<PySequence>(m, "Sequence",
+                         "One sequence's KV cache (Model.new_sequence): the tokens run so far, appended by\n"
+                         "Model.forward and Model.decode.")
+      .def_prop_ro(
+          "size", [](const PySequence& s) { return s.seq->size(); }, "Tokens in the cache.")
+      .def_prop_ro(
+          "capacity", [](const PySequence& s) { return s.seq->capacity(); }, "The context it holds.")
+      .def_prop_ro(
+          "nbytes", [](const PySequence& s) { return s.seq->nbytes(); }, "Bytes of its cache.")
+      .def(
+          "truncate", [](PySequence& s, std::int64_t n) { s.seq->truncate(n); }, "n"_a,
+          "Forgets the tokens from n on (0 empties it).")
+      .def("__len__", [](const PySequence& s) { return s.seq->size(); });
+
+  nb::class_<Sampler>(m, "Sampler",
+                      "Draws tokens from logits as moekit generate does (repetition penalty, top-k, top-p,\n"
+                      "min-p, temperature; greedy at temperature 0), deterministic for a seed.")
+      .def(
+          "__init__",
+          [](Sampler* self, double temperature, std::int64_t top_k, double top_p, double min_p,
+             double repetition_penalty, std::int64_t repeat_last_n, std::uint64_t seed) {
+            SamplingParams p;
+            p.temperature = temperature;
+            p.top_k = top_k;
+            p.top_p = top_p;
+            p.min_p = min_p;
+            p.repetition_penalty = repetition_penalty;
+            p.repeat_last_n = repeat_last_n;
+            p.seed = seed;
+            validate(p);
+            new (self) Sampler(p);
+          },
+          nb::kw_only(), "temperature"_a = 0.0, "top_k"_a = 0, "top_p"_a = 1.0, "min_p"_a = 0.0,
+          "repetition_penalty"_a = 1.0, "repeat_last_n"_a = 64, "seed"_a = 0)
+      .def(
+          "sample",
+          [](Sampler& self, nb::handle logits, const std::vector<std::int32_t>& history) {
+            const InputArray a = import_array(logits, "logits");
+            if (a.view.dtype() != DType::f32 || a.view.numel() < 1)
+              throw std::invalid_argument("[moekit.Sampler.sample] logits must be a non-empty float32 array");
+            std::int32_t id = 0;
+            {
+              nb::gil_scoped_release release;
+              id = self.sample(a.view.data_as<float>(), a.view.numel(), history);
+            }
+            return id;
+          },
+          "logits"_a, "history"_a = std::vector<std::int32_t>{},
+          "The next token id from one row of logits (float32) and the sequence's tokens so far.");
+
+  nb::class_<PyTextStream>(m, "TextStream",
+                           "Streaming detokenization (Model.text_stream): push(id) returns the text that token\n"
+                           "completes (whole UTF-8 characters), flush() what is held back.")
+      .def(
+          "push",
+          [](PyTextStream& s, std::int32_t id) {
+            const std::string t = s.stream.push(id);
+            return nb::str(t.data(), t.size());
+          },
+          "id"_a)
+      .def("flush", [](PyTextStream& s) {
+        const std::string t = s.stream.flush();
+        return nb::str(t.data(), t.size());
+      });
+}
+
 void bind_model(nb::module_& m) {
   nb::class_<PyModel>(m, "Model",
                       "A whole model (docs/models.md): a GGUF file (any part of a split model) or a release\n"
@@ -195,6 +278,81 @@ void bind_model(nb::module_& m) {
            "completes (whole UTF-8 characters; '' without a tokenizer); returning False stops (None\n"
            "goes on).\n"
            "Returns {'prompt_ids', 'ids', 'text' (None without a tokenizer), 'timings'}.")
+      .def(
+          "new_sequence",
+          [](const PyModel& self) {
+            return PySequence{self.lm, self.lm->new_sequence()};
+          },
+          "An empty Sequence of the model's context.")
+      .def(
+          "forward",
+          [](const PyModel& self, PySequence& seq, const std::vector<std::int32_t>& ids, bool all_logits) {
+            Sequence& s = sequence_of(self, seq, "forward");
+            Tensor out;
+            {
+              nb::gil_scoped_release release;
+              std::shared_lock lock(compute_mutex());
+              out = self.lm->forward(s, ids, all_logits);
+            }
+            return export_tensor(std::move(out), Framework::numpy);
+          },
+          "seq"_a, "ids"_a, nb::kw_only(), "all_logits"_a = false,
+          "Runs ids at the end of seq (appended to its cache): float32 logits [len(ids), V] with\n"
+          "all_logits, else [1, V] of the last token.")
+      .def(
+          "decode",
+          [](const PyModel& self, std::vector<PySequence*> seqs, const std::vector<std::int32_t>& ids) {
+            std::vector<Sequence*> raw;
+            for (PySequence* s : seqs) {
+              if (s == nullptr) throw std::invalid_argument("[moekit.Model.decode] a sequence is None");
+              raw.push_back(&sequence_of(self, *s, "decode"));
+            }
+            Tensor out;
+            {
+              nb::gil_scoped_release release;
+              std::shared_lock lock(compute_mutex());
+              out = self.lm->decode(raw, ids);
+            }
+            return export_tensor(std::move(out), Framework::numpy);
+          },
+          "seqs"_a, "ids"_a,
+          "One decode step of several sequences in one pass (ids[i] at the end of seqs[i]): float32\n"
+          "logits [len(seqs), V]. In the exact mode row i is what seqs[i] alone would give.")
+      .def(
+          "text_stream", [](const PyModel& self) { return PyTextStream{TextStream(self.lm->tokenizer())}; },
+          "A TextStream over the model's tokenizer.")
+      .def(
+          "is_end_of_generation",
+          [](const PyModel& self, std::int32_t id) {
+            const std::shared_ptr<const Tokenizer> t = self.lm->tokenizer();
+            return t != nullptr && t->is_end_of_generation(id);
+          },
+          "id"_a, "Whether the tokenizer's end-of-generation set holds id (False without a tokenizer).")
+      .def_prop_ro(
+          "chat_template",
+          [](const PyModel& self) -> std::optional<std::string> {
+            const std::shared_ptr<const Tokenizer> t = self.lm->tokenizer();
+            if (!t || t->chat_template().empty()) return std::nullopt;
+            return t->chat_template();
+          },
+          "The model's Jinja chat template as its file stores it, or None.")
+      .def_prop_ro(
+          "special_tokens",
+          [](const PyModel& self) {
+            nb::dict d;
+            const std::shared_ptr<const Tokenizer> t = self.lm->tokenizer();
+            const auto text = [&](std::int32_t id) -> nb::object {
+              if (!t || id < 0) return nb::none();
+              const std::string& s = t->token_text(id);
+              return nb::str(s.data(), s.size());
+            };
+            d["bos_token"] = text(t ? t->bos() : -1);
+            d["eos_token"] = text(t ? t->eos() : -1);
+            d["bos_id"] = t ? t->bos() : -1;
+            d["eos_id"] = t ? t->eos() : -1;
+            return d;
+          },
+          "{'bos_token', 'eos_token' (their texts, or None), 'bos_id', 'eos_id' (-1: none)}")
       .def(
           "tokenize",
           [](const PyModel& self, const std::string& text, bool add_special, bool parse_special) {

@@ -509,5 +509,6 @@ NB_MODULE(_moekit, m) {
   moekit::py::bind_training(m);
   moekit::py::bind_lm(m);
   moekit::py::bind_experts(m);
+  moekit::py::bind_serving(m);
   moekit::py::bind_model(m);
 }

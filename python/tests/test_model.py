@@ -12,7 +12,8 @@ import pytest
 import moekit
 
 MODELS = pathlib.Path(__file__).resolve().parents[2] / "tests" / "goldens" / "models"
-FAMILIES = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "glm4moe", "gpt-oss", "minimax-m2", "llama4"]
+FAMILIES = ["qwen3moe", "qwen2moe", "mixtral", "olmoe", "glm4moe", "gpt-oss", "minimax-m2", "llama4", "deepseek-v2",
+            "deepseek-v3", "glm4-moe-lite"]
 
 
 def reference(family):

@@ -294,6 +294,11 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   t->fim_rep = id_key(f, "tokenizer.ggml.fim_rep_token_id", -1, n);
   t->fim_sep = id_key(f, "tokenizer.ggml.fim_sep_token_id", -1, n);
   t->model.unk = t->unk;
+  if (const GgufValue* ct = find_key(f, "tokenizer.chat_template")) {
+    if (ct->type() != GgufType::string)
+      fail(f.path(), "tokenizer.chat_template is " + ct->describe() + ", not a string");
+    t->chat_template = ct->as_string();
+  }
   add_bos = bool_key(f, "tokenizer.ggml.add_bos_token", add_bos);
   const bool add_eos = bool_key(f, "tokenizer.ggml.add_eos_token", false);
   if (add_bos && t->bos < 0) fail(f.path(), "tokenizer.ggml.add_bos_token is true but the file has no BOS id");

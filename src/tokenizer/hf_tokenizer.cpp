@@ -9,6 +9,7 @@
 // Fuse, Strip, Sequence. Anything else is an error that names it.
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <type_traits>
@@ -421,6 +422,25 @@ std::shared_ptr<const Tokenizer> read_folder(const std::string& dir) {
     if (cr.boolean(cfg, "add_eos_token", "tokenizer_config.json", false)) {
       if (t->eos < 0) fail(cfg_path.string(), "add_eos_token is true but there is no eos_token");
       t->suffix = {t->eos};
+    }
+  }
+  // The chat template: chat_template.jinja (transformers' own file since 4.43), else
+  // tokenizer_config.json's chat_template — a string, or a list of {name, template} of which
+  // transformers' apply_chat_template takes "default".
+  if (const fs::path jinja = fs::path(dir) / "chat_template.jinja"; fs::exists(jinja)) {
+    std::ifstream in(jinja, std::ios::binary);
+    t->chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } else if (cfg.is_object() && cfg.contains("chat_template") && !cfg.at("chat_template").is_null()) {
+    const json& ct = cfg.at("chat_template");
+    if (ct.is_string()) {
+      t->chat_template = ct.get<std::string>();
+    } else if (ct.is_array()) {
+      for (const json& e : ct)
+        if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") &&
+            e.at("template").is_string())
+          t->chat_template = e.at("template").get<std::string>();
+    } else {
+      fail(cfg_path.string(), "chat_template is neither a string nor a list of {name, template}");
     }
   }
   // generation_config.json: eos_token_id, one id or a list; each ends a generation.

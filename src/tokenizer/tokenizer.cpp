@@ -163,6 +163,7 @@ std::int32_t Tokenizer::eom() const noexcept { return impl_->eom; }
 std::int32_t Tokenizer::unk() const noexcept { return impl_->unk; }
 std::int32_t Tokenizer::pad() const noexcept { return impl_->pad; }
 bool Tokenizer::adds_bos() const noexcept { return !impl_->prefix.empty(); }
+const std::string& Tokenizer::chat_template() const noexcept { return impl_->chat_template; }
 bool Tokenizer::adds_eos() const noexcept { return !impl_->suffix.empty(); }
 const std::vector<std::int32_t>& Tokenizer::end_of_generation() const noexcept { return impl_->eog; }
 bool Tokenizer::is_end_of_generation(std::int32_t id) const noexcept {

@@ -202,6 +202,7 @@ struct Tokenizer::Impl {
   // separator end a generation in llama.cpp.
   std::int32_t fim_pre = -1, fim_suf = -1, fim_mid = -1, fim_pad = -1, fim_rep = -1, fim_sep = -1;
   std::vector<std::int32_t> extra_eog;  // a folder's generation_config.json eos ids
+  std::string chat_template;            // the model's Jinja chat template, or empty
   std::vector<std::int32_t> eog;        // sorted
 
   /// Builds the matchers from `added` (contents final) and checks the parts against each other.
