@@ -115,6 +115,21 @@ TEST(TokenizerErrors, AMergeOfPiecesWithoutTokensStillMerges) {
   EXPECT_EQ(tok->encode("hix", false), (std::vector<std::int32_t>{0, 1, 2}));
 }
 
+// The chat template a GGUF carries (tokenizer.chat_template) comes back as stored; one that is not a
+// string is named.
+TEST(TokenizerErrors, TheChatTemplateIsReadAndAWrongTypeNamed) {
+  GgufImage g = vocab();
+  g.strs("tokenizer.ggml.tokens", {"h", "i", "x"}).strs("tokenizer.ggml.merges", {"h i"});
+  EXPECT_EQ(Tokenizer::from_gguf(*GgufFile::from_bytes(g.image(), "m.gguf"))->chat_template(), "");
+  const std::string tmpl = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  GgufImage with = g;
+  with.str("tokenizer.chat_template", tmpl);
+  EXPECT_EQ(Tokenizer::from_gguf(*GgufFile::from_bytes(with.image(), "m.gguf"))->chat_template(), tmpl);
+  GgufImage bad = g;
+  bad.i32s("tokenizer.chat_template", {1});
+  EXPECT_NE(from_image(bad).find("tokenizer.chat_template is"), std::string::npos) << from_image(bad);
+}
+
 TEST(TokenizerErrors, BadInputIsANamedError) {
   GgufImage g = vocab();
   g.strs("tokenizer.ggml.tokens", kTokens).i32s("tokenizer.ggml.token_type", {1, 1, 1, 3});
