@@ -173,8 +173,8 @@ class CausalLm {
                                      const SamplingParams& sampling, const TokenCallback& on_token = {},
                                      GenerateTimings* timings = nullptr) const;
 
-  /// Time per part of every forward since the last reset_stats() (or open). Not thread-safe
-  /// against concurrent forwards.
+  /// Time per part of every forward and decode since the last reset_stats() (or open), summed
+  /// over the calls (concurrent ones included: each adds its own when it ends).
   LmStats stats() const;
   void reset_stats() const;
 

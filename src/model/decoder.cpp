@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 
 #include "experts/weight_matrix.hpp"
@@ -24,7 +25,18 @@ namespace moekit {
 struct CausalLm::Impl {
   model::Decoder d;
   LmOptions options;
+  // Forwards of different sequences may run at once (Python threads): each sums its times locally
+  // and adds them here under the lock.
+  mutable std::mutex stats_mutex;
   mutable LmStats stats;
+  void add(const LmStats& s) const {
+    const std::lock_guard<std::mutex> lock(stats_mutex);
+    stats.moe_ms += s.moe_ms;
+    stats.dense_ffn_ms += s.dense_ffn_ms;
+    stats.attention_ms += s.attention_ms;
+    stats.head_ms += s.head_ms;
+    stats.tokens += s.tokens;
+  }
 };
 
 namespace model {
@@ -433,8 +445,14 @@ std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOption
   return lm;
 }
 
-LmStats CausalLm::stats() const { return impl_->stats; }
-void CausalLm::reset_stats() const { impl_->stats = LmStats{}; }
+LmStats CausalLm::stats() const {
+  const std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+  return impl_->stats;
+}
+void CausalLm::reset_stats() const {
+  const std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+  impl_->stats = LmStats{};
+}
 
 std::shared_ptr<CausalLm> CausalLm::random(std::uint64_t seed, const LmOptions& options) {
   if (options.prefill_chunk < 1)
@@ -485,18 +503,20 @@ Tensor CausalLm::forward(Sequence& seq, const std::vector<std::int32_t>& ids, bo
   Tensor logits = Tensor::uninitialized({all_logits ? T : 1, V}, DType::f32);
   const ComputeMode mode = impl_->options.mode.value_or(ComputeMode::exact);
   Tensor x;
+  LmStats stats;
   for (std::int64_t c0 = 0; c0 < T; c0 += impl_->options.prefill_chunk) {
     const std::int64_t n = std::min(impl_->options.prefill_chunk, T - c0);
-    model::run_layers(d, mode, ids.data() + c0, n, {model::Segment{&seq.k_, &seq.v_, seq.n_, 0, n}}, x, impl_->stats);
+    model::run_layers(d, mode, ids.data() + c0, n, {model::Segment{&seq.k_, &seq.v_, seq.n_, 0, n}}, x, stats);
     seq.n_ += n;
-    impl_->stats.tokens += n;
+    stats.tokens += n;
     // The head on the rows asked for: all of them, or the last token's.
     if (!all_logits && c0 + n < T) continue;
     const auto t_head = model::Clock::now();
     const std::int64_t first = all_logits ? 0 : n - 1;
     model::head(d, mode, x, first, n - first, logits.data_as<float>() + (all_logits ? c0 : 0) * V);
-    impl_->stats.head_ms += model::ms_since(t_head);
+    stats.head_ms += model::ms_since(t_head);
   }
+  impl_->add(stats);
   return logits;
 }
 
@@ -531,13 +551,15 @@ Tensor CausalLm::decode(const std::vector<Sequence*>& seqs, const std::vector<st
   }
   const ComputeMode mode = impl_->options.mode.value_or(ComputeMode::exact);
   Tensor x;
-  model::run_layers(d, mode, ids.data(), B, segs, x, impl_->stats);
+  LmStats stats;
+  model::run_layers(d, mode, ids.data(), B, segs, x, stats);
   for (Sequence* s : seqs) ++s->n_;
-  impl_->stats.tokens += B;
+  stats.tokens += B;
   const auto t_head = model::Clock::now();
   Tensor logits = Tensor::uninitialized({B, d.vocab}, DType::f32);
   model::head(d, mode, x, 0, B, logits.data_as<float>());
-  impl_->stats.head_ms += model::ms_since(t_head);
+  stats.head_ms += model::ms_since(t_head);
+  impl_->add(stats);
   return logits;
 }
 

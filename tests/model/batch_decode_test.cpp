@@ -9,6 +9,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moekit/causal_lm.hpp"
@@ -81,6 +82,30 @@ INSTANTIATE_TEST_SUITE_P(Models, BatchDecode,
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+// Two threads forwarding and decoding their own sequences of one model at once (a Python server's
+// threads): the same bits as one after the other, and the statistics count both.
+TEST(BatchDecode, ConcurrentCallsOnDifferentSequencesAreSafe) {
+  const std::vector<std::int32_t> prompt = prompt_of("deepseek-v3");
+  LmOptions exact;
+  exact.mode = ComputeMode::exact;
+  const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + "deepseek-v3.f32.gguf", exact);
+  const auto run = [&](std::size_t offset) {
+    std::unique_ptr<Sequence> a = lm->new_sequence(), b = lm->new_sequence();
+    lm->forward(*a, std::vector<std::int32_t>(prompt.begin() + static_cast<std::ptrdiff_t>(offset), prompt.end()));
+    lm->forward(*b, {prompt[offset]});
+    return lm->decode({a.get(), b.get()}, {prompt[0], prompt[1]});
+  };
+  const Tensor serial0 = run(0), serial1 = run(3);
+  lm->reset_stats();
+  Tensor concurrent0, concurrent1;
+  std::thread t([&] { concurrent0 = run(0); });
+  concurrent1 = run(3);
+  t.join();
+  EXPECT_EQ(std::memcmp(serial0.data(), concurrent0.data(), serial0.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(serial1.data(), concurrent1.data(), serial1.nbytes()), 0);
+  EXPECT_EQ(lm->stats().tokens, 2 * (static_cast<std::int64_t>(prompt.size()) + 1 + 2) - 3);
+}
 
 TEST(BatchDecodeErrors, AreNamedAndChangeNothing) {
   LmOptions small;
