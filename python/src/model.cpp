@@ -100,18 +100,27 @@ nb::dict info_dict(const LmInfo& i) {
   return d;
 }
 
-nb::dict generate(const PyModel& m, const Prompt& prompt, std::int64_t max_tokens, double temperature,
-                  std::int64_t top_k, double top_p, double min_p, double repetition_penalty, std::uint64_t seed,
-                  const std::optional<nb::callable>& on_token) {
-  const std::vector<std::int32_t> ids = prompt_ids(m, prompt);
+/// Python's sampling keywords as SamplingParams, checked (ValueError naming the one out of range).
+SamplingParams sampling_params(double temperature, std::int64_t top_k, double top_p, double min_p,
+                               double repetition_penalty, std::int64_t repeat_last_n, std::uint64_t seed) {
   SamplingParams p;
   p.temperature = temperature;
   p.top_k = top_k;
   p.top_p = top_p;
   p.min_p = min_p;
   p.repetition_penalty = repetition_penalty;
+  p.repeat_last_n = repeat_last_n;
   p.seed = seed;
   validate(p);
+  return p;
+}
+
+nb::dict generate(const PyModel& m, const Prompt& prompt, std::int64_t max_tokens, double temperature,
+                  std::int64_t top_k, double top_p, double min_p, double repetition_penalty, std::uint64_t seed,
+                  const std::optional<nb::callable>& on_token) {
+  const std::vector<std::int32_t> ids = prompt_ids(m, prompt);
+  const SamplingParams p =
+      sampling_params(temperature, top_k, top_p, min_p, repetition_penalty, SamplingParams{}.repeat_last_n, seed);
   const std::shared_ptr<const Tokenizer> tok = m.lm->tokenizer();
   std::optional<TextStream> stream;
   if (tok) stream.emplace(tok);
@@ -181,16 +190,8 @@ void bind_serving(nb::module_& m) {
           "__init__",
           [](Sampler* self, double temperature, std::int64_t top_k, double top_p, double min_p,
              double repetition_penalty, std::int64_t repeat_last_n, std::uint64_t seed) {
-            SamplingParams p;
-            p.temperature = temperature;
-            p.top_k = top_k;
-            p.top_p = top_p;
-            p.min_p = min_p;
-            p.repetition_penalty = repetition_penalty;
-            p.repeat_last_n = repeat_last_n;
-            p.seed = seed;
-            validate(p);
-            new (self) Sampler(p);
+            new (self)
+                Sampler(sampling_params(temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n, seed));
           },
           nb::kw_only(), "temperature"_a = 0.0, "top_k"_a = 0, "top_p"_a = 1.0, "min_p"_a = 0.0,
           "repetition_penalty"_a = 1.0, "repeat_last_n"_a = 64, "seed"_a = 0)

@@ -12,26 +12,15 @@
 #include <thread>
 #include <vector>
 
+#include "model/model_goldens.hpp"
 #include "moekit/causal_lm.hpp"
 
 namespace moekit {
 namespace {
 
-const std::string kDir = std::string(MOEKIT_TEST_DATA_DIR) + "/models/";
-
-std::vector<std::int32_t> prompt_of(const std::string& family) {
-  std::ifstream f(kDir + family + ".ref.json");
-  return nlohmann::json::parse(f)["prompt_ids"].get<std::vector<std::int32_t>>();
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
+const std::string& kDir = testing::kModelsDir;
+std::vector<std::int32_t> prompt_of(const std::string& family) { return testing::golden_prompt(family); }
 
 class BatchDecode : public ::testing::TestWithParam<std::string> {};
 

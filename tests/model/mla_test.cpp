@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model_goldens.hpp"
 #include "moekit/causal_lm.hpp"
 #include "moekit/threading.hpp"
 
@@ -21,21 +22,9 @@ namespace moekit {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kDir = std::string(MOEKIT_TEST_DATA_DIR) + "/models/";
-
-std::vector<std::int32_t> prompt_of(const std::string& family) {
-  std::ifstream f(kDir + family + ".ref.json");
-  return nlohmann::json::parse(f)["prompt_ids"].get<std::vector<std::int32_t>>();
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
+const std::string& kDir = testing::kModelsDir;
+std::vector<std::int32_t> prompt_of(const std::string& family) { return testing::golden_prompt(family); }
 
 // A copy of a golden folder with config.json edited by `edit`.
 fs::path edited_copy(const std::string& family, const std::string& name,
