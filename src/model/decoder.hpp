@@ -2,6 +2,7 @@
 // (gguf_reader.cpp) and run by one forward (decoder.cpp). Internal.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -130,6 +131,26 @@ std::int64_t cache_bytes_per_token(const Decoder& d);
 
 /// "qk-norm per head, sinks, window 128 on layers 0, 2", ... (LmInfo::attention).
 std::string describe_attention(const Decoder& d);
+
+/// One sequence's tokens in a pass through the layers: rows [t0, t0 + n) of the pass, at positions
+/// [p0, p0 + n) of the sequence whose per-layer caches are k, v (v unused for MLA).
+struct Segment {
+  std::vector<Tensor>* k = nullptr;
+  std::vector<Tensor>* v = nullptr;
+  std::int64_t p0 = 0, t0 = 0, n = 0;
+};
+
+/// Runs a pass's tokens ids[0, T) through the layers, segment by segment (each a sequence's tokens
+/// at its positions, appended to its caches), in `mode`; leaves the final hidden states (before
+/// the final norm) in x [T, D] and adds the time per part to `stats`.
+void run_layers(const Decoder& d, ComputeMode mode, const std::int32_t* ids, std::int64_t T,
+                const std::vector<Segment>& segs, Tensor& x, LmStats& stats);
+
+/// The final norm and the head on rows [first, first + rows) of x, into out [rows, vocab].
+void head(const Decoder& d, ComputeMode mode, const Tensor& x, std::int64_t first, std::int64_t rows, float* out);
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t);
 
 /// RMSNorm of n elements: y = x / sqrt(mean(x²) + eps) · w (w null: no weight), sums in double.
 void rms_norm(const float* x, const float* w, std::int64_t n, double eps, float* y);
