@@ -50,9 +50,10 @@ if [ ! -x "$root/.venv/bin/python" ]; then
   echo "setup: creating $root/.venv (/usr/bin/python3 with system site packages)"
   /usr/bin/python3 -m venv --system-site-packages "$root/.venv"
 fi
-if ! "$root/.venv/bin/python" -c "import nanobind, scikit_build_core, pytest, jinja2" 2>/dev/null; then
-  # jinja2: moekit.chat renders the models' chat templates with it (3.1.6: transformers' minimum)
-  echo "setup: installing nanobind==3.1.0 scikit-build-core==1.1.2 pytest==9.2.0 jinja2==3.1.6 into .venv"
+if ! "$root/.venv/bin/python" -c "import nanobind, scikit_build_core, pytest, jinja2, openai" 2>/dev/null; then
+  # jinja2: moekit.chat renders the models' chat templates with it (3.1.6: transformers' minimum);
+  # openai: the client python/tests/test_serve.py runs against moekit.serve
+  echo "setup: installing nanobind==3.1.0 scikit-build-core==1.1.2 pytest==9.2.0 jinja2==3.1.6 openai==3.63.0 into .venv"
   "$root/.venv/bin/python" -m pip install -q --disable-pip-version-check \
-    "nanobind==3.1.0" "scikit-build-core==1.1.2" "pytest==9.2.0" "jinja2==3.1.6"
+    "nanobind==3.1.0" "scikit-build-core==1.1.2" "pytest==9.2.0" "jinja2==3.1.6" "openai==3.63.0"
 fi

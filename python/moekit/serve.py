@@ -1,0 +1,437 @@
+"""An OpenAI-compatible server over one moekit.Model, with continuous batching.
+
+    python -m moekit.serve --model M.gguf [--host 127.0.0.1] [--port 8080] [--parallel 4] [--ctx N]
+                           [--threads N] [--mode auto|exact|int8|bf16] [--api-key K]
+
+Endpoints: ``GET /health`` (200 once the model is loaded), ``GET /v1/models``, ``POST /v1/completions``
+(a prompt as text or token ids) and ``POST /v1/chat/completions`` (the model's own chat template,
+rendered by moekit.chat as transformers renders it), each streamed as server-sent events (chunks, a
+last chunk with ``finish_reason``, ``data: [DONE]``) or not. Parameters: ``max_tokens`` /
+``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` = 1,
+``stream_options.include_usage``, vLLM's ``return_token_ids`` and ``ignore_eos``; ``usage`` counts.
+
+Batching: one engine thread owns the model. Up to ``--parallel`` requests decode together, each step
+one ``Model.decode`` over all of them (each MoE block reads the experts their tokens chose once); a
+new request's prompt is prefilled (``Model.forward``) between decode steps; a request's sequence is
+dropped when it ends or its client goes away. In the exact mode a request's tokens do not depend on
+what runs beside it (``Model.decode``'s batch invariance).
+
+Errors are OpenAI's ``{"error": {"message", "type", "code"}}`` with a 4xx status; the server never
+exits on a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import moekit
+from moekit import chat
+
+
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status, message, type_="invalid_request_error", code=None):
+        super().__init__(message)
+        self.status, self.type, self.code = status, type_, code
+
+
+class Job:
+    """One request in the engine: its prompt, sampling, limits and the events its client reads."""
+
+    def __init__(self, prompt_ids, max_tokens, sampler, stop, ignore_eos):
+        self.prompt_ids = prompt_ids
+        self.max_tokens = max_tokens
+        self.sampler = sampler
+        self.stop = stop
+        self.ignore_eos = ignore_eos
+        self.events = queue.Queue()  # ("token", id, text) ... then ("done", finish_reason) or ("error", msg)
+        self.cancelled = threading.Event()
+        self.seq = None
+        self.history = list(prompt_ids)
+        self.generated = []
+        self.stream = None
+        self.text = ""  # decoded so far (stop strings are found in it)
+        self.sent = 0  # characters of `text` handed to the client
+        self.last = None
+
+
+class Engine:
+    """Continuous batching over one model (see the module's docstring)."""
+
+    def __init__(self, model, parallel):
+        self.model = model
+        self.parallel = parallel
+        self.waiting = queue.Queue()
+        self.active = []
+        self.wake = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="moekit-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, job):
+        self.waiting.put(job)
+        self.wake.set()
+        return job
+
+    def _finish(self, job, reason):
+        if job.seq is not None:
+            job.seq = None  # the cache goes with it
+        job.events.put(("done", reason))
+
+    def _emit(self, job, token):
+        """Records `token`; returns a finish reason or None."""
+        job.generated.append(token)
+        job.history.append(token)
+        job.text += job.stream.push(token)
+        cut = None
+        for s in job.stop:
+            at = job.text.find(s, max(0, job.sent - len(s)))
+            if at >= 0 and (cut is None or at < cut):
+                cut = at
+        if cut is not None:
+            job.text = job.text[:cut]
+        # hold back what could still become a stop string
+        hold = 0
+        if cut is None:
+            for s in job.stop:
+                for k in range(min(len(s) - 1, len(job.text)), 0, -1):
+                    if job.text.endswith(s[:k]):
+                        hold = max(hold, k)
+                        break
+        end = len(job.text) - hold
+        piece = job.text[job.sent:end]
+        job.sent = max(job.sent, end)
+        job.events.put(("token", token, piece))
+        if cut is not None:
+            return "stop"
+        if not job.ignore_eos and self.model.is_end_of_generation(token):
+            return "stop"
+        if len(job.generated) >= job.max_tokens:
+            return "length"
+        if job.seq.size >= job.seq.capacity:
+            return "length"
+        return None
+
+    def _flush(self, job):
+        rest = job.text[job.sent:] + job.stream.flush()
+        job.sent = len(job.text)
+        if rest:
+            job.events.put(("token", None, rest))
+
+    def _admit(self):
+        while len(self.active) < self.parallel:
+            try:
+                job = self.waiting.get_nowait()
+            except queue.Empty:
+                return
+            if job.cancelled.is_set():
+                continue
+            try:
+                job.seq = self.model.new_sequence()
+                job.stream = self.model.text_stream()
+                logits = self.model.forward(job.seq, job.prompt_ids)
+                token = job.sampler.sample(logits[0], job.history)
+                reason = self._emit(job, token)
+            except Exception as e:  # noqa: BLE001 - a request's failure is its own
+                job.events.put(("error", str(e)))
+                continue
+            if reason:
+                self._flush(job)
+                self._finish(job, reason)
+            else:
+                job.last = token
+                self.active.append(job)
+
+    def _run(self):
+        while True:
+            self._admit()
+            for j in self.active:
+                if j.cancelled.is_set():
+                    self._finish(j, "cancelled")
+            self.active = [j for j in self.active if not j.cancelled.is_set()]
+            if not self.active:
+                self.wake.wait(0.05)
+                self.wake.clear()
+                continue
+            try:
+                rows = self.model.decode([j.seq for j in self.active], [j.last for j in self.active])
+            except Exception as e:  # noqa: BLE001
+                for j in self.active:
+                    j.events.put(("error", str(e)))
+                self.active = []
+                continue
+            still = []
+            for j, row in zip(self.active, rows):
+                token = j.sampler.sample(row, j.history)
+                reason = self._emit(j, token)
+                if reason:
+                    self._flush(j)
+                    self._finish(j, reason)
+                else:
+                    j.last = token
+                    still.append(j)
+            self.active = still
+
+
+def _number(body, key, default, lo, hi, integer=False):
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        raise RequestError(400, f"'{key}' must be {'an integer' if integer else 'a number'}", code="invalid_value")
+    if not lo <= v <= hi:
+        raise RequestError(400, f"'{key}' is {v}, outside [{lo}, {hi}]", code="invalid_value")
+    return v
+
+
+class Server:
+    def __init__(self, model, name, parallel, api_key=None):
+        self.model = model
+        self.name = name
+        self.api_key = api_key
+        self.engine = Engine(model, parallel)
+        self.created = int(time.time())
+
+    def job(self, body, prompt_ids):
+        if not isinstance(body, dict):
+            raise RequestError(400, "the body must be a JSON object")
+        if body.get("n", 1) != 1:
+            raise RequestError(400, "only n = 1 is supported", code="invalid_value")
+        ctx = self.model.info["ctx"]
+        if len(prompt_ids) == 0:
+            raise RequestError(400, "the prompt is empty")
+        if len(prompt_ids) >= ctx:
+            raise RequestError(400, f"the prompt's {len(prompt_ids)} tokens reach the context of {ctx}",
+                               code="context_length_exceeded")
+        vocab = self.model.vocab_size
+        if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab for i in prompt_ids):
+            raise RequestError(400, f"prompt token ids must be integers in [0, {vocab})", code="invalid_value")
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = ctx - len(prompt_ids) if max_tokens is None else _number(
+            {"max_tokens": max_tokens}, "max_tokens", 16, 1, 1 << 20, integer=True)
+        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        seed = _number(body, "seed", None, 0, (1 << 63) - 1, integer=True)
+        stop = body.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+            raise RequestError(400, "'stop' must be a string or up to 4 non-empty strings", code="invalid_value")
+        if top_p == 0:  # OpenAI's top_p 0: the most likely token only
+            temperature, top_p = 0.0, 1.0
+        sampler = moekit.Sampler(temperature=float(temperature), top_p=float(top_p),
+                                 seed=seed if seed is not None else uuid.uuid4().int & ((1 << 63) - 1))
+        return Job(list(prompt_ids), max_tokens, sampler, stop, bool(body.get("ignore_eos", False)))
+
+    def prompt_of(self, body, chat_request):
+        tokenize = lambda text: self.model.tokenize(text, add_special=not chat_request, parse_special=True)  # noqa: E731
+        if chat_request:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise RequestError(400, "'messages' must be a non-empty list of message objects")
+            template = self.model.chat_template
+            if template is None:
+                raise RequestError(400, "the model's file has no chat template: use /v1/completions")
+            special = self.model.special_tokens
+            try:
+                text = chat.render(template, messages, add_generation_prompt=True, tools=body.get("tools"),
+                                   bos_token=special["bos_token"] or "", eos_token=special["eos_token"] or "",
+                                   **(body.get("chat_template_kwargs") or {}))
+            except Exception as e:  # noqa: BLE001 - the template's own error (raise_exception)
+                raise RequestError(400, f"the chat template refused the messages: {e}") from e
+            return tokenize(text)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if not self.model.has_tokenizer:
+                raise RequestError(400, "the model has no tokenizer: give the prompt as token ids")
+            return tokenize(prompt)
+        if isinstance(prompt, list):
+            return prompt
+        raise RequestError(400, "'prompt' must be a string or a list of token ids")
+
+
+def make_handler(server: Server):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):  # quiet: one line per request on stderr is noise under load
+            pass
+
+        def _send(self, status, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, e: RequestError):
+            self._send(e.status, {"error": {"message": str(e), "type": e.type, "code": e.code}})
+
+        def _authorized(self):
+            if server.api_key is None:
+                return True
+            if self.headers.get("Authorization", "") == f"Bearer {server.api_key}":
+                return True
+            self._error(RequestError(401, "a valid API key is required (Authorization: Bearer ...)",
+                                     "authentication_error", "invalid_api_key"))
+            return False
+
+        def do_GET(self):  # noqa: N802
+            try:
+                if self.path == "/health":
+                    return self._send(200, {"status": "ok"})
+                if not self._authorized():
+                    return None
+                if self.path == "/v1/models":
+                    return self._send(200, {"object": "list", "data": [
+                        {"id": server.name, "object": "model", "created": server.created, "owned_by": "moekit"}]})
+                raise RequestError(404, f"no route GET {self.path}", code="not_found")
+            except RequestError as e:
+                self._error(e)
+
+        def do_POST(self):  # noqa: N802
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length > 0 else b""
+                if not self._authorized():
+                    return None
+                chat_request = self.path == "/v1/chat/completions"
+                if not chat_request and self.path != "/v1/completions":
+                    raise RequestError(404, f"no route POST {self.path}", code="not_found")
+                try:
+                    body = json.loads(raw)
+                except ValueError as e:
+                    raise RequestError(400, f"the body is not valid JSON: {e}") from e
+                if not isinstance(body, dict):
+                    raise RequestError(400, "the body must be a JSON object")
+                prompt_ids = server.prompt_of(body, chat_request)
+                job = server.engine.submit(server.job(body, prompt_ids))
+                self._answer(body, job, chat_request)
+            except RequestError as e:
+                self._error(e)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def _answer(self, body, job, chat_request):
+            rid = ("chatcmpl-" if chat_request else "cmpl-") + uuid.uuid4().hex[:24]
+            kind = "chat.completion" if chat_request else "text_completion"
+            created = int(time.time())
+            want_ids = bool(body.get("return_token_ids"))
+            stream = bool(body.get("stream"))
+            usage = lambda: {"prompt_tokens": len(job.prompt_ids), "completion_tokens": len(job.generated),  # noqa: E731
+                             "total_tokens": len(job.prompt_ids) + len(job.generated)}
+
+            def choice(text, reason, delta):
+                c = {"index": 0, "finish_reason": reason, "logprobs": None}
+                if chat_request:
+                    c["delta" if delta else "message"] = ({"content": text} if delta else
+                                                          {"role": "assistant", "content": text})
+                else:
+                    c["text"] = text
+                return c
+
+            if not stream:
+                text, reason = [], None
+                while reason is None:
+                    ev = job.events.get()
+                    if ev[0] == "token":
+                        text.append(ev[2])
+                    elif ev[0] == "error":
+                        raise RequestError(500, ev[1], "server_error")
+                    else:
+                        reason = ev[1]
+                c = choice("".join(text), reason, False)
+                out = {"id": rid, "object": kind, "created": created, "model": server.name, "choices": [c],
+                       "usage": usage()}
+                if want_ids:
+                    out["prompt_token_ids"] = job.prompt_ids
+                    c["token_ids"] = job.generated
+                return self._send(200, out)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            chunk_kind = "chat.completion.chunk" if chat_request else "text_completion"
+
+            def send(obj):
+                self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+                self.wfile.flush()
+
+            try:
+                if chat_request:
+                    send({"id": rid, "object": chunk_kind, "created": created, "model": server.name,
+                          "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                       "finish_reason": None}]})
+                first = True
+                while True:
+                    ev = job.events.get()
+                    if ev[0] == "token":
+                        c = choice(ev[2], None, True)
+                        if want_ids:
+                            c["token_ids"] = [ev[1]] if ev[1] is not None else []
+                        chunk = {"id": rid, "object": chunk_kind, "created": created, "model": server.name,
+                                 "choices": [c]}
+                        if want_ids and first:
+                            chunk["prompt_token_ids"] = job.prompt_ids
+                        first = False
+                        send(chunk)
+                    elif ev[0] == "error":
+                        send({"error": {"message": ev[1], "type": "server_error", "code": None}})
+                        break
+                    else:
+                        send({"id": rid, "object": chunk_kind, "created": created, "model": server.name,
+                              "choices": [choice("", ev[1], True)]})
+                        if (body.get("stream_options") or {}).get("include_usage"):
+                            send({"id": rid, "object": chunk_kind, "created": created, "model": server.name,
+                                  "choices": [], "usage": usage()})
+                        break
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                job.cancelled.set()  # the client went away: the engine drops its sequence
+            self.close_connection = True
+
+    return Handler
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="moekit serve", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="a GGUF file or a release folder")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--parallel", type=int, default=4, help="requests decoding together (default 4)")
+    ap.add_argument("--ctx", type=int, default=0, help="context of each sequence (0: the model's, up to 4096)")
+    ap.add_argument("--threads", type=int, default=0, help="compute threads (0: moekit's default)")
+    ap.add_argument("--mode", default="auto", choices=["auto", "exact", "int8", "bf16"])
+    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    args = ap.parse_args(argv)
+    if not 1 <= args.parallel <= 256:
+        ap.error(f"--parallel {args.parallel}: expected 1..256")
+    if args.threads:
+        moekit.set_num_threads(args.threads)
+    model = moekit.Model(args.model, ctx=args.ctx, mode=args.mode)
+    server = Server(model, model.info["path"].rstrip("/").split("/")[-1], args.parallel, args.api_key)
+    httpd = ThreadingHTTPServer((args.host, args.port), make_handler(server))
+    httpd.daemon_threads = True
+    print(f"moekit serve: http://{args.host}:{httpd.server_address[1]} ({server.name}, parallel {args.parallel})",
+          flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
