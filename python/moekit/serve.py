@@ -405,8 +405,14 @@ def make_handler(server: Server):
     return Handler
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # the CLI's contract: one line on stderr, exit 1
+        print(f"moekit: error: serve: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="moekit serve", description=__doc__.split("\n\n")[0])
+    ap = _Parser(prog="moekit serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a GGUF file or a release folder")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
@@ -420,7 +426,10 @@ def main(argv=None):
         ap.error(f"--parallel {args.parallel}: expected 1..256")
     if args.threads:
         moekit.set_num_threads(args.threads)
-    model = moekit.Model(args.model, ctx=args.ctx, mode=args.mode)
+    try:
+        model = moekit.Model(args.model, ctx=args.ctx, mode=args.mode)
+    except (ValueError, RuntimeError, OSError) as e:
+        ap.error(str(e))
     server = Server(model, model.info["path"].rstrip("/").split("/")[-1], args.parallel, args.api_key)
     httpd = ThreadingHTTPServer((args.host, args.port), make_handler(server))
     httpd.daemon_threads = True

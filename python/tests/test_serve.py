@@ -270,3 +270,26 @@ def test_the_openai_client(server):
     assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens >= 1
     stream = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, stream=True)
     assert sum(1 for _ in stream) >= 1
+
+
+def test_the_moekit_serve_command(folder):
+    import os
+    import subprocess
+    cli = os.environ.get("MOEKIT_CLI")
+    if not cli:
+        pytest.skip("MOEKIT_CLI is not set (ctest sets it to the build's moekit)")
+    p = subprocess.Popen([cli, "serve", "--model", str(folder), "--port", "0", "--parallel", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("moekit serve: http://127.0.0.1:"), line + p.stderr.read()
+        url = line.split()[2]
+        assert call(url, "/health")[0] == 200
+        out = json.loads(call(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                            "max_tokens": 3})[1])
+        assert out["usage"]["completion_tokens"] >= 1
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    bad = subprocess.run([cli, "serve", "--model", str(folder / "missing")], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.startswith("moekit: error: serve: "), bad.stderr

@@ -236,6 +236,13 @@ std::vector<ErrorCase> error_cases() {
       {"quantize", "extra positional", {"--model", "m", "--out", "q", "extra"}, {"extra"}},
       {"quantize", "given twice", {"--model", "m", "--out", "q", "--bits", "4", "--bits", "8"}, {"--bits"}},
 
+      {"serve", "unknown option", {"--model", "m", "--frobnicate"}, {"--frobnicate"}},
+      {"serve", "missing value", {"--model", "m", "--port"}, {"--port"}},
+      {"serve", "missing required option", {"--port", "9000"}, {"--model"}},
+      {"serve", "out of range", {"--model", "m", "--parallel", "0"}, {"--parallel", "0"}},
+      {"serve", "not a number", {"--model", "m", "--port", "http"}, {"--port", "http"}},
+      {"serve", "extra positional", {"--model", "m", "extra"}, {"extra"}},
+      {"serve", "given twice", {"--model", "m", "--port", "1", "--port", "2"}, {"--port"}},
       {"tokenize", "unknown option", {"--model", "m", "--text", "hi", "--frobnicate"}, {"--frobnicate"}},
       {"tokenize", "missing value", {"--model", "m", "--text"}, {"--text"}},
       {"tokenize", "missing required option", {"--text", "hi"}, {"--model"}},
@@ -320,7 +327,9 @@ TEST(CliErrors, EveryOptionOfEverySubcommandsHelpFailsByTheContract) {
 }
 
 TEST(CliErrors, AnUnknownCommandIsNamedWithTheCommandsAndTheClosestOne) {
-  const std::string all = "(commands: backward, bench, demo, forward, generate, inspect, quantize, tokenize, train)";
+  const std::string all =
+      "(commands: backward, bench, demo, forward, generate, inspect, quantize, serve, tokenize, "
+      "train)";
   for (const auto& [word, closest] : std::vector<std::pair<std::string, std::string>>{{"frobnicate", "forward"},
                                                                                       {"trian", "train"},
                                                                                       {"inpsect", "inspect"},
@@ -362,7 +371,7 @@ TEST(CliErrors, NoArgumentsListsTheCommandsOnStderrAndExitsOne) {
   }
   EXPECT_EQ(lines.back(),
             "moekit: error: no command given (commands: backward, bench, demo, forward, generate, inspect, quantize, "
-            "tokenize, train)");
+            "serve, tokenize, train)");
   EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
                           [](const std::string& l) { return l.rfind("moekit: error: ", 0) == 0; }),
             1);
@@ -386,7 +395,7 @@ TEST(CliErrors, HelpOfTheCommandAndOfEverySubcommandExitsZeroOnStdout) {
   }
   const std::vector<std::string> commands = commands_in_help();
   EXPECT_EQ(commands, (std::vector<std::string>{"backward", "bench", "demo", "forward", "generate", "inspect",
-                                                "quantize", "tokenize", "train"}));
+                                                "quantize", "serve", "tokenize", "train"}));
   for (const std::string& command : commands) {
     const RunResult r = run({command, "--help"});
     EXPECT_EQ(r.exit_code, 0) << command;
