@@ -37,7 +37,11 @@ for i in 0 1 2; do
   ip -n "$hub" link set "${tag}v$i" master br0
   ip -n "$hub" link set "${tag}v$i" up
   hosts+=("$addr")
-  echo "$addr) exec ip netns exec $ns sh -c \"\$*\" ;;" >>"$work/cases"
+  # Each namespace's daemon gets its own TMPDIR: they share /tmp and the host name, and OpenMPI's
+  # session directories (/tmp/ompi.<host>.<uid>/jf.<job>) collided ("File exists") when two made
+  # theirs at once.
+  mkdir -p "$work/tmp$i"
+  echo "$addr) exec ip netns exec $ns env TMPDIR=$work/tmp$i sh -c \"\$*\" ;;" >>"$work/cases"
 done
 subnet="10.77.$(( $$ % 200 )).0/24"
 {
