@@ -61,6 +61,7 @@ class Job:
         self.text = ""  # decoded so far (stop strings are found in it)
         self.sent = 0  # characters of `text` handed to the client
         self.last = None
+        self.cut = False  # a stop string ended the text: nothing after it goes out
 
 
 class Engine:
@@ -97,6 +98,7 @@ class Engine:
                 cut = at
         if cut is not None:
             job.text = job.text[:cut]
+            job.cut = True
         # hold back what could still become a stop string
         hold = 0
         if cut is None:
@@ -120,7 +122,7 @@ class Engine:
         return None
 
     def _flush(self, job):
-        rest = job.text[job.sent:] + job.stream.flush()
+        rest = job.text[job.sent:] + ("" if job.cut else job.stream.flush())
         job.sent = len(job.text)
         if rest:
             job.events.put(("token", None, rest))
