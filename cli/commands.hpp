@@ -39,6 +39,8 @@ void register_forward(CLI::App& app);
 void register_generate(CLI::App& app);
 /// `moekit serve`: runs the OpenAI-compatible server (python -m moekit.serve).
 void register_serve(CLI::App& app);
+/// `moekit chat-template`: prints a conversation rendered by a model's template (python -m moekit.chat).
+void register_chat_template(CLI::App& app);
 /// `moekit inspect`: what moekit reads from a checkpoint folder.
 void register_inspect(CLI::App& app);
 /// `moekit tokenize`: text to a model's token ids, or ids to text, with the model's tokenizer.

@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   moekit::cli::register_inspect(app);
   moekit::cli::register_generate(app);
   moekit::cli::register_serve(app);
+  moekit::cli::register_chat_template(app);
   moekit::cli::register_quantize(app);
   moekit::cli::register_tokenize(app);
   moekit::cli::register_demo(app);

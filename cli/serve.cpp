@@ -30,7 +30,8 @@ std::string interpreter() {
   return "python3";
 }
 
-[[noreturn]] void run_server(const std::vector<std::string>& args) {
+// Runs `python -m <module> args...` in place of this process.
+[[noreturn]] void run_python(const std::string& module, const std::vector<std::string>& args) {
 #ifdef MOEKIT_SERVE_PYTHONPATH
   if (std::filesystem::exists(std::string(MOEKIT_SERVE_PYTHONPATH) + "/moekit/serve.py")) {
     const char* old = std::getenv("PYTHONPATH");
@@ -40,16 +41,20 @@ std::string interpreter() {
   }
 #endif
   const std::string python = interpreter();
-  std::vector<std::string> argv = {python, "-m", "moekit.serve"};
+  std::vector<std::string> argv = {python, "-m", module};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> raw;
   for (std::string& a : argv) raw.push_back(a.data());
   raw.push_back(nullptr);
   execvp(raw[0], raw.data());
-  throw std::runtime_error("serve: cannot run " + python + " (" + std::strerror(errno) +
-                           "): the server is Python (moekit.serve); set MOEKIT_PYTHON to an interpreter that has "
-                           "the moekit package and jinja2");
+  throw std::runtime_error("cannot run " + python + " (" + std::strerror(errno) + "): " + module +
+                           " is Python; set MOEKIT_PYTHON to an interpreter that has the moekit package and jinja2");
 }
+
+struct ChatTemplateOptions {
+  std::string model, tmpl, messages, bos, eos;
+  bool no_generation_prompt = false;
+};
 
 struct ServeOptions {
   std::string model, host = "127.0.0.1", mode = "auto", api_key;
@@ -89,7 +94,37 @@ void register_serve(CLI::App& app) {
       args.push_back("--api-key");
       args.push_back(opt->api_key);
     }
-    run_server(args);
+    run_python("moekit.serve", args);
+  });
+}
+
+void register_chat_template(CLI::App& app) {
+  auto opt = std::make_shared<ChatTemplateOptions>();
+  auto* cmd = app.add_subcommand(
+      "chat-template", "Print a conversation rendered by a model's chat template, as transformers renders it");
+  auto* model = cmd->add_option("--model", opt->model, "GGUF file or release folder whose template to use");
+  cmd->add_option("--template", opt->tmpl, "a Jinja template file instead of a model's")->excludes(model);
+  cmd->add_option("--messages", opt->messages, "JSON file: a list of messages, or an object with messages (and tools)")
+      ->required();
+  cmd->add_flag("--no-generation-prompt", opt->no_generation_prompt,
+                "render without the assistant's turn opened (add_generation_prompt false)");
+  cmd->add_option("--bos-token", opt->bos, "bos_token's text (default: the model's; with --template none)");
+  cmd->add_option("--eos-token", opt->eos, "eos_token's text (default: the model's; with --template none)");
+  cmd->footer("Runs python -m moekit.chat (jinja2 in transformers' environment; docs/serve.md).");
+  cmd->callback([opt] {
+    if (opt->model.empty() && opt->tmpl.empty())
+      throw std::invalid_argument("[moekit chat-template] give --model or --template");
+    std::vector<std::string> args = {"--messages", opt->messages};
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--model", &opt->model},
+                                      {"--template", &opt->tmpl},
+                                      {"--bos-token", &opt->bos},
+                                      {"--eos-token", &opt->eos}})
+      if (!value->empty()) {
+        args.push_back(flag);
+        args.push_back(*value);
+      }
+    if (opt->no_generation_prompt) args.push_back("--no-generation-prompt");
+    run_python("moekit.chat", args);
   });
 }
 

@@ -138,3 +138,58 @@ def render(template: str, messages: list, *, add_generation_prompt: bool = False
         add_generation_prompt=add_generation_prompt,
         **_plain(kwargs),
     )
+
+
+def main(argv=None):
+    """`moekit chat-template`: prints the rendering and nothing else (no newline added)."""
+    import argparse
+    import sys
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # the CLI's contract: one line on stderr, exit 1
+            print(f"moekit: error: chat-template: {message}", file=sys.stderr)
+            sys.exit(1)
+
+    ap = Parser(prog="moekit chat-template")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model")
+    source.add_argument("--template")
+    ap.add_argument("--messages", required=True)
+    ap.add_argument("--no-generation-prompt", action="store_true")
+    ap.add_argument("--bos-token")
+    ap.add_argument("--eos-token")
+    args = ap.parse_args(argv)
+    try:
+        with open(args.messages, encoding="utf-8") as f:
+            data = json.load(f)
+        tools = None
+        if isinstance(data, dict):
+            data, tools = data.get("messages"), data.get("tools")
+        if not isinstance(data, list):
+            ap.error(f"{args.messages}: expected a list of messages or an object with 'messages'")
+        bos, eos = args.bos_token, args.eos_token
+        if args.template:
+            with open(args.template, encoding="utf-8") as f:
+                template = f.read()
+        else:
+            import moekit
+
+            model = moekit.Model(args.model)
+            template = model.chat_template
+            if template is None:
+                ap.error(f"{args.model} has no chat template")
+            special = model.special_tokens
+            bos = special["bos_token"] if bos is None else bos
+            eos = special["eos_token"] if eos is None else eos
+        text = render(template, data, add_generation_prompt=not args.no_generation_prompt, tools=tools,
+                      bos_token=bos or "", eos_token=eos or "")
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - one line, the CLI's contract
+        ap.error(f"{type(e).__name__}: {e}")
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

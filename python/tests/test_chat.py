@@ -58,3 +58,23 @@ def test_the_sandbox_and_bad_data_are_refused():
         chat.render("{{ messages }}", ["not a message"])
     assert chat.render("{{ x | tojson }}", [], x={"a": "é<"}) == '{"a": "é<"}'
     assert chat.render("{% generation %}kept{% endgeneration %}", []) == "kept"
+
+
+def test_the_moekit_chat_template_command(tmp_path):
+    import os
+    import subprocess
+    cli = os.environ.get("MOEKIT_CLI")
+    if not cli:
+        pytest.skip("MOEKIT_CLI is not set (ctest sets it to the build's moekit)")
+    t = next(t for t in GOLDENS["templates"] if t["name"] == "Qwen-Qwen3-0.6B")
+    case = t["cases"][1]
+    (tmp_path / "t.jinja").write_text(t["template"], encoding="utf-8")
+    (tmp_path / "m.json").write_text(json.dumps({"messages": case["messages"]}), encoding="utf-8")
+    out = subprocess.run([cli, "chat-template", "--template", str(tmp_path / "t.jinja"), "--messages",
+                          str(tmp_path / "m.json"), "--bos-token", "<BOS>", "--eos-token", "<EOS>"],
+                         capture_output=True, text=True, encoding="utf-8")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == case["rendered"]
+    bad = subprocess.run([cli, "chat-template", "--template", str(tmp_path / "t.jinja"), "--messages",
+                          str(tmp_path / "missing.json")], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.startswith("moekit: error: chat-template: "), bad.stderr
