@@ -142,15 +142,11 @@ def render(template: str, messages: list, *, add_generation_prompt: bool = False
 
 def main(argv=None):
     """`moekit chat-template`: prints the rendering and nothing else (no newline added)."""
-    import argparse
     import sys
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):  # the CLI's contract: one line on stderr, exit 1
-            print(f"moekit: error: chat-template: {message}", file=sys.stderr)
-            sys.exit(1)
+    from moekit._cli import ContractParser
 
-    ap = Parser(prog="moekit chat-template")
+    ap = ContractParser("chat-template")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--model")
     source.add_argument("--template")

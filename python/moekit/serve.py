@@ -22,7 +22,6 @@ exits on a request.
 
 from __future__ import annotations
 
-import argparse
 import json
 import queue
 import sys
@@ -33,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import moekit
 from moekit import chat
+from moekit._cli import ContractParser
 
 
 class RequestError(Exception):
@@ -407,14 +407,8 @@ def make_handler(server: Server):
     return Handler
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # the CLI's contract: one line on stderr, exit 1
-        print(f"moekit: error: serve: {message}", file=sys.stderr)
-        sys.exit(1)
-
-
 def main(argv=None):
-    ap = _Parser(prog="moekit serve", description=__doc__.split("\n\n")[0])
+    ap = ContractParser("serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a GGUF file or a release folder")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)

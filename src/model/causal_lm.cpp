@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -50,19 +51,33 @@ std::size_t Sequence::nbytes() const noexcept {
 
 CausalLm::~CausalLm() = default;
 
-std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOptions& options) {
+namespace {
+
+// A model's state: the options (an unset mode settled to `fallback`), the decoder `read` makes from
+// them, and the descriptions every model carries.
+std::unique_ptr<CausalLm::Impl> build(const LmOptions& options, ComputeMode fallback,
+                                      const std::function<model::Decoder(const LmOptions&)>& read) {
   if (options.prefill_chunk < 1)
     throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm] prefill_chunk " << options.prefill_chunk << " < 1"));
-  std::shared_ptr<CausalLm> lm(new CausalLm());
-  lm->impl_ = std::make_unique<Impl>();
-  LmOptions& o = lm->impl_->options;
+  auto impl = std::make_unique<CausalLm::Impl>();
+  LmOptions& o = impl->options;
   o = options;
+  if (!o.mode) o.mode = fallback;
+  model::Decoder& d = impl->d;
+  d = read(o);
+  d.info.attention = model::describe_attention(d);
+  d.info.cache_bytes_per_token = model::cache_bytes_per_token(d);
+  o.ctx = d.info.ctx;
+  return impl;
+}
+
+}  // namespace
+
+std::shared_ptr<CausalLm> CausalLm::open(const std::string& path, const LmOptions& options) {
   const bool gguf = is_gguf_path(path);
-  if (!o.mode) o.mode = gguf ? ComputeMode::int8 : ComputeMode::exact;
-  lm->impl_->d = gguf ? model::read_gguf(path, o) : model::read_hf(path, o);
-  lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
-  lm->impl_->d.info.cache_bytes_per_token = model::cache_bytes_per_token(lm->impl_->d);
-  lm->impl_->options.ctx = lm->impl_->d.info.ctx;
+  std::shared_ptr<CausalLm> lm(new CausalLm());
+  lm->impl_ = build(options, gguf ? ComputeMode::int8 : ComputeMode::exact,
+                    [&](const LmOptions& o) { return gguf ? model::read_gguf(path, o) : model::read_hf(path, o); });
   return lm;
 }
 
@@ -76,16 +91,8 @@ void CausalLm::reset_stats() const {
 }
 
 std::shared_ptr<CausalLm> CausalLm::random(std::uint64_t seed, const LmOptions& options) {
-  if (options.prefill_chunk < 1)
-    throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm] prefill_chunk " << options.prefill_chunk << " < 1"));
   std::shared_ptr<CausalLm> lm(new CausalLm());
-  lm->impl_ = std::make_unique<Impl>();
-  lm->impl_->options = options;
-  if (!lm->impl_->options.mode) lm->impl_->options.mode = ComputeMode::exact;
-  lm->impl_->d = model::random_decoder(seed, lm->impl_->options);
-  lm->impl_->options.ctx = lm->impl_->d.info.ctx;
-  lm->impl_->d.info.attention = model::describe_attention(lm->impl_->d);
-  lm->impl_->d.info.cache_bytes_per_token = model::cache_bytes_per_token(lm->impl_->d);
+  lm->impl_ = build(options, ComputeMode::exact, [&](const LmOptions& o) { return model::random_decoder(seed, o); });
   return lm;
 }
 

@@ -228,6 +228,13 @@ void attach_tokenizer(Decoder& d, const std::function<std::shared_ptr<const Toke
   }
 }
 
+void use_latent_cache(Decoder& d, const Mla& m) {
+  d.KV = 1;
+  d.head_dim = m.row();
+  d.v_head_dim = m.kv_lora;
+  d.info.num_kv_heads = 1;
+}
+
 void split_kv_b(const ExpertMatrix& kv_b, std::int64_t H, Mla& m, std::vector<std::shared_ptr<const void>>& keep) {
   const std::int64_t per = m.nope + m.v, L = m.kv_lora;
   const WeightMatrix w = weight_matrix(kv_b, 0);

@@ -121,6 +121,11 @@ Decoder random_decoder(std::uint64_t seed, const LmOptions& options);
 /// d.info.tokenizer.
 void attach_tokenizer(Decoder& d, const std::function<std::shared_ptr<const Tokenizer>()>& read);
 
+/// After an MLA model's layers are read: the cache's rows become one latent "head" of kv_lora + rope
+/// floats, read as kv_lora values (d.KV = 1, head_dim, v_head_dim; info.num_kv_heads = 1). LmInfo's
+/// head dims keep the model's own.
+void use_latent_cache(Decoder& d, const Mla& m);
+
 /// Sets m.k_b and m.v_b from kv_b_proj [H · (nope + v), kv_lora] in any stored format: decoded to
 /// f32 (k_b transposed per head), owned by `keep`. (A GGUF written by llama.cpp's converter stores
 /// them split, attn_k_b / attn_v_b, and is used in place instead.)

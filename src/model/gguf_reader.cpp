@@ -321,12 +321,7 @@ Decoder read_gguf(const std::string& path, const LmOptions& options) {
   info.num_kv_heads = d.KV;
   info.head_dim = d.head_dim;
   info.value_head_dim = d.v_head_dim;
-  if (mla) {  // the cache's rows: one latent "head" of kv_lora + rope, read as kv_lora values
-    d.KV = 1;
-    d.head_dim = mla->row();
-    d.v_head_dim = mla->kv_lora;
-    info.num_kv_heads = 1;
-  }
+  if (mla) use_latent_cache(d, *mla);
   attach_tokenizer(d, [&] { return Tokenizer::from_gguf(m.first()); });
   return d;
 }
