@@ -77,19 +77,19 @@ struct Vnni {
   static constexpr const char* kName = "AVX512-VNNI";
   static constexpr int kRows = 12;
   template <class T>
-  using Traits = panel_vnni::Traits<T>;
-  using Stage = panel_vnni::Stage;
-  using Panel = panel_vnni::Panel;
-  static constexpr int kW = panel_vnni::kW;
+  using Traits = vnni::Traits<T>;
+  using Stage = vnni::Stage;
+  using Panel = vnni::Panel;
+  static constexpr int kW = vnni::kW;
   static bool runs() { return cpu_features().avx512_vnni; }
   template <class T>
   static void pack(const WeightMatrix& B, std::int64_t K, Stage& s, Panel& p) {
-    panel_vnni::pack<T>(B, 0, kW, K, s, p);
+    vnni::pack<T>(B, 0, kW, K, s, p);
   }
   template <class T>
   static void tile(const Rows& a, const Panel& p, std::int64_t K, float* out) {
     using Tr = Traits<T>;
-    panel_vnni::tile<kRows, Tr::kG, Tr::kOff != 0, Tr::kBias, Tr::kSb, Tr::kNibbles>(a, 0, p, K, out, nullptr, nullptr);
+    vnni::tile<kRows, Tr::kG, Tr::kOff != 0, Tr::kBias, Tr::kSb, Tr::kNibbles>(a, 0, p, K, out, nullptr, nullptr);
   }
   static void alone(std::int64_t groups) { dp_only(groups); }
 };
@@ -97,21 +97,21 @@ struct Avx2 {
   static constexpr const char* kName = "AVX2";
   static constexpr int kRows = 4;
   template <class T>
-  using Traits = panel_avx2::Traits<T>;
-  using Stage = panel_avx2::Stage;
-  using Panel = panel_avx2::Panel;
-  static constexpr int kW = panel_avx2::kW;
+  using Traits = avx2::Traits<T>;
+  using Stage = avx2::Stage;
+  using Panel = avx2::Panel;
+  static constexpr int kW = avx2::kW;
   static bool runs() { return cpu_features().avx2_fma; }
   template <class T>
   static void pack(const WeightMatrix& B, std::int64_t K, Stage& s, Panel& p) {
-    panel_avx2::pack<T>(B, 0, kW, K, s, p);
+    avx2::pack<T>(B, 0, kW, K, s, p);
   }
   template <class T>
   static void tile(const Rows& a, const Panel& p, std::int64_t K, float* out) {
     using Tr = Traits<T>;
     constexpr bool kSigned = Tr::kOff == 128;  // run()'s choice for AVX2
-    panel_avx2::tile<kRows, Tr::kG, Tr::kOff != 0 && !kSigned, Tr::kBias, Tr::kSb, kSigned, Tr::kSum16>(
-        a, 0, p, K, out, nullptr, nullptr);
+    avx2::tile<kRows, Tr::kG, Tr::kOff != 0 && !kSigned, Tr::kBias, Tr::kSb, kSigned, Tr::kSum16>(a, 0, p, K, out,
+                                                                                                  nullptr, nullptr);
   }
   static void alone(std::int64_t groups) { maddubs_only(groups); }
 };

@@ -7,14 +7,13 @@
 // Signed 4-bit codes (Codes::signed4: e2m1 and int4 through a 16-entry table of small integers
 // w) go in as w + c, a u8, and each group's sum loses c · Σq (the activations' integer sum).
 //   MOEKIT_I8_ATTR  the functions' target attribute
-//   MOEKIT_I8_NAME  name decoration of this instruction set's functions
 //   MOEKIT_I8_VNNI  1: vpdpbusd (8-bit activations as int8 for 8-bit codes too)
 // No include guard: included twice on purpose.
 
 // A 64-chunk's 4-bit codes from its 32 bytes (QuantA::pair64): lo the low nibbles (even
 // elements), hi the high ones (odd elements).
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(nibbles64)(const std::uint8_t* p, __m256i& lo, __m256i& hi) {
-  const __m256i v = MOEKIT_I8_NAME(load256)(p), low4 = _mm256_set1_epi8(0x0F);
+MOEKIT_I8_ATTR inline void nibbles64(const std::uint8_t* p, __m256i& lo, __m256i& hi) {
+  const __m256i v = load256(p), low4 = _mm256_set1_epi8(0x0F);
   lo = _mm256_and_si256(v, low4);
   hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
 }
@@ -25,9 +24,8 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(nibbles64)(const std::uint8_t* p, __m2
 // pair64 order: 32 bytes, low nibbles then high); signed ones through `table`, which gives each
 // nibble's integer plus the codes' offset (a u8). The codes are unpacked once for the MR rows.
 template <Codes kCodes, int kUnit, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_dot)(const std::uint8_t* codes, const std::int8_t* const (&a)[MR],
-                                                    const std::int16_t* const (&q)[MR], int unit, __m256i table,
-                                                    __m256i (&isum)[MR]) {
+MOEKIT_I8_ATTR inline void unit_dot(const std::uint8_t* codes, const std::int8_t* const (&a)[MR],
+                                    const std::int16_t* const (&q)[MR], int unit, __m256i table, __m256i (&isum)[MR]) {
   for (int i = 0; i < MR; ++i) isum[i] = _mm256_setzero_si256();
   const int n = kUnit > 0 ? kUnit : unit;
 #pragma GCC unroll 8
@@ -35,8 +33,8 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_dot)(const std::uint8_t* codes, c
     if constexpr (kCodes == Codes::affine8) {
 #if MOEKIT_I8_VNNI
       (void)q, (void)table;
-      const __m256i c = MOEKIT_I8_NAME(load256)(codes + k);
-      for (int i = 0; i < MR; ++i) isum[i] = MOEKIT_I8_NAME(dot4)(isum[i], c, MOEKIT_I8_NAME(load256)(a[i] + k));
+      const __m256i c = load256(codes + k);
+      for (int i = 0; i < MR; ++i) isum[i] = dot4(isum[i], c, load256(a[i] + k));
 #else
       // u8 codes widened to int16 times int16 activations (vpmaddubsw's int16 pair sums would
       // overflow for codes up to 255).
@@ -44,23 +42,20 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_dot)(const std::uint8_t* codes, c
       const __m256i c0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k)));
       const __m256i c1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k + 16)));
       for (int i = 0; i < MR; ++i)
-        isum[i] =
-            _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(c0, MOEKIT_I8_NAME(load256)(q[i] + k)),
-                                                       _mm256_madd_epi16(c1, MOEKIT_I8_NAME(load256)(q[i] + k + 16))));
+        isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(_mm256_madd_epi16(c0, load256(q[i] + k)),
+                                                             _mm256_madd_epi16(c1, load256(q[i] + k + 16))));
 #endif
     } else {
       (void)q;
       __m256i lo, hi;
-      MOEKIT_I8_NAME(nibbles64)(codes + k / 2, lo, hi);
+      nibbles64(codes + k / 2, lo, hi);
       if constexpr (kCodes == Codes::signed4) {  // u8 ≤ 24: vpmaddubsw's pair sums fit
         lo = _mm256_shuffle_epi8(table, lo);
         hi = _mm256_shuffle_epi8(table, hi);
       } else {
         (void)table;
       }
-      for (int i = 0; i < MR; ++i)
-        isum[i] = MOEKIT_I8_NAME(dot4)(MOEKIT_I8_NAME(dot4)(isum[i], lo, MOEKIT_I8_NAME(load256)(a[i] + k)), hi,
-                                       MOEKIT_I8_NAME(load256)(a[i] + k + 32));
+      for (int i = 0; i < MR; ++i) isum[i] = dot4(dot4(isum[i], lo, load256(a[i] + k)), hi, load256(a[i] + k + 32));
     }
   }
 }
@@ -68,9 +63,9 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_dot)(const std::uint8_t* codes, c
 // unit_dot of unit u of B's row (`row`; a[i], q[i]: the rows of A from input 0), or zero lanes
 // past the last of `units`.
 template <Codes kCodes, int kUnit, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_at)(const std::uint8_t* row, const std::int8_t* const (&a)[MR],
-                                                   const std::int16_t* const (&q)[MR], std::int64_t u,
-                                                   std::int64_t units, int unit, __m256i table, __m256i (&isum)[MR]) {
+MOEKIT_I8_ATTR inline void unit_at(const std::uint8_t* row, const std::int8_t* const (&a)[MR],
+                                   const std::int16_t* const (&q)[MR], std::int64_t u, std::int64_t units, int unit,
+                                   __m256i table, __m256i (&isum)[MR]) {
   if (u >= units) {
     for (int i = 0; i < MR; ++i) isum[i] = _mm256_setzero_si256();
     return;
@@ -88,7 +83,7 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_at)(const std::uint8_t* row, cons
       au[i] = a[i] + u * n;
     }
   }
-  MOEKIT_I8_NAME(unit_dot)<kCodes, kUnit, MR>(row + u * n * kBits / 8, au, qu, unit, table, isum);
+  unit_dot<kCodes, kUnit, MR>(row + u * n * kBits / 8, au, qu, unit, table, isum);
 }
 
 // MR (1 or 2) rows of A from row m against one row of B (`row`: its codes; `s`, `b`: its scales
@@ -101,8 +96,8 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(unit_at)(const std::uint8_t* row, cons
 // lanes are zero (no codes read; zero scales, d and Σq: the pad of QuantA and widen_scales).
 // kSub groups per unit (group_sums8). The same steps on AVX2 and VNNI: the same bits.
 template <Codes kCodes, int kUnit, int kSub, int MR>
-MOEKIT_I8_ATTR void MOEKIT_I8_NAME(row_dot)(const QuantA& qa, std::int64_t m, const std::uint8_t* row, int unit,
-                                            const float* s, const float* b, __m256i table, int offset, float* out) {
+MOEKIT_I8_ATTR void row_dot(const QuantA& qa, std::int64_t m, const std::uint8_t* row, int unit, const float* s,
+                            const float* b, __m256i table, int offset, float* out) {
   constexpr bool kAffine = kCodes != Codes::signed4;
   constexpr int kUnits = 8 / kSub;  // units per eight groups
   const std::int64_t units = qa.K / unit;
@@ -123,13 +118,13 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(row_dot)(const QuantA& qa, std::int64_t m, co
 #pragma GCC unroll 4
     for (int p = 0; p < kUnits / 2; ++p) {
       __m256i x[MR], y[MR];
-      MOEKIT_I8_NAME(unit_at)<kCodes, kUnit, MR>(row, a, q, u0 + 2 * p, units, unit, table, x);
-      MOEKIT_I8_NAME(unit_at)<kCodes, kUnit, MR>(row, a, q, u0 + 2 * p + 1, units, unit, table, y);
+      unit_at<kCodes, kUnit, MR>(row, a, q, u0 + 2 * p, units, unit, table, x);
+      unit_at<kCodes, kUnit, MR>(row, a, q, u0 + 2 * p + 1, units, unit, table, y);
       for (int i = 0; i < MR; ++i) h[i][p] = _mm256_hadd_epi32(x[i], y[i]);
     }
     const __m256 sv = _mm256_loadu_ps(s + g);
     for (int i = 0; i < MR; ++i) {
-      __m256i sums = MOEKIT_I8_NAME(group_sums8)<kSub>(h[i]);
+      __m256i sums = group_sums8<kSub>(h[i]);
       if constexpr (!kAffine) {
         const __m256i qs =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa.qsum.data() + (m + i) * qa.gstride + g));
@@ -143,15 +138,14 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(row_dot)(const QuantA& qa, std::int64_t m, co
       }
     }
   }
-  for (int i = 0; i < MR; ++i) out[i] = MOEKIT_I8_NAME(reduce8)(_mm256_add_ps(acc[i], bacc[i]));
+  for (int i = 0; i < MR; ++i) out[i] = reduce8(_mm256_add_ps(acc[i], bacc[i]));
 }
 
 // Every row of A (at most kInt8MaxRows) against B's rows [0, N): B's rows one at a time, in
 // address order (the hardware prefetcher follows that one stream), their scales widened 8 rows at
 // a time; A's rows two at a time against each (the row's codes from L1 for the next pair).
 template <Codes kCodes, int kUnit, int kSub>
-MOEKIT_I8_ATTR void MOEKIT_I8_NAME(rows)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                         std::int64_t N) {
+MOEKIT_I8_ATTR void rows(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N) {
   constexpr int kRows = 8;
   const int unit = kCodes == Codes::affine8 ? B.format.block_cols : std::max(B.format.block_cols, 64);
   // Signed codes: each nibble's integer w plus the offset c that makes every w + c a u8 (≤ 24).
@@ -183,12 +177,12 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(rows)(const QuantA& qa, const WeightMatrix& B
       float out[2];
       std::int64_t m = 0;
       for (; m + 2 <= M; m += 2) {
-        MOEKIT_I8_NAME(row_dot)<kCodes, kUnit, kSub, 2>(qa, m, row, unit, s, b, table, offset, out);
+        row_dot<kCodes, kUnit, kSub, 2>(qa, m, row, unit, s, b, table, offset, out);
         store(C, m, n + j, out[0]);
         store(C, m + 1, n + j, out[1]);
       }
       if (m < M) {
-        MOEKIT_I8_NAME(row_dot)<kCodes, kUnit, kSub, 1>(qa, m, row, unit, s, b, table, offset, out);
+        row_dot<kCodes, kUnit, kSub, 1>(qa, m, row, unit, s, b, table, offset, out);
         store(C, m, n + j, out[0]);
       }
     }
@@ -199,23 +193,22 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(rows)(const QuantA& qa, const WeightMatrix& B
 // group size MLX, MXFP4, NVFP4 and int4 checkpoints use), else counted. 4-bit codes (K a multiple
 // of 64, QuantA::pair64) go in units of 64 inputs holding 1, 2 or 4 groups.
 template <Codes kCodes>
-MOEKIT_I8_ATTR void MOEKIT_I8_NAME(kernel)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                           std::int64_t N) {
+MOEKIT_I8_ATTR void kernel(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M, std::int64_t N) {
   const int gs = B.format.block_cols;
   if constexpr (kCodes != Codes::affine8) {
-    if (gs == 16) return MOEKIT_I8_NAME(rows)<kCodes, 64, 4>(qa, B, C, M, N);
-    if (gs == 32) return MOEKIT_I8_NAME(rows)<kCodes, 64, 2>(qa, B, C, M, N);
+    if (gs == 16) return rows<kCodes, 64, 4>(qa, B, C, M, N);
+    if (gs == 32) return rows<kCodes, 64, 2>(qa, B, C, M, N);
   } else if (gs == 32) {
-    return MOEKIT_I8_NAME(rows)<kCodes, 32, 1>(qa, B, C, M, N);
+    return rows<kCodes, 32, 1>(qa, B, C, M, N);
   }
   switch (gs) {
     case 64:
-      return MOEKIT_I8_NAME(rows)<kCodes, 64, 1>(qa, B, C, M, N);
+      return rows<kCodes, 64, 1>(qa, B, C, M, N);
     case 128:
-      return MOEKIT_I8_NAME(rows)<kCodes, 128, 1>(qa, B, C, M, N);
+      return rows<kCodes, 128, 1>(qa, B, C, M, N);
     case 256:
-      return MOEKIT_I8_NAME(rows)<kCodes, 256, 1>(qa, B, C, M, N);
+      return rows<kCodes, 256, 1>(qa, B, C, M, N);
     default:
-      return MOEKIT_I8_NAME(rows)<kCodes, 0, 1>(qa, B, C, M, N);
+      return rows<kCodes, 0, 1>(qa, B, C, M, N);
   }
 }

@@ -15,17 +15,17 @@
 // One 32-block (group g of the row) against MR rows of A: x[i] its 8 lanes of products; zero
 // lanes where the row has no block g.
 template <class T, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(block32)(const std::uint8_t* row, std::int64_t g, bool present,
-                                                   const std::int8_t* const (&a)[MR], __m256i (&x)[MR]) {
+MOEKIT_I8_ATTR inline void block32(const std::uint8_t* row, std::int64_t g, bool present,
+                                   const std::int8_t* const (&a)[MR], __m256i (&x)[MR]) {
   if (!present) {
     for (int i = 0; i < MR; ++i) x[i] = _mm256_setzero_si256();
     return;
   }
   const std::uint8_t* b = row + g * T::kBytes;
-  const __m256i c = MOEKIT_I8_NAME(codes32)(T{}, b);
+  const __m256i c = codes32(T{}, b);
   for (int i = 0; i < MR; ++i) {
-    const __m256i av = MOEKIT_I8_NAME(load256)(a[i] + 32 * g);
-    x[i] = GgmlInt8<T>::kSigned ? MOEKIT_I8_NAME(sdot)(c, av) : MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), c, av);
+    const __m256i av = load256(a[i] + 32 * g);
+    x[i] = GgmlInt8<T>::kSigned ? sdot(c, av) : dot4(_mm256_setzero_si256(), c, av);
   }
 }
 
@@ -33,8 +33,7 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(block32)(const std::uint8_t* row, std:
 // built in registers: eight scalar stores read back as one vector would wait for the stores to
 // drain (no store forwarding) on every chunk.
 template <class T>
-MOEKIT_I8_ATTR inline __m128i MOEKIT_I8_NAME(fields8)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
-                                                      int at) {
+MOEKIT_I8_ATTR inline __m128i fields8(const std::uint8_t* row, std::int64_t g, std::int64_t groups, int at) {
   const auto f = [&](int k) -> short {
     if (g + k >= groups) return 0;
     std::uint16_t v;
@@ -50,8 +49,8 @@ MOEKIT_I8_ATTR inline __m128i MOEKIT_I8_NAME(fields8)(const std::uint8_t* row, s
 // table; z[i] lanes 0-3 block k's partial sums, 4-7 block k + 1's. A lone last block (`second`
 // false) reads only its own bytes and its activations in natural order, the upper lanes zero.
 template <class T, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pair32)(const std::uint8_t* b, bool second, const std::int8_t* const (&a)[MR],
-                                                  std::int64_t k, __m256i (&z)[MR]) {
+MOEKIT_I8_ATTR inline void pair32(const std::uint8_t* b, bool second, const std::int8_t* const (&a)[MR], std::int64_t k,
+                                  __m256i (&z)[MR]) {
   constexpr int kQs = NibblePairs<T>::kQs;
   const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kQs));
   const __m256i v =
@@ -60,22 +59,22 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pair32)(const std::uint8_t* b, bool se
              : _mm256_zextsi128_si256(first);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-  lo = MOEKIT_I8_NAME(nibble_codes)<T>(lo);
-  hi = MOEKIT_I8_NAME(nibble_codes)<T>(hi);
+  lo = nibble_codes<T>(lo);
+  hi = nibble_codes<T>(hi);
   for (int i = 0; i < MR; ++i) {
     const std::int8_t* x = a[i] + 32 * k;
     __m256i alo, ahi;
     if (second) {
-      alo = MOEKIT_I8_NAME(load256)(x);
-      ahi = MOEKIT_I8_NAME(load256)(x + 32);
+      alo = load256(x);
+      ahi = load256(x + 32);
     } else {
       alo = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
       ahi = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16)));
     }
     if constexpr (GgmlInt8<T>::kSigned) {
-      z[i] = _mm256_add_epi32(MOEKIT_I8_NAME(sdot)(lo, alo), MOEKIT_I8_NAME(sdot)(hi, ahi));
+      z[i] = _mm256_add_epi32(sdot(lo, alo), sdot(hi, ahi));
     } else {
-      z[i] = MOEKIT_I8_NAME(dot4)(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, alo), hi, ahi);
+      z[i] = dot4(dot4(_mm256_setzero_si256(), lo, alo), hi, ahi);
     }
   }
 }
@@ -182,14 +181,14 @@ MOEKIT_I8_ATTR inline void q8_wide8(const QuantA& qa, std::int64_t m, const std:
 // Groups [g, g + 8) of a nibble type's row (NibblePairs) a pair of blocks at a time (pair32: one
 // split for two blocks, and half the horizontal adds): S[i] the eight integer sums.
 template <class T, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pairs8)(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
-                                                  const std::int8_t* const (&a)[MR], __m256i (&S)[MR]) {
+MOEKIT_I8_ATTR inline void pairs8(const std::uint8_t* row, std::int64_t g, std::int64_t groups,
+                                  const std::int8_t* const (&a)[MR], __m256i (&S)[MR]) {
   __m256i z[4][MR];
 #pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
     const std::int64_t k = g + 2 * p;
     if (k < groups) {
-      MOEKIT_I8_NAME(pair32)<T, MR>(row + k * T::kBytes, k + 1 < groups, a, k, z[p]);
+      pair32<T, MR>(row + k * T::kBytes, k + 1 < groups, a, k, z[p]);
     } else {
       for (int i = 0; i < MR; ++i) z[p][i] = _mm256_setzero_si256();
     }
@@ -199,18 +198,17 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(pairs8)(const std::uint8_t* row, std::
   for (int i = 0; i < MR; ++i) {
     const __m256i h[4] = {_mm256_hadd_epi32(z[0][i], z[1][i]), _mm256_hadd_epi32(z[2][i], z[3][i]),
                           _mm256_setzero_si256(), _mm256_setzero_si256()};
-    S[i] = MOEKIT_I8_NAME(group_sums8)<2>(h);
+    S[i] = group_sums8<2>(h);
   }
 }
 
 // Whether groups [g, g + 8) of a nibble type's row went four blocks at a time (quad32, S[i] the
 // eight integer sums): with VNNI, an unsigned nibble type (QuadNibbles), a whole chunk.
 template <class T, int MR>
-MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(quad8)([[maybe_unused]] const std::uint8_t* row,
-                                                 [[maybe_unused]] std::int64_t g, [[maybe_unused]] std::int64_t groups,
-                                                 [[maybe_unused]] const std::int8_t* const (&a)[MR],
-                                                 [[maybe_unused]] __m256i (&S)[MR], [[maybe_unused]] __m128i& scales,
-                                                 [[maybe_unused]] __m128i& biases) {
+MOEKIT_I8_ATTR inline bool quad8([[maybe_unused]] const std::uint8_t* row, [[maybe_unused]] std::int64_t g,
+                                 [[maybe_unused]] std::int64_t groups,
+                                 [[maybe_unused]] const std::int8_t* const (&a)[MR], [[maybe_unused]] __m256i (&S)[MR],
+                                 [[maybe_unused]] __m128i& scales, [[maybe_unused]] __m128i& biases) {
 #if MOEKIT_I8_VNNI
   if constexpr (QuadNibbles<T>::kYes)
     if (g + 8 <= groups) {
@@ -231,11 +229,11 @@ MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(quad8)([[maybe_unused]] const std::uin
 // Whether groups [g, g + 8) of q8_0's row went two blocks a register (q8_wide8, S[i] the eight
 // integer sums): with VNNI, a whole chunk.
 template <class T, int MR>
-MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(wide8)([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
-                                                 [[maybe_unused]] const std::uint8_t* row,
-                                                 [[maybe_unused]] std::int64_t g, [[maybe_unused]] std::int64_t groups,
-                                                 [[maybe_unused]] const std::int8_t* const (&a)[MR],
-                                                 [[maybe_unused]] __m256i (&S)[MR]) {
+MOEKIT_I8_ATTR inline bool wide8([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
+                                 [[maybe_unused]] const std::uint8_t* row, [[maybe_unused]] std::int64_t g,
+                                 [[maybe_unused]] std::int64_t groups,
+                                 [[maybe_unused]] const std::int8_t* const (&a)[MR],
+                                 [[maybe_unused]] __m256i (&S)[MR]) {
 #if MOEKIT_I8_VNNI
   if constexpr (T::kInt8Facts.byte_codes)
     if (g + 8 <= groups) {
@@ -250,31 +248,30 @@ MOEKIT_I8_ATTR inline bool MOEKIT_I8_NAME(wide8)([[maybe_unused]] const QuantA& 
 // (before the offset), ws and wb the eight blocks' scales and biases (0 past the row). The nibble
 // types go four blocks (quad8) or a pair (pairs8) at a time, the others a block at a time.
 template <class T, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk32)([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
-                                                   const std::uint8_t* row, std::int64_t g, std::int64_t groups,
-                                                   const std::int8_t* const (&a)[MR], __m256i (&S)[MR], __m256& ws,
-                                                   __m256& wb) {
+MOEKIT_I8_ATTR inline void chunk32([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
+                                   const std::uint8_t* row, std::int64_t g, std::int64_t groups,
+                                   const std::int8_t* const (&a)[MR], __m256i (&S)[MR], __m256& ws, __m256& wb) {
   __m128i scales = _mm_setzero_si128(), biases = _mm_setzero_si128();
-  const bool quad = MOEKIT_I8_NAME(quad8)<T, MR>(row, g, groups, a, S, scales, biases);  // S, scales, biases
-  const bool sums = quad || MOEKIT_I8_NAME(wide8)<T, MR>(qa, m, row, g, groups, a, S);   // S
+  const bool quad = quad8<T, MR>(row, g, groups, a, S, scales, biases);  // S, scales, biases
+  const bool sums = quad || wide8<T, MR>(qa, m, row, g, groups, a, S);   // S
   if (sums) {
     // nothing more to sum
   } else if constexpr (NibblePairs<T>::kYes) {
-    MOEKIT_I8_NAME(pairs8)<T, MR>(row, g, groups, a, S);
+    pairs8<T, MR>(row, g, groups, a, S);
   } else {
     __m256i h[MR][4];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       __m256i x[MR], y[MR];
-      MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p, g + 2 * p < groups, a, x);
-      MOEKIT_I8_NAME(block32)<T, MR>(row, g + 2 * p + 1, g + 2 * p + 1 < groups, a, y);
+      block32<T, MR>(row, g + 2 * p, g + 2 * p < groups, a, x);
+      block32<T, MR>(row, g + 2 * p + 1, g + 2 * p + 1 < groups, a, y);
       for (int i = 0; i < MR; ++i) h[i][p] = _mm256_hadd_epi32(x[i], y[i]);
     }
-    for (int i = 0; i < MR; ++i) S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
+    for (int i = 0; i < MR; ++i) S[i] = group_sums8<1>(h[i]);
   }
   if (!quad) {
-    scales = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 0);
-    if constexpr (GgmlInt8<T>::kBias) biases = MOEKIT_I8_NAME(fields8)<T>(row, g, groups, 2);
+    scales = fields8<T>(row, g, groups, 0);
+    if constexpr (GgmlInt8<T>::kBias) biases = fields8<T>(row, g, groups, 2);
   }
   if constexpr (T::kInt8Facts.e8m0_scale) {
     // e8m0 (the low byte; blocks past the row 0): 2^(e − 128), half the e8m0 scale since the codes

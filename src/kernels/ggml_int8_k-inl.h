@@ -7,14 +7,14 @@
 // q4_K / q5_K: a block's eight sub-block scales times their groups' sums (S, lane j group j), ws = d,
 // wb = −dmin·m.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(k_epilogue)(const std::uint8_t* b, __m256i (&S)[MR], __m256& ws, __m256& wb) {
+MOEKIT_I8_ATTR inline void k_epilogue(const std::uint8_t* b, __m256i (&S)[MR], __m256& ws, __m256& wb) {
   alignas(8) std::uint8_t sc[8], m[8];
   formats::ggml::scales_mins_k4(b + 4, sc, m);
   const __m256i scv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
   const __m256 mv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m))));
   for (int i = 0; i < MR; ++i) S[i] = _mm256_mullo_epi32(S[i], scv);
-  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b));
-  wb = _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), mv);
+  ws = _mm256_set1_ps(half(b));
+  wb = _mm256_mul_ps(_mm256_set1_ps(-half(b + 2)), mv);
 }
 
 #if MOEKIT_I8_VNNI
@@ -26,9 +26,8 @@ MOEKIT_I8_ATTR inline __m512i halves16(int c0, int c1) {
 
 // q4_K / q5_K: sub-blocks 2p and 2p + 1 against MR rows (k45_codes).
 template <bool kFifth, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std::int64_t g,
-                                                     const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws,
-                                                     __m256& wb) {
+MOEKIT_I8_ATTR inline void chunk_k45(const std::uint8_t* b, std::int64_t g, const std::int8_t* const (&a0)[MR],
+                                     __m256i (&S)[MR], __m256& ws, __m256& wb) {
 #if MOEKIT_I8_VNNI
   {  // 64 bytes of nibbles a register, A in the k4 order (k4_order)
     const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -37,7 +36,7 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std:
     // a 16-bit shift (no bit crosses into bit 4 of the other byte), merged into the nibbles.
     [[maybe_unused]] __m512i qh2, bit4;
     if constexpr (kFifth) {
-      qh2 = _mm512_broadcast_i64x4(MOEKIT_I8_NAME(load256)(b + 16));
+      qh2 = _mm512_broadcast_i64x4(load256(b + 16));
       bit4 = _mm512_set1_epi8(0x10);
     }
     for (int n = 0; n < 2; ++n) {
@@ -56,7 +55,7 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std:
       }
     }
     for (int i = 0; i < MR; ++i) S[i] = sums8_512<false>(x[0][i], x[1][i], x[2][i], x[3][i]);
-    MOEKIT_I8_NAME(k_epilogue)<MR>(b, S, ws, wb);
+    k_epilogue<MR>(b, S, ws, wb);
     return;
   }
 #endif
@@ -64,40 +63,38 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k45)(const std::uint8_t* b, std:
 #pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
     __m256i lo, hi;
-    MOEKIT_I8_NAME(k45_codes)<kFifth>(b, p, lo, hi);
+    k45_codes<kFifth>(b, p, lo, hi);
     for (int i = 0; i < MR; ++i) {
       const std::int8_t* a = a0[i] + 32 * g + 64 * p;
-      h[i][p] = _mm256_hadd_epi32(MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), lo, MOEKIT_I8_NAME(load256)(a)),
-                                  MOEKIT_I8_NAME(dot4)(_mm256_setzero_si256(), hi, MOEKIT_I8_NAME(load256)(a + 32)));
+      h[i][p] = _mm256_hadd_epi32(dot4(_mm256_setzero_si256(), lo, load256(a)),
+                                  dot4(_mm256_setzero_si256(), hi, load256(a + 32)));
     }
   }
-  for (int i = 0; i < MR; ++i) S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
-  MOEKIT_I8_NAME(k_epilogue)<MR>(b, S, ws, wb);
+  for (int i = 0; i < MR; ++i) S[i] = group_sums8<1>(h[i]);
+  k_epilogue<MR>(b, S, ws, wb);
 }
 
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q4_k::Type, [[maybe_unused]] const QuantA& qa,
-                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
-                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
-                                                   __m256& ws, __m256& wb) {
-  MOEKIT_I8_NAME(chunk_k45)<false, MR>(row + g / 8 * formats::q4_k::Type::kBytes, g, a0, S, ws, wb);
+MOEKIT_I8_ATTR inline void chunk_k(formats::q4_k::Type, [[maybe_unused]] const QuantA& qa,
+                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row, std::int64_t g,
+                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws, __m256& wb) {
+  chunk_k45<false, MR>(row + g / 8 * formats::q4_k::Type::kBytes, g, a0, S, ws, wb);
 }
 
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q5_k::Type, [[maybe_unused]] const QuantA& qa,
-                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
-                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
-                                                   __m256& ws, __m256& wb) {
-  MOEKIT_I8_NAME(chunk_k45)<true, MR>(row + g / 8 * formats::q5_k::Type::kBytes, g, a0, S, ws, wb);
+MOEKIT_I8_ATTR inline void chunk_k(formats::q5_k::Type, [[maybe_unused]] const QuantA& qa,
+                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row, std::int64_t g,
+                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws, __m256& wb) {
+  chunk_k45<true, MR>(row + g / 8 * formats::q5_k::Type::kBytes, g, a0, S, ws, wb);
 }
 
 // The eight groups' lanes x[j] of a K-quant block summed per group (S[i], lane j group j).
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(sums8)(const __m256i (&x)[8][MR], __m256i (&S)[MR]) {
+MOEKIT_I8_ATTR inline void sums8(const __m256i (&x)[8][MR], __m256i (&S)[MR]) {
   for (int i = 0; i < MR; ++i) {
     __m256i h[4];
     for (int p = 0; p < 4; ++p) h[p] = _mm256_hadd_epi32(x[2 * p][i], x[2 * p + 1][i]);
-    S[i] = MOEKIT_I8_NAME(group_sums8)<1>(h);
+    S[i] = group_sums8<1>(h);
   }
 }
 
@@ -112,10 +109,9 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(sums8)(const __m256i (&x)[8][MR], __m2
 // kOff · Σa of each 16 times its scale taken off per block from A's sums of 16 (QuantA::qsum16) by
 // one `vpmaddwd`.
 template <int kOff, int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled_block)([[maybe_unused]] const QuantA& qa,
-                                                        [[maybe_unused]] std::int64_t m, std::int64_t g,
-                                                        const __m256i (&c)[8], __m128i sc8,
-                                                        const std::int8_t* const (&a0)[MR], __m256i (&S)[MR]) {
+MOEKIT_I8_ATTR inline void scaled_block([[maybe_unused]] const QuantA& qa, [[maybe_unused]] std::int64_t m,
+                                        std::int64_t g, const __m256i (&c)[8], __m128i sc8,
+                                        const std::int8_t* const (&a0)[MR], __m256i (&S)[MR]) {
   static_assert(std::has_single_bit(unsigned{kOff}), "the offset taken off by a shift");
 #if MOEKIT_I8_VNNI
   const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
@@ -148,9 +144,9 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled_block)([[maybe_unused]] const Q
                                           _mm_set1_epi16(static_cast<short>(((2 * e0 + 1) << 8) | (2 * e0))));
     const __m256i scale = _mm256_shuffle_epi8(halves[j / 4], pick);
     for (int i = 0; i < MR; ++i)
-      x[j][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(c[j], MOEKIT_I8_NAME(load256)(a0[i] + 32 * (g + j))), scale);
+      x[j][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(c[j], load256(a0[i] + 32 * (g + j))), scale);
   }
-  MOEKIT_I8_NAME(sums8)<MR>(x, S);
+  sums8<MR>(x, S);
   for (int i = 0; i < MR; ++i) {
     const auto* sums = qa.qsum16.data() + (m + i) * (qa.K / 16) + 2 * g;  // group g's first 16
     const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
@@ -161,17 +157,16 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(scaled_block)([[maybe_unused]] const Q
 
 // q6_K: codes q − 32 (signed 6-bit; scaled_block takes q), int8 scales per 16, ws = d.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, [[maybe_unused]] const QuantA& qa,
-                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
-                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
-                                                   __m256& ws, __m256& wb) {
+MOEKIT_I8_ATTR inline void chunk_k(formats::q6_k::Type, [[maybe_unused]] const QuantA& qa,
+                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row, std::int64_t g,
+                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws, __m256& wb) {
   const std::uint8_t* b = row + g / 8 * formats::q6_k::Type::kBytes;
   const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
   const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
   __m256i c[8];
   for (int n = 0; n < 2; ++n) {
-    const __m256i l0 = MOEKIT_I8_NAME(load256)(b + 64 * n), l1 = MOEKIT_I8_NAME(load256)(b + 64 * n + 32);
-    const __m256i qh = MOEKIT_I8_NAME(load256)(b + 128 + 32 * n);
+    const __m256i l0 = load256(b + 64 * n), l1 = load256(b + 64 * n + 32);
+    const __m256i qh = load256(b + 128 + 32 * n);
     c[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4));
     c[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), low2), 4));
@@ -180,24 +175,23 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q6_k::Type, [[maybe_
     c[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4));
   }
-  MOEKIT_I8_NAME(scaled_block)<32, MR>(qa, m, g, c, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)), a0, S);
-  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 208));
+  scaled_block<32, MR>(qa, m, g, c, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)), a0, S);
+  ws = _mm256_set1_ps(half(b + 208));
   wb = _mm256_setzero_ps();
 }
 
 // q3_K: codes (2 low bits + 4 · the hmask bit) − 4 (scaled_block takes them plus 4), scales per 16 minus 32,
 // ws = d.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, [[maybe_unused]] const QuantA& qa,
-                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
-                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
-                                                   __m256& ws, __m256& wb) {
+MOEKIT_I8_ATTR inline void chunk_k(formats::q3_k::Type, [[maybe_unused]] const QuantA& qa,
+                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row, std::int64_t g,
+                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws, __m256& wb) {
   const std::uint8_t* b = row + g / 8 * formats::q3_k::Type::kBytes;
   const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-  const __m256i hm = MOEKIT_I8_NAME(load256)(b);
+  const __m256i hm = load256(b);
   __m256i c[8];
   for (int n = 0; n < 2; ++n) {
-    const __m256i qs = MOEKIT_I8_NAME(load256)(b + 32 + 32 * n);
+    const __m256i qs = load256(b + 32 + 32 * n);
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {
       const int j = 4 * n + t;  // the group within the block; hmask bit j
@@ -210,18 +204,17 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::q3_k::Type, [[maybe_
   const __m128i sc8 = _mm_sub_epi8(_mm_setr_epi32(static_cast<int>(sw.w[0]), static_cast<int>(sw.w[1]),
                                                   static_cast<int>(sw.w[2]), static_cast<int>(sw.w[3])),
                                    _mm_set1_epi8(32));
-  MOEKIT_I8_NAME(scaled_block)<4, MR>(qa, m, g, c, sc8, a0, S);
-  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 108));
+  scaled_block<4, MR>(qa, m, g, c, sc8, a0, S);
+  ws = _mm256_set1_ps(half(b + 108));
   wb = _mm256_setzero_ps();
 }
 
 // iq4_xs: eight iq4_nl-like sub-blocks, each with a 6-bit scale minus 32 (times its group's sum),
 // ws = d.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::iq4_xs::Type, [[maybe_unused]] const QuantA& qa,
-                                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row,
-                                                   std::int64_t g, const std::int8_t* const (&a0)[MR], __m256i (&S)[MR],
-                                                   __m256& ws, __m256& wb) {
+MOEKIT_I8_ATTR inline void chunk_k(formats::iq4_xs::Type, [[maybe_unused]] const QuantA& qa,
+                                   [[maybe_unused]] std::int64_t m, const std::uint8_t* row, std::int64_t g,
+                                   const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256& ws, __m256& wb) {
   const std::uint8_t* b = row + g / 8 * formats::iq4_xs::Type::kBytes;
   std::uint16_t high;
   std::memcpy(&high, b + 2, 2);
@@ -230,21 +223,19 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::iq4_xs::Type, [[mayb
   __m256i h[MR][4];
 #pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
-    const __m256i c0 = MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 8 + 32 * p));
-    const __m256i c1 =
-        MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 8 + 32 * p + 16));
+    const __m256i c0 = lookup(formats::ggml::kIq4Values, nibbles32(b + 8 + 32 * p));
+    const __m256i c1 = lookup(formats::ggml::kIq4Values, nibbles32(b + 8 + 32 * p + 16));
     for (int i = 0; i < MR; ++i) {
       const std::int8_t* a = a0[i] + 32 * g + 64 * p;
-      h[i][p] = _mm256_hadd_epi32(MOEKIT_I8_NAME(sdot)(c0, MOEKIT_I8_NAME(load256)(a)),
-                                  MOEKIT_I8_NAME(sdot)(c1, MOEKIT_I8_NAME(load256)(a + 32)));
+      h[i][p] = _mm256_hadd_epi32(sdot(c0, load256(a)), sdot(c1, load256(a + 32)));
     }
   }
   const __m256i scale = _mm256_load_si256(reinterpret_cast<const __m256i*>(ls));
   for (int i = 0; i < MR; ++i) {
-    const __m256i sums = MOEKIT_I8_NAME(group_sums8)<1>(h[i]);
+    const __m256i sums = group_sums8<1>(h[i]);
     S[i] = _mm256_mullo_epi32(sums, scale);
   }
-  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b));
+  ws = _mm256_set1_ps(half(b));
   wb = _mm256_setzero_ps();
 }
 
@@ -253,14 +244,14 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_k)(formats::iq4_xs::Type, [[mayb
 // (QuantA::qsum16, computed once per call, not per row of B) by one `vpmaddwd` per block (Mn,
 // lane j group j); ws = d, wm = −dmin.
 template <int MR>
-MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_q2k)(const QuantA& qa, std::int64_t m, const std::uint8_t* row,
-                                                     std::int64_t g, const std::int8_t* const (&a0)[MR],
-                                                     __m256i (&S)[MR], __m256i (&Mn)[MR], __m256& ws, __m256& wm) {
+MOEKIT_I8_ATTR inline void chunk_q2k(const QuantA& qa, std::int64_t m, const std::uint8_t* row, std::int64_t g,
+                                     const std::int8_t* const (&a0)[MR], __m256i (&S)[MR], __m256i (&Mn)[MR],
+                                     __m256& ws, __m256& wm) {
   const std::uint8_t* b = row + g / 8 * formats::q2_k::Type::kBytes;
   const __m256i low2 = _mm256_set1_epi8(3);
   __m256i x[8][MR];
   for (int n = 0; n < 2; ++n) {
-    const __m256i q = MOEKIT_I8_NAME(load256)(b + 16 + 32 * n);
+    const __m256i q = load256(b + 16 + 32 * n);
 #pragma GCC unroll 4
     for (int s = 0; s < 4; ++s) {
       const int j = 4 * n + s;  // the group within the block; scales 2j, 2j + 1
@@ -268,24 +259,23 @@ MOEKIT_I8_ATTR inline void MOEKIT_I8_NAME(chunk_q2k)(const QuantA& qa, std::int6
       const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(b[2 * j + 1] & 0xF)),
                                              _mm_set1_epi16(static_cast<short>(b[2 * j] & 0xF)));
       for (int i = 0; i < MR; ++i)
-        x[j][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(c, MOEKIT_I8_NAME(load256)(a0[i] + 32 * (g + j))), scale);
+        x[j][i] = _mm256_madd_epi16(_mm256_maddubs_epi16(c, load256(a0[i] + 32 * (g + j))), scale);
     }
   }
-  MOEKIT_I8_NAME(sums8)<MR>(x, S);
+  sums8<MR>(x, S);
   const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
   const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F)));
   for (int i = 0; i < MR; ++i) {
     const auto* sums = qa.qsum16.data() + (m + i) * (qa.K / 16) + 2 * g;  // group g's first 16
     Mn[i] = _mm256_madd_epi16(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
   }
-  ws = _mm256_set1_ps(MOEKIT_I8_NAME(half)(b + 80));
-  wm = _mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 82));
+  ws = _mm256_set1_ps(half(b + 80));
+  wm = _mm256_set1_ps(-half(b + 82));
 }
 
 // MR (1 or 2) rows of A from row m against one row of B (`row`, T's blocks).
 template <class T, int MR>
-MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t m, const std::uint8_t* row,
-                                                 float* out) {
+MOEKIT_I8_ATTR void ggml_row_dot(const QuantA& qa, std::int64_t m, const std::uint8_t* row, float* out) {
   using Tr = GgmlInt8<T>;
   const std::int8_t* a[MR];
   for (int i = 0; i < MR; ++i) a[i] = qa.q8.data() + (m + i) * qa.K;
@@ -296,11 +286,11 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t 
     [[maybe_unused]] __m256i Mn[MR];
     __m256 ws, wb;
     if constexpr (T::kBlock == 32) {
-      MOEKIT_I8_NAME(chunk32)<T, MR>(qa, m, row, g, qa.groups, a, S, ws, wb);
+      chunk32<T, MR>(qa, m, row, g, qa.groups, a, S, ws, wb);
     } else if constexpr (Tr::kMin16) {
-      MOEKIT_I8_NAME(chunk_q2k)<MR>(qa, m, row, g, a, S, Mn, ws, wb);  // wb: wm
+      chunk_q2k<MR>(qa, m, row, g, a, S, Mn, ws, wb);  // wb: wm
     } else {
-      MOEKIT_I8_NAME(chunk_k)<MR>(T{}, qa, m, row, g, a, S, ws, wb);
+      chunk_k<MR>(T{}, qa, m, row, g, a, S, ws, wb);
     }
     for (int i = 0; i < MR; ++i) {
       const std::size_t gi = static_cast<std::size_t>((m + i) * qa.gstride + g);
@@ -315,14 +305,14 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_row_dot)(const QuantA& qa, std::int64_t 
             _mm256_fmadd_ps(wb, _mm256_mul_ps(_mm256_cvtepi32_ps(Mn[i]), _mm256_loadu_ps(qa.d.data() + gi)), bacc[i]);
     }
   }
-  for (int i = 0; i < MR; ++i) out[i] = MOEKIT_I8_NAME(reduce8)(Tr::kAdd ? _mm256_add_ps(acc[i], bacc[i]) : acc[i]);
+  for (int i = 0; i < MR; ++i) out[i] = reduce8(Tr::kAdd ? _mm256_add_ps(acc[i], bacc[i]) : acc[i]);
 }
 
 // Every row of A (at most kInt8MaxRows) against B's rows [0, N), B's rows in address order, A's
 // rows two at a time against each.
 template <class T>
-MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_rows)(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
-                                              std::int64_t N) {
+MOEKIT_I8_ATTR void ggml_rows(const QuantA& qa, const WeightMatrix& B, const Output& C, std::int64_t M,
+                              std::int64_t N) {
   const auto* base = static_cast<const std::uint8_t*>(B.data);
   const std::int64_t stride = row_stride_bytes(B);
   for (std::int64_t n = 0; n < N; ++n) {
@@ -336,12 +326,12 @@ MOEKIT_I8_ATTR void MOEKIT_I8_NAME(ggml_rows)(const QuantA& qa, const WeightMatr
     float out[2];
     std::int64_t m = 0;
     for (; m + 2 <= M; m += 2) {
-      MOEKIT_I8_NAME(ggml_row_dot)<T, 2>(qa, m, row, out);
+      ggml_row_dot<T, 2>(qa, m, row, out);
       store(C, m, n, out[0]);
       store(C, m + 1, n, out[1]);
     }
     if (m < M) {
-      MOEKIT_I8_NAME(ggml_row_dot)<T, 1>(qa, m, row, out);
+      ggml_row_dot<T, 1>(qa, m, row, out);
       store(C, m, n, out[0]);
     }
   }

@@ -1,7 +1,7 @@
 // The panel kernel's pack (ggml_panel-inl.h): kW rows of B turned into one panel of u8 codes
 // (4 inputs × kW rows per register) and per-group terms, a block at a time — straight from the
 // rows for the types Traits<T>::kDirect names, else a row at a time through a stage. Included once
-// per instruction set after ggml_unpack-inl.h, inside namespace panel_avx2 or panel_vnni
+// per instruction set after ggml_unpack-inl.h, inside namespace avx2 or vnni
 // (int8_panels.cpp).
 // No include guard: included twice, on purpose.
 
@@ -185,8 +185,8 @@ MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[16], const 
     for (int r = 0; r < 16; ++r) {
       const std::uint8_t* b = row[r] + blk * T::kBytes + kQs;
       if constexpr (kQ8) {
-        const __m256i hi = n > 1 ? MOEKIT_I8_NAME(load256)(b + T::kBytes) : _mm256_setzero_si256();
-        v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(MOEKIT_I8_NAME(load256)(b)), hi, 1);
+        const __m256i hi = n > 1 ? load256(b + T::kBytes) : _mm256_setzero_si256();
+        v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(b)), hi, 1);
       } else {
         v[r] = _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
         for (int k = 1; k < n; ++k) {
@@ -255,7 +255,7 @@ template <class T>
 MOEKIT_I8_ATTR inline __m256i nibble_codes8(__m256i nibbles) {
   // (clang-format would space a macro-named template's call as a comparison.)
   // clang-format off
-  return signed_to_u8<T>(MOEKIT_I8_NAME(nibble_codes)<T>(nibbles));
+  return signed_to_u8<T>(nibble_codes<T>(nibbles));
   // clang-format on
 }
 
@@ -271,12 +271,12 @@ MOEKIT_I8_ATTR inline void direct_k45(const std::uint8_t* const (&row)[8], std::
   for (std::int64_t blk = 0; blk < blocks; ++blk) {
     __m256i qh[8];
     if constexpr (kFifth) {
-      for (int r = 0; r < 8; ++r) qh[r] = MOEKIT_I8_NAME(load256)(row[r] + blk * kBytes + 16);
+      for (int r = 0; r < 8; ++r) qh[r] = load256(row[r] + blk * kBytes + 16);
       transpose8(qh);
     }
     for (int pp = 0; pp < 4; ++pp) {
       __m256i v[8];
-      for (int r = 0; r < 8; ++r) v[r] = MOEKIT_I8_NAME(load256)(row[r] + blk * kBytes + kQs + 32 * pp);
+      for (int r = 0; r < 8; ++r) v[r] = load256(row[r] + blk * kBytes + kQs + 32 * pp);
       transpose8(v);
       std::uint8_t* c = p.codes.data() + (blk * 64 + 16 * pp) * 32;  // step of quad 0 of sub-block 2pp
       for (int j = 0; j < 8; ++j) {
@@ -329,7 +329,7 @@ MOEKIT_I8_ATTR inline void direct32(const std::uint8_t* const (&row)[8], std::in
     for (int r = 0; r < 8; ++r) {
       const std::uint8_t* b = row[r] + blk * T::kBytes + kQs;
       if constexpr (kQ8) {
-        v[r] = MOEKIT_I8_NAME(load256)(b);
+        v[r] = load256(b);
       } else {
         const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
         v[r] = _mm256_inserti128_si256(

@@ -1,6 +1,6 @@
 // The int8 fast mode on ggml's block types for many rows of A (prefill): the panel kernel's tiles
 // and driver. int8_panels.cpp includes it twice, after ggml_unpack-inl.h and ggml_pack-inl.h:
-// inside namespace panel_avx2 for AVX2 and inside namespace panel_vnni for AVX512-VNNI. `Rows`
+// inside namespace avx2 for AVX2 and inside namespace vnni for AVX512-VNNI. `Rows`
 // (A's side) is int8_common.hpp's, shared by both.
 //
 // Per kW rows of B (16 with VNNI, 8 with AVX2): each block is turned once into u8 codes and

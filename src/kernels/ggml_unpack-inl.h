@@ -1,7 +1,7 @@
 // ggml's block types in vectors, per block: its u8 codes and per-group float terms (unpack), the
 // panel kernel's facts of a type (Traits), and the exact mode's decode built on them (dequant:
 // formats/ggml_decode.cpp). Included once per instruction set after int8_codes-inl.h, inside
-// namespace panel_avx2 or panel_vnni (int8_panels.cpp, formats/ggml_decode.cpp); ggml_panel-inl.h
+// namespace avx2 or vnni (int8_panels.cpp, formats/ggml_decode.cpp); ggml_panel-inl.h
 // says how the panel kernel uses the codes and terms.
 // No include guard: included twice, on purpose.
 
@@ -59,16 +59,16 @@ MOEKIT_I8_ATTR inline void terms32(T, const std::uint8_t* b, float* ws, float* w
   if constexpr (T::kInt8Facts.e8m0_scale) {
     *ws = T::Scale(b[0]);
   } else {
-    *ws = MOEKIT_I8_NAME(half)(b);
+    *ws = half(b);
   }
-  if constexpr (Traits<T>::kBias) *wb = MOEKIT_I8_NAME(half)(b + 2);
+  if constexpr (Traits<T>::kBias) *wb = half(b + 2);
 }
 
 // One block of T as kBlock u8 codes and its kBlock / kG terms ws, wb.
 template <class T>
 MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
   static_assert(T::kBlock == 32, "the 32-block types; the K-quants have their own");
-  __m256i c = MOEKIT_I8_NAME(codes32)(T{}, b);
+  __m256i c = codes32(T{}, b);
   if constexpr (GgmlInt8<T>::kSigned) c = _mm256_xor_si256(c, _mm256_set1_epi8(static_cast<char>(0x80)));
   put(u, c);
   terms32(T{}, b, ws, wb);
@@ -78,8 +78,8 @@ MOEKIT_I8_ATTR inline void unpack(T, const std::uint8_t* b, std::uint8_t* u, flo
 MOEKIT_I8_ATTR inline void k45_terms(const std::uint8_t* b, float* ws, float* wb) {
   alignas(8) std::uint8_t sc[8], m[8];
   formats::ggml::scales_mins_k4(b + 4, sc, m);
-  _mm256_storeu_ps(ws, _mm256_mul_ps(_mm256_set1_ps(MOEKIT_I8_NAME(half)(b)), widen8(sc)));
-  _mm256_storeu_ps(wb, _mm256_mul_ps(_mm256_set1_ps(-MOEKIT_I8_NAME(half)(b + 2)), widen8(m)));  // −(dmin · m)
+  _mm256_storeu_ps(ws, _mm256_mul_ps(_mm256_set1_ps(half(b)), widen8(sc)));
+  _mm256_storeu_ps(wb, _mm256_mul_ps(_mm256_set1_ps(-half(b + 2)), widen8(m)));  // −(dmin · m)
 }
 
 #if MOEKIT_I8_VNNI
@@ -120,7 +120,7 @@ template <bool kFifth>
 MOEKIT_I8_ATTR inline void unpack_k45(const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
   for (int p = 0; p < 4; ++p) {
     __m256i lo, hi;
-    MOEKIT_I8_NAME(k45_codes)<kFifth>(b, p, lo, hi);
+    k45_codes<kFifth>(b, p, lo, hi);
     put(u + 64 * p, lo);
     put(u + 64 * p + 32, hi);
   }
@@ -138,8 +138,8 @@ MOEKIT_I8_ATTR inline void unpack(formats::q5_k::Type, const std::uint8_t* b, st
 MOEKIT_I8_ATTR inline void unpack(formats::q6_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(3);
   for (int n = 0; n < 2; ++n) {
-    const __m256i l0 = MOEKIT_I8_NAME(load256)(b + 64 * n), l1 = MOEKIT_I8_NAME(load256)(b + 64 * n + 32);
-    const __m256i qh = MOEKIT_I8_NAME(load256)(b + 128 + 32 * n);
+    const __m256i l0 = load256(b + 64 * n), l1 = load256(b + 64 * n + 32);
+    const __m256i qh = load256(b + 128 + 32 * n);
     std::uint8_t* o = u + 128 * n;
     put(o, _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, low2), 4)));
     put(o + 32, _mm256_or_si256(_mm256_and_si256(l1, low4),
@@ -150,16 +150,16 @@ MOEKIT_I8_ATTR inline void unpack(formats::q6_k::Type, const std::uint8_t* b, st
                                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), low2), 4)));
   }
   const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
-  const float d = MOEKIT_I8_NAME(half)(b + 208);
+  const float d = half(b + 208);
   for (int h = 0; h < 16; ++h) ws[h] = d * static_cast<float>(sc[h]);
 }
 
 // q3_K: codes 2 low bits + 4 · the hmask bit (offset 4), scales per 16 minus 32: ws = d · scale.
 MOEKIT_I8_ATTR inline void unpack(formats::q3_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
   const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-  const __m256i hm = MOEKIT_I8_NAME(load256)(b);
+  const __m256i hm = load256(b);
   for (int n = 0; n < 2; ++n) {
-    const __m256i qs = MOEKIT_I8_NAME(load256)(b + 32 + 32 * n);
+    const __m256i qs = load256(b + 32 + 32 * n);
     for (int t = 0; t < 4; ++t) {
       const int j = 4 * n + t;  // hmask bit j
       const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * t), low2);
@@ -169,7 +169,7 @@ MOEKIT_I8_ATTR inline void unpack(formats::q3_k::Type, const std::uint8_t* b, st
   }
   std::int8_t sc[16];
   formats::q3_k::Type::Scales(b, sc);
-  const float d = MOEKIT_I8_NAME(half)(b + 108);
+  const float d = half(b + 108);
   for (int h = 0; h < 16; ++h) ws[h] = d * static_cast<float>(sc[h] - 32);
 }
 
@@ -177,10 +177,10 @@ MOEKIT_I8_ATTR inline void unpack(formats::q3_k::Type, const std::uint8_t* b, st
 MOEKIT_I8_ATTR inline void unpack(formats::q2_k::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float* wb) {
   const __m256i low2 = _mm256_set1_epi8(3);
   for (int n = 0; n < 2; ++n) {
-    const __m256i q = MOEKIT_I8_NAME(load256)(b + 16 + 32 * n);
+    const __m256i q = load256(b + 16 + 32 * n);
     for (int s = 0; s < 4; ++s) put(u + 128 * n + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), low2));
   }
-  const float d = MOEKIT_I8_NAME(half)(b + 80), dmin = MOEKIT_I8_NAME(half)(b + 82);
+  const float d = half(b + 80), dmin = half(b + 82);
   for (int h = 0; h < 16; ++h) {
     ws[h] = d * static_cast<float>(b[h] & 0xF);
     wb[h] = -(dmin * static_cast<float>(b[h] >> 4));
@@ -191,12 +191,10 @@ MOEKIT_I8_ATTR inline void unpack(formats::q2_k::Type, const std::uint8_t* b, st
 MOEKIT_I8_ATTR inline void unpack(formats::iq4_xs::Type, const std::uint8_t* b, std::uint8_t* u, float* ws, float*) {
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int j = 0; j < 8; ++j)
-    put(u + 32 * j,
-        _mm256_xor_si256(MOEKIT_I8_NAME(lookup)(formats::ggml::kIq4Values, MOEKIT_I8_NAME(nibbles32)(b + 8 + 16 * j)),
-                         flip));
+    put(u + 32 * j, _mm256_xor_si256(lookup(formats::ggml::kIq4Values, nibbles32(b + 8 + 16 * j)), flip));
   std::uint16_t high;
   std::memcpy(&high, b + 2, 2);
-  const float d = MOEKIT_I8_NAME(half)(b);
+  const float d = half(b);
   for (int j = 0; j < 8; ++j)
     ws[j] = d * static_cast<float>((((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4)) - 32);
 }

@@ -19,24 +19,24 @@ namespace {
 #if MOEKIT_X86
 // The includes come in the order of their definitions, not sorted:
 // clang-format off
+namespace avx2 {
 #define MOEKIT_I8_VNNI 0
 #include "kernels/int8_width_begin.h"
 #include "kernels/int8_codes-inl.h"
-namespace panel_avx2 {
 #include "kernels/ggml_unpack-inl.h"
 #include "kernels/ggml_pack-inl.h"
 #include "kernels/ggml_panel-inl.h"
-}  // namespace panel_avx2
 #include "kernels/int8_width_end.h"
+}  // namespace avx2
+namespace vnni {
 #define MOEKIT_I8_VNNI 1
 #include "kernels/int8_width_begin.h"
 #include "kernels/int8_codes-inl.h"
-namespace panel_vnni {
 #include "kernels/ggml_unpack-inl.h"
 #include "kernels/ggml_pack-inl.h"
 #include "kernels/ggml_panel-inl.h"
-}  // namespace panel_vnni
 #include "kernels/int8_width_end.h"
+}  // namespace vnni
 // clang-format on
 #endif
 
@@ -67,7 +67,7 @@ RowsKey rows_key(const RowSource& A, std::int64_t M, std::int64_t K) {
 template <class T>
 void prepare_rows(const RowSource& A, std::int64_t M, std::int64_t K, std::int64_t Mp, std::vector<std::int8_t>& q,
                   std::vector<float>& d, std::vector<float>& xs, std::vector<std::int32_t>& t0) {
-  using Tr = panel_avx2::Traits<T>;  // its group and offset: the same for both widths
+  using Tr = avx2::Traits<T>;  // its group and offset: the same for both widths
   const std::int64_t groups = K / Tr::kG;
   QuantA& qa = thread_quant_a();
   quantize_a(A, M, K, 32, 8, true, true, qa, T::kBlock);
@@ -111,10 +111,10 @@ void ggml_panels(T, const RowSource& A, const WeightMatrix& B, const Output& C, 
   }
   last = key;
   const Rows rows{q.data(), d.data(), xs.data(), t0.data(), Mp};
-  const std::int64_t width = vnni ? panel_vnni::kW : panel_avx2::kW;
+  const std::int64_t width = vnni ? vnni::kW : avx2::kW;
   const auto run = [&](std::int64_t b0, std::int64_t b1) {
-    if (vnni) return panel_vnni::run<T>(rows, M, Mp, B, C, b0 * width, std::min(N, b1 * width), K);
-    panel_avx2::run<T>(rows, M, Mp, B, C, b0 * width, std::min(N, b1 * width), K);
+    if (vnni) return vnni::run<T>(rows, M, Mp, B, C, b0 * width, std::min(N, b1 * width), K);
+    avx2::run<T>(rows, M, Mp, B, C, b0 * width, std::min(N, b1 * width), K);
   };
   const std::int64_t panels = (N + width - 1) / width;
   if (threads == Threads::caller) return run(0, panels);

@@ -201,6 +201,7 @@ void ggml_kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C
 #if MOEKIT_X86
 // The includes come in the order of their definitions, not sorted:
 // clang-format off
+namespace avx2 {
 #define MOEKIT_I8_VNNI 0
 #include "kernels/int8_width_begin.h"
 #include "kernels/int8_codes-inl.h"
@@ -208,6 +209,8 @@ void ggml_kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C
 #include "kernels/ggml_int8-inl.h"
 #include "kernels/ggml_int8_k-inl.h"
 #include "kernels/int8_width_end.h"
+}  // namespace avx2
+namespace vnni {
 #define MOEKIT_I8_VNNI 1
 #include "kernels/int8_width_begin.h"
 #include "kernels/int8_codes-inl.h"
@@ -215,6 +218,7 @@ void ggml_kernel_scalar(const QuantA& qa, const WeightMatrix& B, const Output& C
 #include "kernels/ggml_int8-inl.h"
 #include "kernels/ggml_int8_k-inl.h"
 #include "kernels/int8_width_end.h"
+}  // namespace vnni
 // clang-format on
 #endif
 
@@ -239,12 +243,12 @@ void ggml_int8(T, const RowSource& A, const WeightMatrix& B, const Output& C, st
     } else if constexpr (NibblePairs<T>::kYes) {
       pair_order(qa);
     }
-    return ggml_rows_vnni<T>(qa, B, C, M, N);
+    return vnni::ggml_rows<T>(qa, B, C, M, N);
   }
   if (path == Int8Path::avx2) {
     if constexpr (T::kInt8Facts.per16 && !T::kInt8Facts.min16) sums16(qa);  // scaled_block's offsets
     if constexpr (NibblePairs<T>::kYes) pair_order(qa);
-    return ggml_rows_avx2<T>(qa, B, C, M, N);
+    return avx2::ggml_rows<T>(qa, B, C, M, N);
   }
 #endif
   ggml_kernel_scalar<T>(qa, B, C, M, N);
@@ -271,14 +275,14 @@ void detail::gemm_nt_affine_int8_kernel(const RowSource& A, const WeightMatrix& 
   // moekit knows), else the portable one.
   if (codes != Codes::affine8 && !qa.pair64) path = Int8Path::portable;
   if (path == Int8Path::avx512vnni) {
-    if (codes == Codes::signed4) return kernel_vnni<Codes::signed4>(qa, B, C, M, N);
-    if (codes == Codes::affine4) return kernel_vnni<Codes::affine4>(qa, B, C, M, N);
-    return kernel_vnni<Codes::affine8>(qa, B, C, M, N);
+    if (codes == Codes::signed4) return vnni::kernel<Codes::signed4>(qa, B, C, M, N);
+    if (codes == Codes::affine4) return vnni::kernel<Codes::affine4>(qa, B, C, M, N);
+    return vnni::kernel<Codes::affine8>(qa, B, C, M, N);
   }
   if (path == Int8Path::avx2) {
-    if (codes == Codes::signed4) return kernel_avx2<Codes::signed4>(qa, B, C, M, N);
-    if (codes == Codes::affine4) return kernel_avx2<Codes::affine4>(qa, B, C, M, N);
-    return kernel_avx2<Codes::affine8>(qa, B, C, M, N);
+    if (codes == Codes::signed4) return avx2::kernel<Codes::signed4>(qa, B, C, M, N);
+    if (codes == Codes::affine4) return avx2::kernel<Codes::affine4>(qa, B, C, M, N);
+    return avx2::kernel<Codes::affine8>(qa, B, C, M, N);
   }
 #else
   quantize_a(A, M, K, B.format.block_cols, B.format.bits, false, false, qa);

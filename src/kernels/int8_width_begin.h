@@ -2,16 +2,17 @@
 // int8_width_end.h: the includer defines MOEKIT_I8_VNNI (0: AVX2, 1: AVX512-VNNI on 256-bit
 // vectors), this sets from it
 //   MOEKIT_I8_ATTR  the functions' target attribute
-//   MOEKIT_I8_NAME  the name decoration of this instruction set's functions (f_avx2, f_vnni)
 // The translation units of the int8 kernels (int8_rows.cpp, int8_panels.cpp,
-// formats/ggml_decode.cpp) include their -inl.h files twice between these two, once per set.
+// formats/ggml_decode.cpp) include their -inl.h files twice between these two, once per set,
+// each time inside a namespace named for the set (`avx2`, `vnni`), so a function keeps its plain
+// name (`avx2::chunk_k`, `vnni::chunk_k`). A template over the set cannot replace the double
+// include: GCC fixes a function's target attribute per definition, not per instantiation, and
+// the intrinsics refuse to inline into a function without it.
 // No include guard: included twice, on purpose.
 #if MOEKIT_I8_VNNI
 #define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
-#define MOEKIT_I8_NAME(f) f##_vnni
 #else
 #define MOEKIT_I8_ATTR __attribute__((target("avx2,fma,f16c")))
-#define MOEKIT_I8_NAME(f) f##_avx2
 #endif
 #pragma GCC diagnostic push
 #if MOEKIT_I8_VNNI

@@ -15,20 +15,20 @@ namespace {
 #if MOEKIT_X86
 // The includes come in the order of their definitions, not sorted:
 // clang-format off
+namespace avx2 {
 #define MOEKIT_I8_VNNI 0
 #include "kernels/int8_width_begin.h"
 #include "kernels/int8_codes-inl.h"
-namespace panel_avx2 {
 #include "kernels/ggml_unpack-inl.h"
-}  // namespace panel_avx2
 #include "kernels/int8_width_end.h"
+}  // namespace avx2
+namespace vnni {
 #define MOEKIT_I8_VNNI 1
 #include "kernels/int8_width_begin.h"
 #include "kernels/int8_codes-inl.h"
-namespace panel_vnni {
 #include "kernels/ggml_unpack-inl.h"
-}  // namespace panel_vnni
 #include "kernels/int8_width_end.h"
+}  // namespace vnni
 // clang-format on
 #endif
 
@@ -49,9 +49,9 @@ bool detail::ggml_dequant_rows(const WeightMatrix& B, std::int64_t n0, std::int6
     using T = decltype(type);
     for (std::int64_t r = 0; r < rows; ++r) {
       if (wide) {
-        panel_vnni::dequant<T>(row_bytes(B, n0 + r), K / T::kBlock, dst + r * K);
+        vnni::dequant<T>(row_bytes(B, n0 + r), K / T::kBlock, dst + r * K);
       } else {
-        panel_avx2::dequant<T>(row_bytes(B, n0 + r), K / T::kBlock, dst + r * K);
+        avx2::dequant<T>(row_bytes(B, n0 + r), K / T::kBlock, dst + r * K);
       }
     }
   });
