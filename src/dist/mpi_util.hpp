@@ -1,13 +1,16 @@
-// Small MPI helpers shared by the dist layer's files (not part of the public API).
+// Small helpers shared by the dist layer's files (not part of the public API): MPI's ranks and
+// counts, and copying chosen rows of an f32 matrix.
 #pragma once
 
 #include <mpi.h>
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
+#include "moekit/tensor.hpp"
 #include "util/error.hpp"
 
 namespace moekit::dist::mpi_util {
@@ -58,6 +61,14 @@ void sum_in_rank_order(MPI_Comm comm, T* data, std::int64_t n) {
       for (std::int64_t i = 0; i < n; ++i) data[i] = data[i] + p[i];
     }
   MPI_Bcast(data, count, mpi_type<T>(), 0, comm);
+}
+
+// Rows `ids` of the f32 matrix `from` into the rows 0, 1, ... of `to` (as many rows as ids).
+inline void copy_rows(const Tensor& from, const std::vector<std::int64_t>& ids, Tensor& to) {
+  const std::int64_t n = from.dim(1);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    std::memcpy(to.data_as<float>() + static_cast<std::int64_t>(i) * n, from.data_as<const float>() + ids[i] * n,
+                static_cast<std::size_t>(n) * sizeof(float));
 }
 
 }  // namespace moekit::dist::mpi_util
