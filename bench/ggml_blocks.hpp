@@ -1,6 +1,7 @@
 // Random ggml blocks for the benchmarks: random codes with plausible scales (no NaN, Inf or
-// subnormal products to slow the float steps), per type its block bytes and where its f16 scales
-// (or MXFP4's e8m0) lie. moe_bench.cpp's BM_GgmlRows and panel_tile.cpp share them.
+// subnormal products to slow the float steps). A type's block bytes and where its f16 scales (or
+// MXFP4's e8m0) lie are its format's (kernels/formats/ggml_*.hpp). moe_bench.cpp's BM_GgmlRows
+// and panel_tile.cpp share them.
 #pragma once
 
 #include <cstdint>
@@ -12,22 +13,20 @@
 
 namespace moekit::bench {
 
-// A type's name and block bytes are its format's (kernels/formats/ggml_*.hpp); here only where its
-// f16 scales lie within a block.
 struct GgmlKind {
   const char* name;
   Element element;
-  int fields[2];  // where its f16 scales lie (−1: none; MXFP4: its e8m0)
-  int bytes() const { return kernels::formats::traits(element).gguf.bytes; }
+  const kernels::formats::FormatTraits::GgufBlock& block() const { return kernels::formats::traits(element).gguf; }
+  int bytes() const { return block().bytes; }
 };
 
-inline constexpr GgmlKind kQ4K{"q4_K", Element::q4_k, {0, 2}};
-inline constexpr GgmlKind kQ6K{"q6_K", Element::q6_k, {208, -1}};
-inline constexpr GgmlKind kQ3K{"q3_K", Element::q3_k, {108, -1}};
-inline constexpr GgmlKind kQ8_0{"q8_0", Element::q8_0, {0, -1}};
-inline constexpr GgmlKind kQ4_0{"q4_0", Element::q4_0, {0, -1}};
-inline constexpr GgmlKind kMxfp4{"MXFP4", Element::ggml_mxfp4, {0, -1}};
-inline constexpr GgmlKind kQ5K{"q5_K", Element::q5_k, {0, 2}};
+inline constexpr GgmlKind kQ4K{"q4_K", Element::q4_k};
+inline constexpr GgmlKind kQ6K{"q6_K", Element::q6_k};
+inline constexpr GgmlKind kQ3K{"q3_K", Element::q3_k};
+inline constexpr GgmlKind kQ8_0{"q8_0", Element::q8_0};
+inline constexpr GgmlKind kQ4_0{"q4_0", Element::q4_0};
+inline constexpr GgmlKind kMxfp4{"MXFP4", Element::ggml_mxfp4};
+inline constexpr GgmlKind kQ5K{"q5_K", Element::q5_k};
 
 // N rows of K weights of `kind` (row stride `ld` bytes, set), seeded.
 inline std::vector<std::uint8_t> random_ggml_rows(const GgmlKind& kind, std::int64_t N, std::int64_t K,
@@ -38,7 +37,7 @@ inline std::vector<std::uint8_t> random_ggml_rows(const GgmlKind& kind, std::int
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(N * ld));
   for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
   for (std::size_t blk = 0; blk < bytes.size(); blk += static_cast<std::size_t>(kind.bytes()))
-    for (const int at : kind.fields) {
+    for (const int at : kind.block().scale_at) {
       if (at < 0) continue;
       if (kind.element == Element::ggml_mxfp4) {
         bytes[blk] = static_cast<std::uint8_t>(121 + rng() % 6);  // 2^-6 .. 2^-1

@@ -12,30 +12,40 @@ import argparse
 
 import numpy as np
 
-# type -> (ggml id, block, bytes, [(offset, two little-endian bytes) of each f16 scale in a block])
-HALF = bytes([0x00, 0x20])  # f16 0.0078125
-TYPES = {
-    "q4_0": (2, 32, 18, [(0, HALF)]),
-    "q8_0": (8, 32, 34, [(0, HALF)]),
-    "q2_K": (10, 256, 84, [(80, HALF), (82, HALF)]),
-    "q4_K": (12, 256, 144, [(0, HALF), (2, HALF)]),
-    "q5_K": (13, 256, 176, [(0, HALF), (2, HALF)]),
-    "q6_K": (14, 256, 210, [(208, HALF)]),
-    "mxfp4": (39, 32, 17, [(0, bytes([120]))]),
+# type -> [(offset, bytes) of each scale in a block]: f16 scales set to 0.0078125 (two
+# little-endian bytes), MXFP4's e8m0 exponent to 2^-7. The type's id, block and bytes are gguf-py's
+# (GGMLQuantizationType, GGML_QUANT_SIZES), not repeated here.
+HALF = bytes([0x00, 0x20])
+SCALES = {
+    "q4_0": [(0, HALF)],
+    "q8_0": [(0, HALF)],
+    "q2_K": [(80, HALF), (82, HALF)],
+    "q4_K": [(0, HALF), (2, HALF)],
+    "q5_K": [(0, HALF), (2, HALF)],
+    "q6_K": [(208, HALF)],
+    "mxfp4": [(0, bytes([120]))],
 }
 
 
+def ggml_type(name):
+    import gguf
+
+    return gguf.GGMLQuantizationType[name.upper()]
+
+
 def blocks(rng, rows, cols, t):
-    tid, block, nbytes, scales = TYPES[t]
+    import gguf
+
+    block, nbytes = gguf.GGML_QUANT_SIZES[ggml_type(t)]
     b = rng.integers(0, 256, size=(rows * cols // block, nbytes), dtype=np.uint8)
-    for off, val in scales:
+    for off, val in SCALES[t]:
         b[:, off:off + len(val)] = np.frombuffer(val, dtype=np.uint8)
     return b.reshape(rows, cols // block * nbytes)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--type", required=True, choices=sorted(TYPES))
+    ap.add_argument("--type", required=True, choices=sorted(SCALES))
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dims", default="2048,768,128,8", help="D,F,E,K (default: Qwen3-30B-A3B)")
     ap.add_argument("--seed", type=int, default=1)
@@ -45,7 +55,7 @@ def main():
 
     D, F, E, K = (int(v) for v in args.dims.split(","))
     rng = np.random.default_rng(args.seed)
-    qtype = gguf.GGMLQuantizationType(TYPES[args.type][0])
+    qtype = ggml_type(args.type)
     w = gguf.GGUFWriter(args.out, "qwen3moe")
     w.add_block_count(args.layers)
     w.add_context_length(4096)

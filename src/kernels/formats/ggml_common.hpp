@@ -116,8 +116,10 @@ struct Rules {
     return out[k % T::kBlock];
   }
   static constexpr FormatTraits kTraits{
-      T::kName, DType::u8, row_elements, check,
-      describe, decode,    true,         {static_cast<int>(T::kGgufId), T::kBits, T::kBlock, T::kBytes}};
+      T::kName,     DType::u8,
+      row_elements, check,
+      describe,     decode,
+      true,         {static_cast<int>(T::kGgufId), T::kBits, T::kBlock, T::kBytes, {T::kScaleAt[0], T::kScaleAt[1]}}};
 };
 
 }  // namespace moekit::kernels::formats::ggml

@@ -10,6 +10,7 @@ struct Type {
   static constexpr const char* kName = "iq4_nl";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 18;
   static constexpr std::uint32_t kGgufId = 20;  // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {0, -1};   // bytes of a block's f16 scales d, dmin (m); -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{.signed_codes = true,
                                               .panel_offset = 128,
@@ -19,7 +20,7 @@ struct Type {
                                               .has_table = true,
                                               .table = ggml::kIq4Values};
   static void Block(const std::uint8_t* b, float* y) {
-    const float d = ggml::half(b);
+    const float d = ggml::half(b + kScaleAt[0]);
     const std::uint8_t* qs = b + 2;
     for (int j = 0; j < 16; ++j) {
       y[j] = d * static_cast<float>(ggml::kIq4Values[qs[j] & 0xF]);
@@ -34,7 +35,7 @@ struct Type {
       q[j + 16] = ggml::kIq4Values[qs[j] >> 4];
     }
     qs16[0] = qs16[1] = 1;
-    ws[0] = ggml::half(b);
+    ws[0] = ggml::half(b + kScaleAt[0]);
     wb[0] = 0.0f;
   }
 };

@@ -11,10 +11,11 @@ struct Type {
   static constexpr const char* kName = "iq4_xs";
   static constexpr int kBits = 4, kBlock = 256, kBytes = 136;
   static constexpr std::uint32_t kGgufId = 23;  // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {0, -1};   // bytes of a block's f16 scales d, dmin (m); -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{.panel_offset = 128, .max_code = 128};
   static void Block(const std::uint8_t* b, float* y) {
-    const float d = ggml::half(b);
+    const float d = ggml::half(b + kScaleAt[0]);
     std::uint16_t scales_h;
     std::memcpy(&scales_h, b + 2, 2);
     const std::uint8_t* scales_l = b + 4;
@@ -43,7 +44,7 @@ struct Type {
         q[32 * ib + j + 16] = ggml::kIq4Values[qs[j] >> 4];
       }
       qs16[2 * ib] = qs16[2 * ib + 1] = static_cast<std::int16_t>(ls - 32);
-      ws[ib] = ggml::half(b);
+      ws[ib] = ggml::half(b + kScaleAt[0]);
       wb[ib] = 0.0f;
     }
   }

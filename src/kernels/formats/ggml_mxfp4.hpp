@@ -17,6 +17,7 @@ struct Type {
   static constexpr const char* kName = "mxfp4";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 17;
   static constexpr std::uint32_t kGgufId = 39;  // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {0, -1};   // the byte of a block's e8m0 exponent; -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{.row_offset = 12,
                                               .panel_offset = 12,
@@ -35,7 +36,7 @@ struct Type {
     return d;
   }
   static void Block(const std::uint8_t* b, float* y) {
-    const float d = Scale(b[0]);
+    const float d = Scale(b[kScaleAt[0]]);
     const std::uint8_t* qs = b + 1;
     for (int j = 0; j < 16; ++j) {
       y[j] = static_cast<float>(e2m1::kTwice[qs[j] & 0xF]) * d;
@@ -50,7 +51,7 @@ struct Type {
       q[j + 16] = e2m1::kTwice[qs[j] >> 4];
     }
     qs16[0] = qs16[1] = 1;
-    ws[0] = Scale(b[0]);
+    ws[0] = Scale(b[kScaleAt[0]]);
     wb[0] = 0.0f;
   }
 };

@@ -11,7 +11,8 @@ namespace moekit::kernels::formats::q3_k {
 struct Type {
   static constexpr const char* kName = "q3_K";
   static constexpr int kBits = 3, kBlock = 256, kBytes = 110;
-  static constexpr std::uint32_t kGgufId = 11;  // its number in GGUF files (ggml_type)
+  static constexpr std::uint32_t kGgufId = 11;   // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {108, -1};  // bytes of a block's f16 scales d, dmin (m); -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{.panel_offset = 4, .max_code = 7, .per16 = true};
   // The 16 6-bit scales (biased by 32): low 4 bits from bytes 96-103 (nibbles), high 2 bits from
@@ -32,7 +33,7 @@ struct Type {
   static void Block(const std::uint8_t* b, float* y) {
     const std::uint8_t* hm = b;
     const std::uint8_t* q = b + 32;
-    const float d_all = ggml::half(b + 108);
+    const float d_all = ggml::half(b + kScaleAt[0]);
     std::int8_t scales[16];
     Scales(b, scales);
     int is = 0;
@@ -59,7 +60,7 @@ struct Type {
     for (int n = 0; n < 256; n += 128, qs += 32)
       for (int shift = 0; shift < 8; shift += 2, m = static_cast<std::uint8_t>(m << 1))
         for (int l = 0; l < 32; ++l) *q++ = static_cast<std::int8_t>(((qs[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
-    for (int j = 0; j < 8; ++j) ws[j] = ggml::half(b + 108), wb[j] = 0.0f;
+    for (int j = 0; j < 8; ++j) ws[j] = ggml::half(b + kScaleAt[0]), wb[j] = 0.0f;
   }
 };
 

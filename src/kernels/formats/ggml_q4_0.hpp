@@ -10,11 +10,12 @@ struct Type {
   static constexpr const char* kName = "q4_0";
   static constexpr int kBits = 4, kBlock = 32, kBytes = 18;
   static constexpr std::uint32_t kGgufId = 2;  // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {0, -1};  // bytes of a block's f16 scales d, dmin (m); -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{
       .row_offset = 8, .panel_offset = 8, .max_code = 15, .nibble_pairs = true, .codes_at = 2};
   static void Block(const std::uint8_t* b, float* y) {
-    const float d = ggml::half(b);
+    const float d = ggml::half(b + kScaleAt[0]);
     const std::uint8_t* qs = b + 2;
     for (int j = 0; j < 16; ++j) {
       y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
@@ -29,7 +30,7 @@ struct Type {
       q[j + 16] = static_cast<std::int8_t>((qs[j] >> 4) - 8);
     }
     qs16[0] = qs16[1] = 1;
-    ws[0] = ggml::half(b);
+    ws[0] = ggml::half(b + kScaleAt[0]);
     wb[0] = 0.0f;
   }
 };

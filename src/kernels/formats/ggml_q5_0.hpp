@@ -10,10 +10,11 @@ struct Type {
   static constexpr const char* kName = "q5_0";
   static constexpr int kBits = 5, kBlock = 32, kBytes = 22;
   static constexpr std::uint32_t kGgufId = 6;  // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {0, -1};  // bytes of a block's f16 scales d, dmin (m); -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{.row_offset = 16, .panel_offset = 16, .max_code = 31};
   static void Block(const std::uint8_t* b, float* y) {
-    const float d = ggml::half(b);
+    const float d = ggml::half(b + kScaleAt[0]);
     std::uint32_t qh;
     std::memcpy(&qh, b + 2, 4);
     const std::uint8_t* qs = b + 6;
@@ -34,7 +35,7 @@ struct Type {
       q[j + 16] = static_cast<std::int8_t>(((qs[j] >> 4) | h1) - 16);
     }
     qs16[0] = qs16[1] = 1;
-    ws[0] = ggml::half(b);
+    ws[0] = ggml::half(b + kScaleAt[0]);
     wb[0] = 0.0f;
   }
 };

@@ -10,10 +10,11 @@ struct Type {
   static constexpr const char* kName = "q5_1";
   static constexpr int kBits = 5, kBlock = 32, kBytes = 24;
   static constexpr std::uint32_t kGgufId = 7;  // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {0, 2};   // bytes of a block's f16 scales d, dmin (m); -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{.max_code = 31, .bias = true};
   static void Block(const std::uint8_t* b, float* y) {
-    const float d = ggml::half(b), m = ggml::half(b + 2);
+    const float d = ggml::half(b + kScaleAt[0]), m = ggml::half(b + kScaleAt[1]);
     std::uint32_t qh;
     std::memcpy(&qh, b + 4, 4);
     const std::uint8_t* qs = b + 8;
@@ -34,8 +35,8 @@ struct Type {
       q[j + 16] = static_cast<std::int8_t>((qs[j] >> 4) | h1);
     }
     qs16[0] = qs16[1] = 1;
-    ws[0] = ggml::half(b);
-    wb[0] = ggml::half(b + 2);
+    ws[0] = ggml::half(b + kScaleAt[0]);
+    wb[0] = ggml::half(b + kScaleAt[1]);
   }
 };
 

@@ -11,10 +11,11 @@ struct Type {
   static constexpr const char* kName = "q5_K";
   static constexpr int kBits = 5, kBlock = 256, kBytes = 176;
   static constexpr std::uint32_t kGgufId = 13;  // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {0, 2};    // bytes of a block's f16 scales d, dmin (m); -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{.max_code = 31, .bias = true, .k45 = true};
   static void Block(const std::uint8_t* b, float* y) {
-    const float d = ggml::half(b), dmin = ggml::half(b + 2);
+    const float d = ggml::half(b + kScaleAt[0]), dmin = ggml::half(b + kScaleAt[1]);
     const std::uint8_t* scales = b + 4;
     const std::uint8_t* qh = b + 16;
     const std::uint8_t* ql = b + 48;

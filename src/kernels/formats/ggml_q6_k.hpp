@@ -11,14 +11,15 @@ namespace moekit::kernels::formats::q6_k {
 struct Type {
   static constexpr const char* kName = "q6_K";
   static constexpr int kBits = 6, kBlock = 256, kBytes = 210;
-  static constexpr std::uint32_t kGgufId = 14;  // its number in GGUF files (ggml_type)
+  static constexpr std::uint32_t kGgufId = 14;   // its number in GGUF files (ggml_type)
+  static constexpr int kScaleAt[2] = {208, -1};  // bytes of a block's f16 scales d, dmin (m); -1: none
   static constexpr bool kInt8 = true;
   static constexpr ggml::Int8Facts kInt8Facts{.panel_offset = 32, .max_code = 63, .per16 = true, .direct_vnni = true};
   static void Block(const std::uint8_t* b, float* y) {
     const std::uint8_t* ql = b;
     const std::uint8_t* qh = b + 128;
     const auto* sc = reinterpret_cast<const std::int8_t*>(b + 192);
-    const float d = ggml::half(b + 208);
+    const float d = ggml::half(b + kScaleAt[0]);
     for (int n = 0; n < 256; n += 128) {
       for (int l = 0; l < 32; ++l) {
         const int is = l / 16;
@@ -51,7 +52,7 @@ struct Type {
       }
     }
     for (int i = 0; i < 16; ++i) qs16[i] = sc[i];  // weights 16i .. 16i + 15
-    for (int j = 0; j < 8; ++j) ws[j] = ggml::half(b + 208), wb[j] = 0.0f;
+    for (int j = 0; j < 8; ++j) ws[j] = ggml::half(b + kScaleAt[0]), wb[j] = 0.0f;
   }
 };
 

@@ -34,11 +34,13 @@ struct FormatTraits {
   /// The scales lie inside the container's blocks (ggml's types): no scale or bias arrays.
   bool inline_scales = false;
   /// ggml's block types: the type's number in GGUF files, its code bits, weights and bytes per
-  /// block (the one statement of them: the GGUF reader and loader, WeightFormat::ggml and the
-  /// benchmarks read them here). gguf_id -1 for the other formats.
+  /// block, and the bytes where a block's scales lie (f16 d and dmin, or MXFP4's e8m0; -1: none)
+  /// — the one statement of them: the GGUF reader and loader, WeightFormat::ggml and the
+  /// benchmarks read them here. gguf_id -1 for the other formats.
   struct GgufBlock {
     int gguf_id = -1;
     int bits = 0, weights = 0, bytes = 0;
+    int scale_at[2] = {-1, -1};
   } gguf{};
 };
 
