@@ -166,6 +166,16 @@ class CausalLm {
   /// outside the vocabulary (nothing appended then).
   Tensor decode(const std::vector<Sequence*>& seqs, const std::vector<std::int32_t>& ids) const;
 
+  /// One pass over several sequences, each given its next tokens: one while it decodes, a chunk of
+  /// its prompt while it is prefilled — continuous batching's step, where a prompt's chunk shares
+  /// the pass (and each MoE block's expert reads) with the other sequences' decode tokens. ids[i]
+  /// go at the end of *seqs[i], appended to its cache. Returns logits [B, V]: row i for the last of
+  /// ids[i]. In the exact mode row i is the bits forward(*seqs[i], ids[i]) gives alone, whatever
+  /// runs beside it and however a prompt is cut into chunks; decode() is step() with one token
+  /// each. The caller bounds the rows of a pass (activations are O(rows · hidden)). Throws
+  /// std::invalid_argument as decode() does, and for an empty list (nothing appended then).
+  Tensor step(const std::vector<Sequence*>& seqs, const std::vector<std::vector<std::int32_t>>& ids) const;
+
   /// Greedy or sampled continuation of `prompt` in a fresh sequence: up to `max_tokens` tokens,
   /// stopping after an end-of-generation token of the tokenizer (included) or when `on_token`
   /// returns false. Returns the generated ids.

@@ -10,11 +10,13 @@ last chunk with ``finish_reason``, ``data: [DONE]``) or not. Parameters: ``max_t
 ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` = 1,
 ``stream_options.include_usage``, vLLM's ``return_token_ids`` and ``ignore_eos``; ``usage`` counts.
 
-Batching: one engine thread owns the model. Up to ``--parallel`` requests decode together, each step
-one ``Model.decode`` over all of them (each MoE block reads the experts their tokens chose once); a
-new request's prompt is prefilled (``Model.forward``) between decode steps; a request's sequence is
-dropped when it ends or its client goes away. In the exact mode a request's tokens do not depend on
-what runs beside it (``Model.decode``'s batch invariance).
+Batching: one engine thread owns the model. Up to ``--parallel`` requests run together, each step
+one ``Model.step`` over all of them: every decoding request's next token and, in the rest of the
+step's 256 rows, chunks of new requests' prompts (oldest first) — a long prompt is prefilled over
+several steps while the others keep decoding, and each MoE block reads the experts of all those
+rows once. A request's sequence is dropped when it ends or its client goes away. In the exact mode a
+request's tokens do not depend on what runs beside it or on how its prompt was cut into chunks
+(``Model.step``'s batch invariance).
 
 Errors are OpenAI's ``{"error": {"message", "type", "code"}}`` with a 4xx status; the server never
 exits on a request.
@@ -67,11 +69,15 @@ class Job:
 class Engine:
     """Continuous batching over one model (see the module's docstring)."""
 
-    def __init__(self, model, parallel):
+    def __init__(self, model, parallel, step_tokens=256):
         self.model = model
         self.parallel = parallel
+        # Rows of one step: the decode tokens first, prompts' chunks in the rest (at least one row
+        # of prompt a step, so a prompt always advances).
+        self.step_tokens = max(int(step_tokens), parallel + 1)
         self.waiting = queue.Queue()
-        self.active = []
+        self.prefilling = []  # admitted, their prompt not all run yet (oldest first)
+        self.active = []  # decoding
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name="moekit-engine", daemon=True)
         self.thread.start()
@@ -128,7 +134,7 @@ class Engine:
             job.events.put(("token", None, rest))
 
     def _admit(self):
-        while len(self.active) < self.parallel:
+        while len(self.active) + len(self.prefilling) < self.parallel:
             try:
                 job = self.waiting.get_nowait()
             except queue.Empty:
@@ -138,39 +144,65 @@ class Engine:
             try:
                 job.seq = self.model.new_sequence()
                 job.stream = self.model.text_stream()
-                logits = self.model.forward(job.seq, job.prompt_ids)
-                token = job.sampler.sample(logits[0], job.history)
-                reason = self._emit(job, token)
             except Exception as e:  # noqa: BLE001 - a request's failure is its own
                 job.events.put(("error", str(e)))
                 continue
-            if reason:
-                self._flush(job)
-                self._finish(job, reason)
-            else:
-                job.last = token
-                self.active.append(job)
+            job.fed = 0
+            self.prefilling.append(job)
+
+    def _batch(self):
+        """This step's rows: every decoding job's last token, then prompt chunks, oldest first."""
+        batch = [(j, [j.last]) for j in self.active]
+        budget = self.step_tokens - len(batch)
+        for j in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(budget, len(j.prompt_ids) - j.fed)
+            batch.append((j, j.prompt_ids[j.fed:j.fed + n]))
+            budget -= n
+        return batch
+
+    def _step(self, batch):
+        """Model.step over the batch: logits row per job, or an exception for a job whose part failed
+        (the step refuses before appending anything, so the others run again without it)."""
+        try:
+            return list(self.model.step([j.seq for j, _ in batch], [ids for _, ids in batch]))
+        except Exception:  # noqa: BLE001 - find whose part it was: each alone
+            out = []
+            for j, ids in batch:
+                try:
+                    out.append(self.model.step([j.seq], [ids])[0])
+                except Exception as e:  # noqa: BLE001
+                    out.append(e)
+            return out
 
     def _run(self):
         while True:
             self._admit()
-            for j in self.active:
+            for j in self.active + self.prefilling:
                 if j.cancelled.is_set():
                     self._finish(j, "cancelled")
             self.active = [j for j in self.active if not j.cancelled.is_set()]
-            if not self.active:
+            self.prefilling = [j for j in self.prefilling if not j.cancelled.is_set()]
+            if not self.active and not self.prefilling:
                 self.wake.wait(0.05)
                 self.wake.clear()
                 continue
-            try:
-                rows = self.model.decode([j.seq for j in self.active], [j.last for j in self.active])
-            except Exception as e:  # noqa: BLE001
-                for j in self.active:
-                    j.events.put(("error", str(e)))
-                self.active = []
-                continue
+            batch = self._batch()
+            rows = self._step(batch)
             still = []
-            for j, row in zip(self.active, rows):
+            for (j, ids), row in zip(batch, rows):
+                prefill = j in self.prefilling
+                if isinstance(row, Exception):
+                    j.events.put(("error", str(row)))
+                    if prefill:
+                        self.prefilling.remove(j)
+                    continue
+                if prefill:
+                    j.fed += len(ids)
+                    if j.fed < len(j.prompt_ids):
+                        continue
+                    self.prefilling.remove(j)
                 token = j.sampler.sample(row, j.history)
                 reason = self._emit(j, token)
                 if reason:

@@ -320,6 +320,27 @@ void bind_model(nb::module_& m) {
           "One decode step of several sequences in one pass (ids[i] at the end of seqs[i]): float32\n"
           "logits [len(seqs), V]. In the exact mode row i is what seqs[i] alone would give.")
       .def(
+          "step",
+          [](const PyModel& self, std::vector<PySequence*> seqs, const std::vector<std::vector<std::int32_t>>& ids) {
+            std::vector<Sequence*> raw;
+            for (PySequence* s : seqs) {
+              if (s == nullptr) throw std::invalid_argument("[moekit.Model.step] a sequence is None");
+              raw.push_back(&sequence_of(self, *s, "step"));
+            }
+            Tensor out;
+            {
+              nb::gil_scoped_release release;
+              std::shared_lock lock(compute_mutex());
+              out = self.lm->step(raw, ids);
+            }
+            return export_tensor(std::move(out), Framework::numpy);
+          },
+          "seqs"_a, "ids"_a,
+          "One pass over several sequences, each given its next tokens (one while it decodes, a chunk\n"
+          "of its prompt while it is prefilled; ids[i] at the end of seqs[i]): float32 logits\n"
+          "[len(seqs), V], row i for the last of ids[i]. In the exact mode row i is what\n"
+          "forward(seqs[i], ids[i]) alone would give.")
+      .def(
           "text_stream", [](const PyModel& self) { return PyTextStream{TextStream(self.lm->tokenizer())}; },
           "A TextStream over the model's tokenizer.")
       .def(

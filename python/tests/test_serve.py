@@ -141,6 +141,52 @@ def test_concurrent_requests_get_what_they_get_alone(server):
     assert [t["choices"][0]["token_ids"] for t in together] == alone
 
 
+class RecordingModel:
+    """moekit.Model with every step's rows recorded: (the number of sequences, the rows of each)."""
+
+    def __init__(self, model):
+        self.model, self.steps = model, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def step(self, seqs, ids):
+        self.steps.append([len(x) for x in ids])
+        return self.model.step(seqs, ids)
+
+
+def run_engine(engine, prompt, max_tokens, started=None):
+    job = engine.submit(serve.Job(prompt, max_tokens, moekit.Sampler(), [], ignore_eos=True))
+    out = []
+    while True:
+        ev = job.events.get(timeout=60)
+        if ev[0] == "token" and ev[1] is not None:
+            out.append(ev[1])
+            if started is not None:
+                started.set()
+        elif ev[0] != "token":
+            assert ev == ("done", "length"), ev
+            return out
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(folder):
+    model = moekit.Model(str(folder), mode="exact")
+    long_prompt = [(7 * i + 3) % 250 for i in range(40)]
+    alone_short = run_engine(serve.Engine(model, parallel=2, step_tokens=4), [1, 2, 3], 60)
+    alone_long = run_engine(serve.Engine(model, parallel=2, step_tokens=4), long_prompt, 5)
+    rec = RecordingModel(model)
+    engine = serve.Engine(rec, parallel=2, step_tokens=4)
+    started = threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        short = pool.submit(run_engine, engine, [1, 2, 3], 60, started)
+        assert started.wait(60)
+        long = pool.submit(run_engine, engine, long_prompt, 5)
+        assert short.result() == alone_short and long.result() == alone_long
+    assert all(sum(rows) <= 4 for rows in rec.steps)  # no step past its rows
+    mixed = [rows for rows in rec.steps if len(rows) == 2 and rows[0] == 1 and rows[1] == 3]
+    assert len(mixed) >= 10, rec.steps  # the long prompt went 3 rows a step beside the short one's decoding
+
+
 class ScriptedModel:
     """A stand-in for moekit.Model whose greedy continuation is a script of token ids, each one piece of
     text: the engine's stop strings, hold-back and end-of-generation checked without a real model."""
@@ -154,7 +200,7 @@ class ScriptedModel:
 
     class Seq:
         def __init__(self):
-            self.n, self.capacity = 0, 64
+            self.n, self.capacity, self.started = 0, 64, False
 
         @property
         def size(self):
@@ -184,13 +230,10 @@ class ScriptedModel:
         row[min(seq.n, self.vocab_size - 1)] = 1.0  # the script: 0, 1, 2, ... after the prompt
         return row
 
-    def forward(self, seq, ids):
-        seq.n = 0
-        return self._row(seq)[None, :]
-
-    def decode(self, seqs, ids):
-        for s in seqs:
-            s.n += 1
+    def step(self, seqs, ids):  # the prompt gives the script's first token, each decode token the next
+        for s, chunk in zip(seqs, ids):
+            s.n = 0 if not s.started else s.n + len(chunk)
+            s.started = True
         return self.np.stack([self._row(s) for s in seqs])
 
 

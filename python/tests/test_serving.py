@@ -1,5 +1,5 @@
 """The parts a server batches with: moekit.Sequence (a KV cache), Model.forward / Model.decode (several
-sequences' decode steps in one pass), moekit.Sampler, Model.text_stream, the chat template and special
+sequences' decode steps in one pass) / Model.step (decode tokens and prompts' chunks in one pass), moekit.Sampler, Model.text_stream, the chat template and special
 tokens of the model's file."""
 
 import json
@@ -36,6 +36,28 @@ def test_decode_rows_are_each_sequence_alone_in_the_exact_mode(family):
         for i in range(3):
             assert np.array_equal(rows[i], m.forward(alone[i], [ids[i]])[0]), (step, i)
     assert [len(s) for s in together] == [15, 7, 12]
+
+
+@pytest.mark.parametrize("family", ["qwen3moe", "deepseek-v2"])
+def test_steps_mixing_prompt_chunks_and_decode_tokens_are_each_alone(family):
+    m = moekit.Model(str(MODELS / f"{family}.f32.gguf"), mode="exact")
+    p = prompt(family)
+    a, b = m.new_sequence(), m.new_sequence()
+    a_alone, b_alone = m.new_sequence(), m.new_sequence()
+    m.forward(a, p[:5])
+    m.forward(a_alone, p[:5])
+    for step, chunk in enumerate([p[:4], p[4:8], p[8:]]):  # b's prompt in three chunks beside a's decoding
+        tok = p[step]
+        rows = m.step([a, b], [[tok], chunk])
+        assert rows.shape == (2, m.vocab_size)
+        assert np.array_equal(rows[0], m.forward(a_alone, [tok])[0]), step
+        assert np.array_equal(rows[1], m.forward(b_alone, chunk)[0]), step
+    assert (len(a), len(b)) == (8, len(p))
+    with pytest.raises(ValueError, match="no tokens for sequence 1"):
+        m.step([a, b], [[1], []])
+    with pytest.raises(ValueError, match="1 token lists for 2 sequences"):
+        m.step([a, b], [[1]])
+    assert (len(a), len(b)) == (8, len(p))
 
 
 def test_forward_returns_the_last_row_or_all():

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -148,47 +149,78 @@ Tensor CausalLm::forward(Sequence& seq, const std::vector<std::int32_t>& ids, bo
   return logits;
 }
 
-Tensor CausalLm::decode(const std::vector<Sequence*>& seqs, const std::vector<std::int32_t>& ids) const {
+Tensor CausalLm::step(const std::vector<Sequence*>& seqs, const std::vector<std::vector<std::int32_t>>& ids) const {
   const model::Decoder& d = impl_->d;
   const std::int64_t B = static_cast<std::int64_t>(seqs.size());
-  if (B == 0) throw std::invalid_argument("[moekit::CausalLm::decode] no sequences");
+  if (B == 0) throw std::invalid_argument("[moekit::CausalLm::step] no sequences");
   if (ids.size() != seqs.size())
     throw std::invalid_argument(
-        MOEKIT_MSG("[moekit::CausalLm::decode] " << ids.size() << " token ids for " << B << " sequences"));
+        MOEKIT_MSG("[moekit::CausalLm::step] " << ids.size() << " token lists for " << B << " sequences"));
+  // Every check before anything is appended: a refused step changes no sequence.
   std::vector<model::Segment> segs;
+  std::vector<std::int32_t> all;
   for (std::int64_t i = 0; i < B; ++i) {
     Sequence* s = seqs[static_cast<std::size_t>(i)];
-    const std::int32_t id = ids[static_cast<std::size_t>(i)];
-    if (s == nullptr)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::decode] sequence " << i << " is null"));
-    if (id < 0 || id >= d.vocab)
-      throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::decode] token id "
-                                             << id << " of sequence " << i << " outside the vocabulary [0, " << d.vocab
-                                             << ")"));
+    const std::vector<std::int32_t>& list = ids[static_cast<std::size_t>(i)];
+    if (s == nullptr) throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::step] sequence " << i << " is null"));
+    if (list.empty()) throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::step] no tokens for sequence " << i));
+    for (const std::int32_t id : list)
+      if (id < 0 || id >= d.vocab)
+        throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::step] token id " << id << " of sequence " << i
+                                                                                    << " outside the vocabulary [0, "
+                                                                                    << d.vocab << ")"));
     if (s->k_.size() != d.layers.size() || s->ctx_ != d.info.ctx)
       throw std::invalid_argument(
-          MOEKIT_MSG("[moekit::CausalLm::decode] sequence " << i << " was made by another model"));
-    if (s->n_ + 1 > s->ctx_)
+          MOEKIT_MSG("[moekit::CausalLm::step] sequence " << i << " was made by another model"));
+    const auto n = static_cast<std::int64_t>(list.size());
+    if (s->n_ >= s->ctx_)
       throw std::invalid_argument(
-          MOEKIT_MSG("[moekit::CausalLm::decode] sequence " << i << " is full: its " << s->ctx_ << " tokens (--ctx)"));
+          MOEKIT_MSG("[moekit::CausalLm::step] sequence " << i << " is full: its " << s->ctx_ << " tokens (--ctx)"));
+    if (s->n_ + n > s->ctx_)
+      throw std::invalid_argument(MOEKIT_MSG("[moekit::CausalLm::step] sequence " << i << ": " << s->n_ << " + " << n
+                                                                                  << " tokens pass its context of "
+                                                                                  << s->ctx_ << " (--ctx)"));
     for (std::int64_t j = 0; j < i; ++j)
       if (seqs[static_cast<std::size_t>(j)] == s)
         throw std::invalid_argument(
-            MOEKIT_MSG("[moekit::CausalLm::decode] sequences " << j << " and " << i << " are the same sequence"));
-    segs.push_back(model::Segment{&s->k_, &s->v_, s->n_, i, 1});
+            MOEKIT_MSG("[moekit::CausalLm::step] sequences " << j << " and " << i << " are the same sequence"));
+    segs.push_back(model::Segment{&s->k_, &s->v_, s->n_, static_cast<std::int64_t>(all.size()), n});
+    all.insert(all.end(), list.begin(), list.end());
   }
   const ComputeMode mode = impl_->options.mode.value_or(ComputeMode::exact);
+  const auto T = static_cast<std::int64_t>(all.size());
   Tensor x;
   LmStats stats;
-  model::run_layers(d, mode, ids.data(), B, segs, x, stats);
-  for (Sequence* s : seqs) ++s->n_;
-  stats.tokens += B;
+  model::run_layers(d, mode, all.data(), T, segs, x, stats);
+  for (std::int64_t i = 0; i < B; ++i) seqs[static_cast<std::size_t>(i)]->n_ += segs[static_cast<std::size_t>(i)].n;
+  stats.tokens += T;
   const auto t_head = model::Clock::now();
+  // The head on each sequence's last row, all B rows in one call (its weights read once).
+  if (T != B) {
+    const std::int64_t D = x.dim(1);
+    Tensor last = Tensor::uninitialized({B, D}, DType::f32);
+    for (std::int64_t i = 0; i < B; ++i) {
+      const model::Segment& g = segs[static_cast<std::size_t>(i)];
+      std::memcpy(last.data_as<float>() + i * D, x.data_as<const float>() + (g.t0 + g.n - 1) * D,
+                  static_cast<std::size_t>(D) * sizeof(float));
+    }
+    x = std::move(last);
+  }
   Tensor logits = Tensor::uninitialized({B, d.vocab}, DType::f32);
   model::head(d, mode, x, 0, B, logits.data_as<float>());
   stats.head_ms += model::ms_since(t_head);
   impl_->add(stats);
   return logits;
+}
+
+Tensor CausalLm::decode(const std::vector<Sequence*>& seqs, const std::vector<std::int32_t>& ids) const {
+  if (ids.size() != seqs.size())
+    throw std::invalid_argument(
+        MOEKIT_MSG("[moekit::CausalLm::decode] " << ids.size() << " token ids for " << seqs.size() << " sequences"));
+  std::vector<std::vector<std::int32_t>> lists;
+  lists.reserve(ids.size());
+  for (const std::int32_t id : ids) lists.push_back({id});
+  return step(seqs, lists);
 }
 
 std::vector<std::int32_t> CausalLm::generate(const std::vector<std::int32_t>& prompt, std::int64_t max_tokens,

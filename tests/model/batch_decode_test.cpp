@@ -1,9 +1,10 @@
-// CausalLm::decode: several sequences' decode steps in one pass. In the exact mode each row is the
-// bits the sequence gets alone (batch invariance), for every family's attention (GQA, sinks,
-// sliding and chunked windows, MLA); the int8 mode stays near; bad batches are named and leave the
-// sequences unchanged.
+// CausalLm::decode: several sequences' decode steps in one pass, and CausalLm::step: decode tokens
+// and prompts' chunks in one pass. In the exact mode each row is the bits the sequence gets alone
+// (batch invariance), for every family's attention (GQA, sinks, sliding and chunked windows, MLA);
+// bad batches are named and leave the sequences unchanged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -63,6 +64,63 @@ TEST_P(BatchDecode, ExactRowsAreTheBitsOfEachSequenceAlone) {
   }
 }
 
+// Continuous batching's steps: one sequence's prompt prefilled in chunks of 4 beside another's
+// decode tokens and a third's prompt in one chunk of 3 then decoding; at every step each row is the
+// bits of the same tokens run alone (forward of the chunk, or of the one token).
+TEST_P(BatchDecode, StepsMixingPromptChunksAndDecodeTokensAreTheBitsOfEachAlone) {
+  const std::vector<std::int32_t> prompt = prompt_of(GetParam());
+  LmOptions exact;
+  exact.mode = ComputeMode::exact;
+  const std::shared_ptr<CausalLm> lm = CausalLm::open(kDir + GetParam() + ".f32.gguf", exact);
+  const std::int64_t V = lm->info().vocab_size;
+  constexpr std::size_t kSeqs = 3;
+  std::vector<std::unique_ptr<Sequence>> together, alone;
+  for (std::size_t i = 0; i < kSeqs; ++i) {
+    together.push_back(lm->new_sequence());
+    alone.push_back(lm->new_sequence());
+  }
+  // Sequence 1 starts with a prompt of 6 and decodes from the first step.
+  const std::vector<std::int32_t> p1(prompt.begin(), prompt.begin() + 6);
+  lm->forward(*together[1], p1);
+  lm->forward(*alone[1], p1);
+  std::size_t fed0 = 0;  // sequence 0's prompt tokens run so far (chunks of 4)
+  for (int step = 0; step < 4; ++step) {
+    std::vector<Sequence*> batch;
+    std::vector<std::vector<std::int32_t>> lists;
+    std::vector<std::size_t> who;
+    if (fed0 < prompt.size()) {
+      const std::size_t n = std::min<std::size_t>(4, prompt.size() - fed0);
+      lists.emplace_back(prompt.begin() + static_cast<std::ptrdiff_t>(fed0),
+                         prompt.begin() + static_cast<std::ptrdiff_t>(fed0 + n));
+      fed0 += n;
+    } else {
+      lists.push_back({prompt[static_cast<std::size_t>(step)]});
+    }
+    batch.push_back(together[0].get());
+    who.push_back(0);
+    batch.push_back(together[1].get());
+    lists.push_back({prompt[(static_cast<std::size_t>(step) * 5 + 1) % prompt.size()]});
+    who.push_back(1);
+    if (step == 1) {  // sequence 2's prompt in one chunk, then a decode token each step
+      batch.push_back(together[2].get());
+      lists.emplace_back(prompt.end() - 3, prompt.end());
+      who.push_back(2);
+    } else if (step > 1) {
+      batch.push_back(together[2].get());
+      lists.push_back({prompt[static_cast<std::size_t>(step)]});
+      who.push_back(2);
+    }
+    const Tensor rows = lm->step(batch, lists);
+    ASSERT_EQ(rows.dim(0), static_cast<std::int64_t>(batch.size()));
+    for (std::size_t r = 0; r < batch.size(); ++r) {
+      const Tensor one = lm->forward(*alone[who[r]], lists[r]);
+      EXPECT_EQ(std::memcmp(one.data(), rows.data_as<float>() + static_cast<std::int64_t>(r) * V, one.nbytes()), 0)
+          << GetParam() << ": step " << step << ", sequence " << who[r] << " (" << lists[r].size() << " tokens)";
+      EXPECT_EQ(together[who[r]]->size(), alone[who[r]]->size());
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, BatchDecode,
                          ::testing::Values("qwen3moe", "gpt-oss", "llama4", "deepseek-v2", "deepseek-v3"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
@@ -112,6 +170,19 @@ TEST(BatchDecodeErrors, AreNamedAndChangeNothing) {
   const std::shared_ptr<CausalLm> other = CausalLm::random(1);
   std::unique_ptr<Sequence> foreign = other->new_sequence();
   EXPECT_NE(error_of([&] { lm->decode({foreign.get()}, {1}); }).find("made by another model"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              lm->step({a.get(), b.get()}, {{1}});
+            }).find("1 token lists for 2 sequences"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { lm->step({a.get()}, {{}}); }).find("no tokens for sequence 0"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              lm->step({a.get()}, {{1, 2, 3, 4, 5}});
+            }).find("0 + 5 tokens pass its context of 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              lm->step({a.get(), b.get()}, {{1, 2}, {3}});
+            }).find("sequence 1 is full"),
+            std::string::npos);
   EXPECT_EQ(a->size(), 0);
   EXPECT_EQ(b->size(), 4);
 }
