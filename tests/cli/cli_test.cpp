@@ -179,7 +179,7 @@ TEST_F(Cli, DemoRunsAndPrintsMaxVio) {
 TEST_F(Cli, DemoShowsLossFreeBalancingEvenTheLoad) {
   // The default demo: the code DemoRunsAndPrintsMaxVio runs on the same 2 threads, with more
   // tokens; 80 s under TSan.
-  if (testing::kThreadSanitizer) GTEST_SKIP() << testing::kLongerTwinUnderTsan;
+  if (testing::kThreadSanitizer || testing::kAddressSanitizer) GTEST_SKIP() << testing::kLongerTwinUnderSanitizers;
   const RunResult r = run({"demo", "--runs", "1", "--threads", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto maxvio_after = [&](const std::string& label) {

@@ -152,7 +152,7 @@ TEST_F(TrainCli, ResumeIsBitIdentical) {
 TEST_F(TrainCli, CollapsedRouterRecoversOnlyWithLossFreeBalancing) {
   // Two 150-step runs of the training code TinyRunWritesCsvPlotsAndALoadableCheckpoint runs on 2
   // threads, with loss-free balancing too; 90 s under TSan.
-  if (testing::kThreadSanitizer) GTEST_SKIP() << testing::kLongerTwinUnderTsan;
+  if (testing::kThreadSanitizer || testing::kAddressSanitizer) GTEST_SKIP() << testing::kLongerTwinUnderSanitizers;
   const auto tail_maxvio = [&](const std::string& balance) {
     const fs::path csv = dir_ / (balance + ".csv");
     const auto r = run({"train", "--data", (dir_ / "text.txt").string(), "--dim", "32", "--experts", "8", "--top-k", "2",
