@@ -8,7 +8,8 @@ Endpoints: ``GET /health`` (200 once the model is loaded), ``GET /v1/models``, `
 rendered by moekit.chat as transformers renders it), each streamed as server-sent events (chunks, a
 last chunk with ``finish_reason``, ``data: [DONE]``) or not. Parameters: ``max_tokens`` /
 ``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n`` = 1,
-``stream_options.include_usage``, vLLM's ``return_token_ids`` and ``ignore_eos``; ``usage`` counts.
+``stream_options.include_usage``, ``presence_penalty`` / ``frequency_penalty``, ``logprobs`` (and the chat
+API's ``top_logprobs``), vLLM's ``return_token_ids`` and ``ignore_eos``; ``usage`` counts.
 
 Batching: one engine thread owns the model. Up to ``--parallel`` requests run together, each step
 one ``Model.step`` over all of them: every decoding request's next token and, in the rest of the
@@ -32,6 +33,8 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
+
 import moekit
 from moekit import chat
 from moekit._cli import ContractParser
@@ -48,13 +51,18 @@ class RequestError(Exception):
 class Job:
     """One request in the engine: its prompt, sampling, limits and the events its client reads."""
 
-    def __init__(self, prompt_ids, max_tokens, sampler, stop, ignore_eos):
+    def __init__(self, prompt_ids, max_tokens, sampler, stop, ignore_eos, logprobs=None, presence=0.0,
+                 frequency=0.0):
         self.prompt_ids = prompt_ids
+        self.logprobs = logprobs  # None, or how many alternatives each token's logprobs list
+        self.presence, self.frequency = presence, frequency  # OpenAI's penalties on generated tokens
         self.max_tokens = max_tokens
         self.sampler = sampler
         self.stop = stop
         self.ignore_eos = ignore_eos
-        self.events = queue.Queue()  # ("token", id, text) ... then ("done", finish_reason) or ("error", msg)
+        # ("token", id, text, logprobs) ... then ("done", finish_reason) or ("error", msg); logprobs: None or
+        # (the token's, [(id, logprob) of the most likely]) from the model's own distribution
+        self.events = queue.Queue()
         self.cancelled = threading.Event()
         self.seq = None
         self.history = list(prompt_ids)
@@ -92,7 +100,7 @@ class Engine:
             job.seq = None  # the cache goes with it
         job.events.put(("done", reason))
 
-    def _emit(self, job, token):
+    def _emit(self, job, token, logprobs=None):
         """Records `token`; returns a finish reason or None."""
         job.generated.append(token)
         job.history.append(token)
@@ -116,7 +124,7 @@ class Engine:
         end = len(job.text) - hold
         piece = job.text[job.sent:end]
         job.sent = max(job.sent, end)
-        job.events.put(("token", token, piece))
+        job.events.put(("token", token, piece, logprobs))
         if cut is not None:
             return "stop"
         if not job.ignore_eos and self.model.is_end_of_generation(token):
@@ -131,7 +139,7 @@ class Engine:
         rest = job.text[job.sent:] + ("" if job.cut else job.stream.flush())
         job.sent = len(job.text)
         if rest:
-            job.events.put(("token", None, rest))
+            job.events.put(("token", None, rest, None))
 
     def _admit(self):
         while len(self.active) + len(self.prefilling) < self.parallel:
@@ -203,8 +211,8 @@ class Engine:
                     if j.fed < len(j.prompt_ids):
                         continue
                     self.prefilling.remove(j)
-                token = j.sampler.sample(row, j.history)
-                reason = self._emit(j, token)
+                token = j.sampler.sample(_penalized(row, j), j.history)
+                reason = self._emit(j, token, None if j.logprobs is None else _logprobs(row, token, j.logprobs))
                 if reason:
                     self._flush(j)
                     self._finish(j, reason)
@@ -212,6 +220,31 @@ class Engine:
                     j.last = token
                     still.append(j)
             self.active = still
+
+
+def _penalized(row, job):
+    """The row with OpenAI's presence and frequency penalties on the tokens generated so far:
+    logit − presence − frequency · count (vLLM's rule: the output's tokens, not the prompt's)."""
+    if not (job.presence or job.frequency) or not job.generated:
+        return row
+    ids, counts = np.unique(np.asarray(job.generated, dtype=np.int64), return_counts=True)
+    out = np.array(row, dtype=np.float32)
+    out[ids] -= np.float32(job.presence) + np.float32(job.frequency) * counts.astype(np.float32)
+    return out
+
+
+def _logprobs(row, token, k):
+    """log-softmax of the model's row (before penalties and sampling's temperature, as vLLM reports
+    them), in float64: the token's and the k most likely, most likely first."""
+    x = np.asarray(row, dtype=np.float64)
+    m = x.max()
+    lp = x - (m + np.log(np.exp(x - m).sum()))
+    top = []
+    if k:
+        idx = np.argpartition(-lp, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -lp[idx]))]
+        top = [(int(i), float(lp[i])) for i in idx]
+    return float(lp[token]), top
 
 
 def _number(body, key, default, lo, hi, integer=False):
@@ -233,7 +266,7 @@ class Server:
         self.engine = Engine(model, parallel)
         self.created = int(time.time())
 
-    def job(self, body, prompt_ids):
+    def job(self, body, prompt_ids, chat_request=False):
         if not isinstance(body, dict):
             raise RequestError(400, "the body must be a JSON object")
         if body.get("n", 1) != 1:
@@ -258,11 +291,60 @@ class Server:
             stop = [stop]
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
             raise RequestError(400, "'stop' must be a string or up to 4 non-empty strings", code="invalid_value")
+        presence = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
+        frequency = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+        logprobs = self.logprobs_of(body, chat_request)
         if top_p == 0:  # OpenAI's top_p 0: the most likely token only
             temperature, top_p = 0.0, 1.0
         sampler = moekit.Sampler(temperature=float(temperature), top_p=float(top_p),
                                  seed=seed if seed is not None else uuid.uuid4().int & ((1 << 63) - 1))
-        return Job(list(prompt_ids), max_tokens, sampler, stop, bool(body.get("ignore_eos", False)))
+        return Job(list(prompt_ids), max_tokens, sampler, stop, bool(body.get("ignore_eos", False)), logprobs,
+                   float(presence), float(frequency))
+
+    def logprobs_json(self, entries, chat_request):
+        """OpenAI's logprobs object for (token id, (logprob, [(id, logprob)])) entries: the chat API's
+        `content` list (token, logprob, bytes, top_logprobs) or the completions API's parallel lists. A
+        token that is part of a UTF-8 character is spelled "bytes:\\xe2\\x80", as OpenAI spells it."""
+        def piece(i):
+            if not self.model.has_tokenizer:  # a file without one: the id stands for the token
+                return f"token_id:{i}", []
+            b = self.model.token_bytes(i)
+            try:
+                return b.decode("utf-8"), list(b)
+            except UnicodeDecodeError:  # part of a character: OpenAI's spelling of its bytes
+                return "bytes:" + "".join(f"\\x{c:02x}" for c in b), list(b)
+
+        if chat_request:
+            content = []
+            for tok, (lp, top) in entries:
+                text, raw = piece(tok)
+                content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": [
+                    {"token": piece(i)[0], "logprob": v, "bytes": piece(i)[1]} for i, v in top]})
+            return {"content": content}
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        offset = 0
+        for tok, (lp, top) in entries:
+            text = piece(tok)[0]
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append({piece(i)[0]: v for i, v in top})
+            out["text_offset"].append(offset)
+            offset += len(text)
+        return out
+
+    @staticmethod
+    def logprobs_of(body, chat_request):
+        """How many alternatives each token's logprobs list (None: no logprobs): the completions API's
+        `logprobs` (an integer), the chat API's `logprobs` (true) with `top_logprobs`."""
+        if not chat_request:
+            return _number(body, "logprobs", None, 0, 20, integer=True)
+        want = body.get("logprobs")
+        if want is not None and not isinstance(want, bool):
+            raise RequestError(400, "'logprobs' must be true or false", code="invalid_value")
+        top = _number(body, "top_logprobs", None, 0, 20, integer=True)
+        if top is not None and not want:
+            raise RequestError(400, "'top_logprobs' needs 'logprobs': true", code="invalid_value")
+        return (top or 0) if want else None
 
     def prompt_of(self, body, chat_request):
         tokenize = lambda text: self.model.tokenize(text, add_special=not chat_request, parse_special=True)  # noqa: E731
@@ -349,7 +431,7 @@ def make_handler(server: Server):
                 if not isinstance(body, dict):
                     raise RequestError(400, "the body must be a JSON object")
                 prompt_ids = server.prompt_of(body, chat_request)
-                job = server.engine.submit(server.job(body, prompt_ids))
+                job = server.engine.submit(server.job(body, prompt_ids, chat_request))
                 self._answer(body, job, chat_request)
             except RequestError as e:
                 self._error(e)
@@ -365,8 +447,10 @@ def make_handler(server: Server):
             usage = lambda: {"prompt_tokens": len(job.prompt_ids), "completion_tokens": len(job.generated),  # noqa: E731
                              "total_tokens": len(job.prompt_ids) + len(job.generated)}
 
-            def choice(text, reason, delta):
+            def choice(text, reason, delta, entries=()):
                 c = {"index": 0, "finish_reason": reason, "logprobs": None}
+                if job.logprobs is not None and (entries or not delta):
+                    c["logprobs"] = server.logprobs_json(entries, chat_request)
                 if chat_request:
                     c["delta" if delta else "message"] = ({"content": text} if delta else
                                                           {"role": "assistant", "content": text})
@@ -375,16 +459,18 @@ def make_handler(server: Server):
                 return c
 
             if not stream:
-                text, reason = [], None
+                text, reason, entries = [], None, []
                 while reason is None:
                     ev = job.events.get()
                     if ev[0] == "token":
                         text.append(ev[2])
+                        if ev[3] is not None:
+                            entries.append((ev[1], ev[3]))
                     elif ev[0] == "error":
                         raise RequestError(500, ev[1], "server_error")
                     else:
                         reason = ev[1]
-                c = choice("".join(text), reason, False)
+                c = choice("".join(text), reason, False, entries)
                 out = {"id": rid, "object": kind, "created": created, "model": server.name, "choices": [c],
                        "usage": usage()}
                 if want_ids:
@@ -411,7 +497,7 @@ def make_handler(server: Server):
                 while True:
                     ev = job.events.get()
                     if ev[0] == "token":
-                        c = choice(ev[2], None, True)
+                        c = choice(ev[2], None, True, [(ev[1], ev[3])] if ev[3] is not None else [])
                         if want_ids:
                             c["token_ids"] = [ev[1]] if ev[1] is not None else []
                         chunk = {"id": rid, "object": chunk_kind, "created": created, "model": server.name,

@@ -389,7 +389,16 @@ void bind_model(nb::module_& m) {
             tokenizer_of(self, "detokenize");
             return text_of(self.lm->tokenizer(), ids);
           },
-          "ids"_a, "The text of `ids` (invalid UTF-8 bytes as U+FFFD).");
+          "ids"_a, "The text of `ids` (invalid UTF-8 bytes as U+FFFD).")
+      .def(
+          "token_bytes",
+          [](const PyModel& self, std::int32_t id) {
+            const std::string b = tokenizer_of(self, "token_bytes").token_bytes(id);
+            return nb::bytes(b.data(), b.size());
+          },
+          "id"_a,
+          "The bytes token `id` stands for (a byte-level token's bytes, SentencePiece's with its space;\n"
+          "possibly part of a UTF-8 character), as the server's logprobs report them.");
 }
 
 }  // namespace moekit::py

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 pytest.importorskip("jinja2", reason="moekit.serve renders chat templates with jinja2 (scripts/setup.sh)")
@@ -112,6 +113,71 @@ def test_completion_from_ids_is_generate(server):
     assert out["choices"][0]["token_ids"] == want[:8]
     assert out["usage"] == {"prompt_tokens": 4, "completion_tokens": 8, "total_tokens": 12}
     assert out["choices"][0]["finish_reason"] == "length"
+
+
+def log_softmax(row):
+    x = np.asarray(row, dtype=np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def spelled(b):
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{c:02x}" for c in b)
+
+
+def test_logprobs_are_the_models_own_log_softmax(server):
+    model, url = server
+    prompt = [5, 17, 99, 3]
+    status, text = call(url, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 3,
+                                                 "return_token_ids": True, "ignore_eos": True})
+    assert status == 200, text
+    c = json.loads(text)["choices"][0]
+    ids, lp = c["token_ids"], c["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(ids) == 4
+    seq = model.new_sequence()
+    row = model.forward(seq, prompt)[0]
+    for t, tok in enumerate(ids):
+        want = log_softmax(row)
+        assert lp["token_logprobs"][t] == pytest.approx(want[tok], abs=1e-12)
+        top = lp["top_logprobs"][t]
+        assert len(top) == 3 and max(top.values()) == pytest.approx(want.max(), abs=1e-12)
+        assert lp["tokens"][t] == spelled(model.token_bytes(tok))
+        row = model.forward(seq, [tok])[0]
+    assert lp["text_offset"][0] == 0
+    # The chat API: logprobs true with top_logprobs, the same numbers in its own shape, streamed too.
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "logprobs": True,
+            "top_logprobs": 2, "ignore_eos": True}
+    whole = json.loads(call(url, "/v1/chat/completions", body)[1])["choices"][0]["logprobs"]["content"]
+    assert len(whole) == 3 and all(len(e["top_logprobs"]) == 2 and spelled(bytes(e["bytes"])) == e["token"]
+                                   for e in whole)
+    chunks = events(call(url, "/v1/chat/completions", {**body, "stream": True})[1])
+    streamed = [e for ch in chunks for e in ((ch["choices"][0].get("logprobs") or {}).get("content") or [])]
+    assert streamed == whole
+
+
+def test_penalties_follow_openais_rule(server):
+    model, url = server
+    prompt, presence, frequency = [40, 41, 42], 0.5, 2.0
+    status, text = call(url, "/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                                 "presence_penalty": presence, "frequency_penalty": frequency,
+                                                 "return_token_ids": True, "ignore_eos": True})
+    assert status == 200, text
+    got = json.loads(text)["choices"][0]["token_ids"]
+    seq, want = model.new_sequence(), []
+    row = model.forward(seq, prompt)[0]
+    for _ in range(12):  # logit − presence − frequency · count over the tokens generated so far, then greedy
+        x = row.astype(np.float32).copy()
+        for tok in set(want):
+            x[tok] -= np.float32(presence) + np.float32(frequency) * np.float32(want.count(tok))
+        want.append(int(np.argmax(x)))
+        row = model.forward(seq, [want[-1]])[0]
+    assert got == want
+    plain = json.loads(call(url, "/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                                     "return_token_ids": True, "ignore_eos": True})[1])
+    assert plain["choices"][0]["token_ids"] != want  # the penalties changed something here
 
 
 def test_streamed_chat_equals_the_whole_answer(server):
@@ -271,6 +337,12 @@ def test_stop_strings_end_the_text_before_them_and_hold_back_their_prefixes():
     ("/v1/completions", {"prompt": [999999]}, None, 400, "token ids"),
     ("/v1/completions", {"prompt": list(range(1, 200)) * 40}, None, 400, "context"),
     ("/v1/completions", {"prompt": 5}, None, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1], "logprobs": 21}, None, 400, "logprobs"),
+    ("/v1/completions", {"prompt": [1], "frequency_penalty": 2.5}, None, 400, "frequency_penalty"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, None, 400,
+     "needs 'logprobs'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}, None, 400,
+     "true or false"),
 ])
 def test_bad_requests_are_openai_errors(server, path, body, raw, status, needle):
     _, url = server
