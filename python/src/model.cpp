@@ -41,6 +41,24 @@ Sequence& sequence_of(const PyModel& m, PySequence& s, const char* what) {
   return *s.seq;
 }
 
+// A several-sequence pass (decode, step) over `seqs` with the GIL released and the model's compute
+// lock held shared: `run(raw sequences)` gives the logits, returned as a numpy array.
+template <class Run>
+nb::object several(const PyModel& self, const std::vector<PySequence*>& seqs, const char* what, const Run& run) {
+  std::vector<Sequence*> raw;
+  for (PySequence* s : seqs) {
+    if (s == nullptr) throw std::invalid_argument(std::string("[moekit.Model.") + what + "] a sequence is None");
+    raw.push_back(&sequence_of(self, *s, what));
+  }
+  Tensor out;
+  {
+    nb::gil_scoped_release release;
+    std::shared_lock lock(compute_mutex());
+    out = run(raw);
+  }
+  return export_tensor(std::move(out), Framework::numpy);
+}
+
 struct PyTextStream {
   TextStream stream;
 };
@@ -303,18 +321,8 @@ void bind_model(nb::module_& m) {
       .def(
           "decode",
           [](const PyModel& self, std::vector<PySequence*> seqs, const std::vector<std::int32_t>& ids) {
-            std::vector<Sequence*> raw;
-            for (PySequence* s : seqs) {
-              if (s == nullptr) throw std::invalid_argument("[moekit.Model.decode] a sequence is None");
-              raw.push_back(&sequence_of(self, *s, "decode"));
-            }
-            Tensor out;
-            {
-              nb::gil_scoped_release release;
-              std::shared_lock lock(compute_mutex());
-              out = self.lm->decode(raw, ids);
-            }
-            return export_tensor(std::move(out), Framework::numpy);
+            return several(self, seqs, "decode",
+                           [&](const std::vector<Sequence*>& raw) { return self.lm->decode(raw, ids); });
           },
           "seqs"_a, "ids"_a,
           "One decode step of several sequences in one pass (ids[i] at the end of seqs[i]): float32\n"
@@ -322,18 +330,8 @@ void bind_model(nb::module_& m) {
       .def(
           "step",
           [](const PyModel& self, std::vector<PySequence*> seqs, const std::vector<std::vector<std::int32_t>>& ids) {
-            std::vector<Sequence*> raw;
-            for (PySequence* s : seqs) {
-              if (s == nullptr) throw std::invalid_argument("[moekit.Model.step] a sequence is None");
-              raw.push_back(&sequence_of(self, *s, "step"));
-            }
-            Tensor out;
-            {
-              nb::gil_scoped_release release;
-              std::shared_lock lock(compute_mutex());
-              out = self.lm->step(raw, ids);
-            }
-            return export_tensor(std::move(out), Framework::numpy);
+            return several(self, seqs, "step",
+                           [&](const std::vector<Sequence*>& raw) { return self.lm->step(raw, ids); });
           },
           "seqs"_a, "ids"_a,
           "One pass over several sequences, each given its next tokens (one while it decodes, a chunk\n"
