@@ -240,6 +240,7 @@ def _logprobs(row, token, k):
     m = x.max()
     lp = x - (m + np.log(np.exp(x - m).sum()))
     top = []
+    k = min(k, lp.size)
     if k:
         idx = np.argpartition(-lp, k - 1)[:k]
         idx = idx[np.lexsort((idx, -lp[idx]))]
