@@ -319,8 +319,9 @@ class Server:
             content = []
             for tok, (lp, top) in entries:
                 text, raw = piece(tok)
+                alternatives = [(piece(i), v) for i, v in top]
                 content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": [
-                    {"token": piece(i)[0], "logprob": v, "bytes": piece(i)[1]} for i, v in top]})
+                    {"token": t, "logprob": v, "bytes": b} for (t, b), v in alternatives]})
             return {"content": content}
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         offset = 0
