@@ -199,11 +199,25 @@ TEST(Quantize, AliasesWriteAsTheirFamily) {
   }
 }
 
+// The cases' names are their folders' (each holds the case's input and mlx-lm's output): listing a
+// folder costs nothing beside parsing the 250 KB manifest, and this runs as each test process starts.
 std::vector<std::string> case_names() {
   std::vector<std::string> out;
-  const json m = manifest();
-  for (const json& c : m.at("cases")) out.push_back(c.at("name").get<std::string>());
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(kDir, ec))
+    if (e.is_directory()) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
   return out;
+}
+
+// Every case of the manifest has its folder, and every folder is a case.
+TEST(Quantize, EveryManifestCaseHasItsFolder) {
+  const json m = manifest();
+  std::vector<std::string> names;
+  for (const json& c : m.at("cases")) names.push_back(c.at("name").get<std::string>());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, case_names());
+  EXPECT_FALSE(names.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(MlxLm, QuantizeAsMlxLm, ::testing::ValuesIn(case_names()),
