@@ -12,13 +12,11 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "moekit/gguf.hpp"
@@ -408,25 +406,6 @@ TEST(TokenizerStream, AnIncompleteCharacterWaitsAndABrokenOneIsReplaced) {
   EXPECT_EQ(s.flush(), "\xEF\xBF\xBD");         // the stream ended inside a character
   EXPECT_EQ(s.push(bytes[2]), "\xEF\xBF\xBD");  // a continuation byte alone can never complete
   EXPECT_THROW(s.push(999999), std::out_of_range);
-}
-
-TEST(TokenizerThreads, OneTokenizerEncodesAndDecodesOnSeveralThreadsAtOnce) {
-  const json ref = load_json(kDir + "qwen3/reference.json");
-  const auto texts = ref["texts"].get<std::vector<std::string>>();
-  const auto want = ref["special"].get<std::vector<std::vector<std::int32_t>>>();
-  for (const auto& tok : {Tokenizer::from_folder(kDir + "qwen3"), gguf_tokenizer(kDir + "qwen3/vocab.gguf")}) {
-    std::atomic<int> wrong{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < 4; ++t)
-      threads.emplace_back([&] {
-        for (std::size_t i = 0; i < texts.size(); ++i) {
-          if (!not_nfc(texts[i]) && tok->encode(texts[i]) != want[i]) ++wrong;  // (NFC: the GGUF differs)
-          (void)tok->decode(want[i]);
-        }
-      });
-    for (std::thread& th : threads) th.join();
-    EXPECT_EQ(wrong.load(), 0);
-  }
 }
 
 TEST(TokenizerModels, TheTestModelsStubVocabularyOpens) {
