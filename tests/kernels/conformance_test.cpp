@@ -441,9 +441,8 @@ TEST_P(Conformance, MatchesReference) {
   // pool. ThreadSanitizer checks the split, so under it the scalar target's rows (twins of the
   // SIMD target's), the portable int8 kernel and the int8 dispatch (one of the named paths) stay
   // with the other builds.
-  if (testing::kThreadSanitizer &&
-      ((row.path.target & (HWY_EMU128 | HWY_SCALAR)) != 0 || row.path.int8 == kernels::Int8Path::portable ||
-       row.path.name == "int8dispatch"))
+  if (testing::kThreadSanitizer && ((row.path.target & (HWY_EMU128 | HWY_SCALAR)) != 0 ||
+                                    row.path.int8 == kernels::Int8Path::portable || row.path.name == "int8dispatch"))
     GTEST_SKIP() << "ThreadSanitizer: the driver's split is checked on the SIMD target's and named kernels' rows";
   std::optional<ScopedTarget> target;
   if (row.path.target != 0) target.emplace(row.path.target);

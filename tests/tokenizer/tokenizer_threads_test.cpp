@@ -33,7 +33,8 @@ TEST(TokenizerThreads, OneTokenizerEncodesAndDecodesOnSeveralThreadsAtOnce) {
   const json ref = load_json(kDir + "qwen3/reference.json");
   const auto texts = ref["texts"].get<std::vector<std::string>>();
   const auto want = ref["special"].get<std::vector<std::vector<std::int32_t>>>();
-  for (const auto& tok : {Tokenizer::from_folder(kDir + "qwen3"), Tokenizer::from_gguf(*GgufFile::open(kDir + "qwen3/vocab.gguf"))}) {
+  for (const auto& tok :
+       {Tokenizer::from_folder(kDir + "qwen3"), Tokenizer::from_gguf(*GgufFile::open(kDir + "qwen3/vocab.gguf"))}) {
     std::atomic<int> wrong{0};
     std::vector<std::thread> threads;
     for (int t = 0; t < 4; ++t)
