@@ -52,10 +52,11 @@ class Job:
     """One request in the engine: its prompt, sampling, limits and the events its client reads."""
 
     def __init__(self, prompt_ids, max_tokens, sampler, stop, ignore_eos, logprobs=None, presence=0.0,
-                 frequency=0.0):
+                 frequency=0.0, bias=None):
         self.prompt_ids = prompt_ids
         self.logprobs = logprobs  # None, or how many alternatives each token's logprobs list
         self.presence, self.frequency = presence, frequency  # OpenAI's penalties on generated tokens
+        self.bias = bias  # None, or (ids, values): OpenAI's logit_bias, added to those logits
         self.max_tokens = max_tokens
         self.sampler = sampler
         self.stop = stop
@@ -223,14 +224,41 @@ class Engine:
 
 
 def _penalized(row, job):
-    """The row with OpenAI's presence and frequency penalties on the tokens generated so far:
-    logit − presence − frequency · count (vLLM's rule: the output's tokens, not the prompt's)."""
-    if not (job.presence or job.frequency) or not job.generated:
+    """The row the sampler draws from: OpenAI's presence and frequency penalties on the tokens
+    generated so far, logit − presence − frequency · count (vLLM's rule: the output's tokens, not
+    the prompt's), then the request's logit_bias added to its tokens' logits."""
+    penalize = (job.presence or job.frequency) and job.generated
+    if not penalize and job.bias is None:
         return row
-    ids, counts = np.unique(np.asarray(job.generated, dtype=np.int64), return_counts=True)
     out = np.array(row, dtype=np.float32)
-    out[ids] -= np.float32(job.presence) + np.float32(job.frequency) * counts.astype(np.float32)
+    if penalize:
+        ids, counts = np.unique(np.asarray(job.generated, dtype=np.int64), return_counts=True)
+        out[ids] -= np.float32(job.presence) + np.float32(job.frequency) * counts.astype(np.float32)
+    if job.bias is not None:
+        out[job.bias[0]] += job.bias[1]
     return out
+
+
+def _logit_bias(body, vocab):
+    """OpenAI's logit_bias: {token id (a string or an integer): bias in [-100, 100]}, as (ids, values)."""
+    bias = body.get("logit_bias")
+    if bias is None or bias == {}:
+        return None
+    if not isinstance(bias, dict):
+        raise RequestError(400, "'logit_bias' must be an object of token ids to numbers", code="invalid_value")
+    chosen = {}  # "5" and "05" name one token: the later one counts
+    for key, v in bias.items():
+        try:
+            i = int(key)
+        except ValueError:
+            i = None
+        if i is None or not 0 <= i < vocab:
+            raise RequestError(400, f"logit_bias: '{key}' is not a token id in [0, {vocab})", code="invalid_value")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise RequestError(400, f"logit_bias: token {i}'s bias must be a number in [-100, 100]",
+                               code="invalid_value")
+        chosen[i] = v
+    return np.asarray(list(chosen), dtype=np.int64), np.asarray(list(chosen.values()), dtype=np.float32)
 
 
 def _logprobs(row, token, k):
@@ -295,12 +323,13 @@ class Server:
         presence = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
         frequency = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
         logprobs = self.logprobs_of(body, chat_request)
+        bias = _logit_bias(body, vocab)
         if top_p == 0:  # OpenAI's top_p 0: the most likely token only
             temperature, top_p = 0.0, 1.0
         sampler = moekit.Sampler(temperature=float(temperature), top_p=float(top_p),
                                  seed=seed if seed is not None else uuid.uuid4().int & ((1 << 63) - 1))
         return Job(list(prompt_ids), max_tokens, sampler, stop, bool(body.get("ignore_eos", False)), logprobs,
-                   float(presence), float(frequency))
+                   float(presence), float(frequency), bias)
 
     def logprobs_json(self, entries, chat_request):
         """OpenAI's logprobs object for (token id, (logprob, [(id, logprob)])) entries: the chat API's

@@ -180,6 +180,29 @@ def test_penalties_follow_openais_rule(server):
     assert plain["choices"][0]["token_ids"] != want  # the penalties changed something here
 
 
+def test_logit_bias_is_added_to_its_tokens_logits(server):
+    model, url = server
+    prompt = [40, 41, 42]
+    seq = model.new_sequence()
+    row = model.forward(seq, prompt)[0].astype(np.float32)
+    order = np.argsort(-row)
+    banned, lifted = int(order[0]), int(order[5])  # the greedy token barred, the sixth one lifted
+    bias = {str(banned): -100, lifted: 7.5}
+    status, text = call(url, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                                 "logit_bias": bias, "return_token_ids": True, "ignore_eos": True})
+    assert status == 200, text
+    got = json.loads(text)["choices"][0]["token_ids"]
+    seq, want = model.new_sequence(), []
+    row = model.forward(seq, prompt)[0]
+    for _ in range(6):  # logit + bias on the named tokens, then greedy
+        x = row.astype(np.float32).copy()
+        x[banned] += np.float32(-100)
+        x[lifted] += np.float32(7.5)
+        want.append(int(np.argmax(x)))
+        row = model.forward(seq, [want[-1]])[0]
+    assert got == want and banned not in got
+
+
 def test_streamed_chat_equals_the_whole_answer(server):
     _, url = server
     body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6, "temperature": 0,
@@ -339,6 +362,10 @@ def test_stop_strings_end_the_text_before_them_and_hold_back_their_prefixes():
     ("/v1/completions", {"prompt": 5}, None, 400, "prompt"),
     ("/v1/completions", {"prompt": [1], "logprobs": 21}, None, 400, "logprobs"),
     ("/v1/completions", {"prompt": [1], "frequency_penalty": 2.5}, None, 400, "frequency_penalty"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"x": 1}}, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"999999": 1}}, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"3": 101}}, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": [3]}, None, 400, "logit_bias"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, None, 400,
      "needs 'logprobs'"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}, None, 400,
