@@ -23,6 +23,7 @@
 #include "tokenizer/regex.hpp"
 #include "tokenizer/tokenizer_impl.hpp"
 #include "tokenizer/unicode.hpp"
+#include "util/files.hpp"
 
 namespace moekit {
 namespace {
@@ -30,14 +31,8 @@ namespace {
 using json = nlohmann::json;
 const std::string kDir = std::string(MOEKIT_TEST_DATA_DIR) + "/tokenizer/";
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-json load_json(const std::string& path) { return json::parse(slurp(path)); }
+using testing::load_json;
+using testing::slurp_file;
 
 std::shared_ptr<const Tokenizer> gguf_tokenizer(const std::string& path) {
   return Tokenizer::from_gguf(*GgufFile::open(path));
@@ -54,7 +49,7 @@ std::string ids_text(const std::vector<std::int32_t>& ids) {
 
 // The texts of a .inp file: each followed by the line __ggml_vocab_test__.
 std::vector<std::string> read_inp(const std::string& path) {
-  const std::string raw = slurp(path), sep = "\n__ggml_vocab_test__\n";
+  const std::string raw = slurp_file(path), sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> texts;
   for (std::size_t pos = 0; pos < raw.size();) {
     const std::size_t next = raw.find(sep, pos);
@@ -70,7 +65,7 @@ std::vector<std::string> read_inp(const std::string& path) {
 
 std::vector<std::vector<std::int32_t>> read_out(const std::string& path) {
   std::vector<std::vector<std::int32_t>> out;
-  std::istringstream in(slurp(path));
+  std::istringstream in(slurp_file(path));
   for (std::string line; std::getline(in, line);) {
     std::istringstream words(line);
     std::vector<std::int32_t> ids;
@@ -100,7 +95,7 @@ TEST(TokenizerGguf, EveryLlamaCppVocabTextGivesTheOutIds) {
 TEST(TokenizerGguf, Qwen35sTextsGiveTheirOutIds) {
   // llama.cpp's qwen35 vocabulary is its qwen2 one with tokenizer.ggml.pre "qwen35" (the generator
   // checked it byte for byte): rebuilt here from the qwen2 file, the one value changed.
-  std::string bytes = slurp(kDir + "ggml-vocab-qwen2.gguf");
+  std::string bytes = slurp_file(kDir + "ggml-vocab-qwen2.gguf");
   const std::string key = "tokenizer.ggml.pre";
   const std::size_t at = bytes.find(key);
   ASSERT_NE(at, std::string::npos);

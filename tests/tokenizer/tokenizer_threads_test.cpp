@@ -5,9 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "moekit/gguf.hpp"
 #include "moekit/tokenizer.hpp"
 #include "tokenizer/unicode.hpp"
+#include "util/files.hpp"
 
 namespace moekit {
 namespace {
@@ -22,12 +21,7 @@ namespace {
 using json = nlohmann::json;
 const std::string kDir = std::string(MOEKIT_TEST_DATA_DIR) + "/tokenizer/";
 
-json load_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return json::parse(os.str());
-}
+using testing::load_json;
 
 TEST(TokenizerThreads, OneTokenizerEncodesAndDecodesOnSeveralThreadsAtOnce) {
   const json ref = load_json(kDir + "qwen3/reference.json");
